@@ -1,0 +1,257 @@
+#include "commands.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "spanformer/config/config.h"
+#include "spanformer/data/corpus.h"
+#include "spanformer/data/download.h"
+#include "spanformer/models/generate.h"
+#include "spanformer/models/transformer_seq.h"
+#include "spanformer/train/checkpoint.h"
+#include "spanformer/train/evaluate.h"
+#include "spanformer/train/trainer.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
+#include "spanformer/util/runtime.h"
+#include "spanformer/viz/span_plot.h"
+
+namespace spanformer::cli {
+namespace {
+
+// The config file plus `--key=value` overrides left over by CLI11.
+Config resolve_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config config = path.empty() ? Config{} : load_config(path);
+  apply_overrides(config, overrides);
+  return config;
+}
+
+std::string checkpoint_file(const std::string& path) {
+  // A run directory stands for its checkpoint.
+  if (!file_exists(path) && file_exists(path + "/checkpoint.pt")) return path + "/checkpoint.pt";
+  return path;
+}
+
+void print_spans(const models::TransformerSeq& model) {
+  const auto spans = model->spans();
+  for (size_t l = 0; l < spans.size(); ++l) {
+    double sum = 0;
+    for (double z : spans[l]) sum += z;
+    fmt::print("layer {:>2}: mean {:7.1f} | heads {:.1f}\n", l, sum / static_cast<double>(spans[l].size()),
+               fmt::join(spans[l], " "));
+  }
+}
+
+}  // namespace
+
+void add_commands(CLI::App& app, std::function<void()>& run) {
+  static int threads = 0;
+  app.add_option("--threads", threads, "CPU threads for LibTorch (default: all cores)");
+
+  // ---- train -------------------------------------------------------------------------------------
+  {
+    static std::string config_path, data_dir, out_dir = "runs/default";
+    static bool resume = false, quiet = false;
+    static int64_t stop_after = -1;
+    auto* cmd = app.add_subcommand("train", "train a model (config file + --key=value overrides)");
+    cmd->add_option("--config,-c", config_path, "JSON config (configs/*.json)")->required();
+    cmd->add_option("--data", data_dir, "prepared data directory (overrides train.data)");
+    cmd->add_option("--out,-o", out_dir, "run directory: config.json, log.jsonl, checkpoint.pt")->capture_default_str();
+    cmd->add_flag("--resume", resume, "continue from OUT/checkpoint.pt (exactly where it stopped)");
+    cmd->add_option("--stop-after", stop_after, "stop with a checkpoint after this many steps of this session");
+    cmd->add_flag("--quiet", quiet, "no progress lines");
+    cmd->allow_extras();
+    cmd->callback([cmd, &run] {
+      auto overrides = cmd->remaining();
+      run = [overrides] {
+        Config config = resolve_config(config_path, overrides);
+        if (!data_dir.empty()) config.train.data = data_dir;
+        if (threads > 0) config.train.threads = threads;
+        validate(config);
+        fmt::print(stderr, "spanformer: config {}\n", to_json(config).dump());
+        train::RunOptions options;
+        options.out_dir = out_dir;
+        options.resume = resume;
+        options.progress = !quiet;
+        options.stop_after = stop_after;
+        auto result = train::run_training(config, options);
+        fmt::print("trained {} steps: train {:.4f} bpc, valid {:.4f} bpc; checkpoint {}/checkpoint.pt\n", result.steps,
+                   result.last_train_bpc, result.last_valid_bpc, out_dir);
+        if (result.interrupted) std::exit(130);
+      };
+    });
+  }
+
+  // ---- eval --------------------------------------------------------------------------------------
+  {
+    static std::string checkpoint, data_dir, split = "test", unit = "bpc";
+    static int64_t batch = 8;
+    auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the reference's protocol)");
+    cmd->add_option("checkpoint", checkpoint, "checkpoint file or run directory")->required();
+    cmd->add_option("--data", data_dir, "prepared data directory (default: the one the model was trained on)");
+    cmd->add_option("--split", split, "train | valid | test")->capture_default_str();
+    cmd->add_option("--batch", batch, "evaluation streams")->capture_default_str();
+    cmd->add_option("--unit", unit, "bpc (characters) or ppl (words)")->capture_default_str();
+    cmd->callback([&run] {
+      run = [] {
+        if (unit != "bpc" && unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", unit);
+        if (batch <= 0) fail("--batch must be positive (got {})", batch);
+        set_threads(threads);
+        train::CheckpointReader reader(checkpoint_file(checkpoint));
+        const std::string dir = data_dir.empty() ? reader.config().train.data : data_dir;
+        auto corpus = data::load_corpus(dir, split);
+        if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(reader.vocab()))
+          fail("{}/vocab.txt differs from the checkpoint's vocabulary: the model was trained on other data", dir);
+        auto model = reader.load_model();
+        const double start = now_seconds();
+        auto result = train::evaluate(model, corpus.split(split), batch, [&](int64_t done, int64_t total) {
+          if (done % 20 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
+        });
+        fmt::print(stderr, "\r");
+        const double value = unit == "bpc" ? result.bpc() : result.ppl();
+        fmt::print("{} {} {:.6f} ({} blocks, {} tokens, {:.1f} s)\n", split, unit, value, result.blocks, result.tokens,
+                   now_seconds() - start);
+      };
+    });
+  }
+
+  // ---- generate ----------------------------------------------------------------------------------
+  {
+    static std::string checkpoint, prompt = "\n";
+    static models::GenerateOptions options;
+    static uint64_t seed = 1;
+    auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint");
+    cmd->add_option("checkpoint", checkpoint, "checkpoint file or run directory")->required();
+    cmd->add_option("--prompt,-p", prompt, "text to continue");
+    cmd->add_option("--tokens,-n", options.tokens, "characters to generate")->capture_default_str();
+    cmd->add_option("--temperature,-t", options.temperature, "sampling temperature")->capture_default_str();
+    cmd->add_option("--top-k,-k", options.top_k, "sample among the k most likely (0 = all)")->capture_default_str();
+    cmd->add_option("--seed", seed, "random seed")->capture_default_str();
+    cmd->callback([&run] {
+      run = [] {
+        set_threads(threads);
+        torch::manual_seed(seed);
+        train::CheckpointReader reader(checkpoint_file(checkpoint));
+        auto model = reader.load_model();
+        std::cout << prompt << std::flush;
+        models::generate(model, reader.vocab(), prompt, options,
+                         [](const std::string& piece) { std::cout << piece << std::flush; });
+        std::cout << std::endl;
+      };
+    });
+  }
+
+  // ---- spans -------------------------------------------------------------------------------------
+  {
+    static std::string checkpoint, out = "spans.png";
+    auto* cmd = app.add_subcommand("spans", "print per-layer, per-head spans and draw them");
+    cmd->add_option("checkpoint", checkpoint, "checkpoint file or run directory")->required();
+    cmd->add_option("--out,-o", out, "PNG to write")->capture_default_str();
+    cmd->callback([&run] {
+      run = [] {
+        train::CheckpointReader reader(checkpoint_file(checkpoint));
+        auto model = reader.load_model();
+        print_spans(model);
+        viz::SpanPlotOptions options;
+        options.attn_span = model->config().attn_span;
+        options.ramp = model->config().adapt_span_ramp;
+        options.title = fmt::format("Learned spans: {}", checkpoint);
+        viz::write_span_plot(out, model->spans(), options);
+        fmt::print("span picture: {}\n", out);
+      };
+    });
+  }
+
+  // ---- data --------------------------------------------------------------------------------------
+  {
+    auto* data_cmd = app.add_subcommand("data", "prepare corpora");
+    data_cmd->require_subcommand(1);
+    static std::string input, out_dir, name, url;
+    static bool crlf = false;
+    auto* prepare = data_cmd->add_subcommand("prepare", "byte-level preparation of any file (90/5/5 split)");
+    prepare->add_option("file", input, "text file")->required();
+    prepare->add_option("--out,-o", out_dir, "output directory")->required();
+    prepare->add_flag("--crlf-to-lf", crlf, "turn CRLF line ends into LF first");
+    prepare->callback([&run] {
+      run = [] {
+        const double start = now_seconds();
+        data::PrepareOptions options;
+        options.crlf_to_lf = crlf;
+        auto s = data::prepare_bytes(input, out_dir, options);
+        fmt::print("prepared {} ({} bytes) in {:.1f} s: train {} / valid {} / test {} tokens, vocabulary {}, "
+                   "{} unseen bytes dropped -> {}\n",
+                   input, s.input_bytes, now_seconds() - start, s.train_tokens, s.valid_tokens, s.test_tokens,
+                   s.vocab_size, s.dropped, out_dir);
+        fmt::print(stderr, "peak memory {:.0f} MB\n", peak_rss_bytes() / 1e6);
+      };
+    });
+    auto* get = data_cmd->add_subcommand("get", "download, verify and prepare enwik8 or text8");
+    get->add_option("name", name, "enwik8 | text8")->required();
+    get->add_option("--out,-o", out_dir, "output directory (default data/NAME)");
+    get->add_option("--url", url, "another address for the zip (mirror, or file:///path)");
+    get->callback([&run] {
+      run = [] { data::get_dataset(name, out_dir.empty() ? "data/" + name : out_dir, url); };
+    });
+  }
+
+  // ---- bench -------------------------------------------------------------------------------------
+  {
+    static std::string config_path;
+    static int64_t steps = 5, warmup = 2;
+    static double span = -1;
+    auto* cmd = app.add_subcommand("bench", "training-step speed and memory on random tokens");
+    cmd->add_option("--config,-c", config_path, "JSON config")->required();
+    cmd->add_option("--steps", steps, "timed steps")->capture_default_str();
+    cmd->add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+    cmd->add_option("--span", span, "set every head's span z to this many tokens (default: the config's init)");
+    cmd->allow_extras();
+    cmd->callback([cmd, &run] {
+      auto overrides = cmd->remaining();
+      run = [overrides] {
+        Config config = resolve_config(config_path, overrides);
+        if (config.model.vocab_size == 0) config.model.vocab_size = 256;
+        if (span >= 0) config.model.adapt_span_init = std::min(1.0, span / static_cast<double>(config.model.attn_span));
+        if (threads > 0) config.train.threads = threads;
+        validate(config);
+        const int used_threads = set_threads(static_cast<int>(config.train.threads));
+        torch::manual_seed(config.train.seed);
+        models::TransformerSeq model(config.model);
+        std::vector<std::pair<std::string, torch::Tensor>> params;
+        for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+        train::Optimizer optimizer(params, train::optimizer_options(config.train));
+        const int64_t B = config.train.batch_size, M = config.model.block_size;
+        auto caches = model->initial_caches(B);
+        double total = 0;
+        for (int64_t i = 0; i < warmup + steps; ++i) {
+          auto x = torch::randint(config.model.vocab_size, {B, M}, torch::kLong);
+          auto y = torch::randint(config.model.vocab_size, {B, M}, torch::kLong);
+          const double t0 = now_seconds();
+          auto loss = train::train_step(model, optimizer, x, y, caches, config.train.batch_split, 1e-9);
+          loss.item<double>();
+          const double dt = now_seconds() - t0;
+          if (i >= warmup) total += dt;
+          fmt::print(stderr, "  step {}/{}: {:.0f} ms{}\n", i + 1, warmup + steps, dt * 1e3, i < warmup ? " (warmup)" : "");
+        }
+        const double per_step = total / static_cast<double>(steps);
+        double mean_span = 0;
+        int64_t used = 0;
+        for (auto& l : model->layers) used += l->attn->used_span();
+        for (auto& z : model->spans())
+          for (double v : z) mean_span += v / static_cast<double>(z.size() * model->layers.size());
+        fmt::print("bench: {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, mean span {:.0f}, keys/layer {:.0f}\n",
+                   config.model.nb_layers, config.model.hidden_size, config.model.nb_heads, config.model.attn_span, M, B,
+                   used_threads, mean_span, static_cast<double>(used) / static_cast<double>(model->layers.size()));
+        fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
+                   static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);
+      };
+    });
+  }
+}
+
+}  // namespace spanformer::cli

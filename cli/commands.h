@@ -1,0 +1,10 @@
+// The `spanformer` command-line tool: thin commands over the library.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace spanformer::cli {
+
+// Adds every subcommand to `app`; each one sets `run` to its action.
+void add_commands(CLI::App& app, std::function<void()>& run);
+
+}  // namespace spanformer::cli

@@ -1,0 +1,75 @@
+// Multi-head attention over a cache of earlier hidden states with learned relative positions and an
+// adaptive span: the attention of "Adaptive Attention Span in Transformers" (Sukhbaatar et al. 2019),
+// computed exactly as the reference implementation (facebookresearch/adaptive-span, models.py).
+//
+// Dims: B batch, M block, L max span, L' keys used after trimming (AdaptiveSpan::used_span), C cache
+// length, H width, K heads, D = H / K, N persistent-memory vectors.
+//
+// For query i of the block (absolute position C + i), the keys are the L' states before it, never
+// itself: distances d = 1..L'. Scores use
+//     s(i, d) = (q_i . k_{i-d} + q_i . key_pe[:, L - d]) / sqrt(D)
+// (key_pe column j stands for distance L - j), then softmax over d, the span mask, renormalisation by
+// the row sum + 1e-8, and dropout. Cached states are zero at the start and take part in the softmax.
+//
+// With pers_mem_size N > 0 (the "all-attention" layer, Sukhbaatar et al. 2019b) every head also
+// attends to N learned key/value vectors in the same softmax; the span mask applies to the context
+// part only and the renormalisation runs over both parts jointly.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "spanformer/nn/adaptive_span.h"
+
+namespace spanformer::attention {
+
+struct SeqAttentionOptions {
+  SeqAttentionOptions(int64_t hidden_size, int64_t nb_heads, int64_t attn_span)
+      : hidden_size_(hidden_size), nb_heads_(nb_heads), attn_span_(attn_span) {}
+  TORCH_ARG(int64_t, hidden_size);    // H
+  TORCH_ARG(int64_t, nb_heads);       // K
+  TORCH_ARG(int64_t, attn_span);      // L
+  TORCH_ARG(double, dropout) = 0.0;   // on attention probabilities
+  TORCH_ARG(bool, adapt_span) = true; // learn spans (else every head sees L)
+  TORCH_ARG(int64_t, adapt_span_ramp) = 32;
+  TORCH_ARG(double, adapt_span_init) = 0.0;
+  TORCH_ARG(double, adapt_span_loss) = 0.0;
+  TORCH_ARG(bool, adapt_span_cache) = true;
+  TORCH_ARG(int64_t, pers_mem_size) = 0;  // N
+};
+
+class SeqAttentionImpl : public torch::nn::Module {
+ public:
+  explicit SeqAttentionImpl(SeqAttentionOptions options);
+
+  // h: (B, M, H) this block's input; cache: (B, C, H) earlier inputs (any C >= 0; left-padded with
+  // zeros up to L' when shorter); key_pe: (D, L). Returns (B, M, H).
+  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cache, const torch::Tensor& key_pe);
+
+  // Keys this layer reads (L') and states its cache keeps.
+  int64_t used_span() const;
+  int64_t cache_size() const;
+
+  const SeqAttentionOptions& options() const { return options_; }
+
+  torch::nn::Linear proj_query{nullptr}, proj_key{nullptr}, proj_val{nullptr}, proj_out{nullptr};
+  nn::AdaptiveSpan span{nullptr};  // null when adapt_span is off
+  torch::Tensor pers_key;          // (K, D, N) persistent keys, when N > 0
+  torch::Tensor pers_val;          // (K, N, D) persistent values, when N > 0
+
+ private:
+  SeqAttentionOptions options_;
+};
+TORCH_MODULE(SeqAttention);
+
+// The last `width` states of `cache` (B, C, H), left-padded with zeros when C < width: (B, width, H).
+torch::Tensor take_last_states(const torch::Tensor& cache, int64_t width);
+
+// Relative-position layout helpers (the reference's _skew/_unskew):
+//   unskew: (..., M, W + M) scores of query i against context positions -> (..., M, W) where column
+//           j is context position i + j (distance W - j). A strided view, no copy.
+//   skew:   the inverse placement (..., M, W) -> (..., M, W + M), zeros elsewhere.
+torch::Tensor unskew(const torch::Tensor& x);
+torch::Tensor skew(const torch::Tensor& x);
+
+}  // namespace spanformer::attention

@@ -1,0 +1,79 @@
+// Experiment configuration: one flat set of keys, named as in the reference implementation's flags
+// (facebookresearch/adaptive-span, main.py), read from a JSON file plus `--key=value` overrides.
+//
+// Dims legend used across the repository:
+//   B batch (streams), M block length (block_size), L maximum span (attn_span), H model width
+//   (hidden_size), K heads (nb_heads), D = H / K head width, I FFN width (inner_hidden_size),
+//   V vocabulary size, N persistent-memory vectors per head (pers_mem_size).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spanformer {
+
+// The model's shape and the span machinery. Saved inside every checkpoint; a checkpoint only loads
+// into a model with the same ModelConfig.
+struct ModelConfig {
+  int64_t vocab_size = 0;            // V; taken from the prepared data when 0
+  int64_t nb_layers = 8;
+  int64_t hidden_size = 256;         // H
+  int64_t inner_hidden_size = 1024;  // I
+  int64_t nb_heads = 4;              // K
+  int64_t attn_span = 1024;          // L, maximum span
+  int64_t block_size = 256;          // M
+  double dropout = 0.0;              // on attention probabilities and the FFN hidden layer
+  double emb_dropout = 0.0;          // on the embeddings and on the last hidden state
+  bool adapt_span = true;            // learn each head's span
+  int64_t adapt_span_ramp = 32;      // R, width of the soft mask's ramp
+  double adapt_span_init = 0.0;      // initial span_ratio (z / L)
+  double adapt_span_loss = 2e-6;     // span-loss coefficient
+  bool adapt_span_cache = true;      // keep only the cache the current spans need
+  int64_t pers_mem_size = 0;         // N > 0: all-attention layers with persistent memory, no FFN
+
+  int64_t head_dim() const { return hidden_size / nb_heads; }
+};
+
+// Optimisation, data and bookkeeping.
+struct TrainConfig {
+  std::string data;               // prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)
+  int64_t batch_size = 64;        // B streams per step (global)
+  int64_t batch_split = 1;        // gradient accumulation over B / batch_split stream groups
+  std::string optim = "adagrad";  // adagrad (reference clip) | sgd | adam
+  double lr = 0.07;
+  double momentum = 0.0;          // sgd only
+  double grad_clip = 0.03;        // adagrad: per-tensor lr scaling; sgd/adam: global norm
+  int64_t lr_warmup = 8000;       // linear warmup steps (0 = none)
+  int64_t nb_steps = 150000;      // total optimizer steps (the reference's niter * nbatches)
+  int64_t eval_interval = 1000;   // steps between validations/logs (the reference's nbatches)
+  int64_t eval_blocks = 100;      // validation blocks per interval (the reference uses nbatches / 10)
+  int64_t checkpoint_interval = 0;  // steps between checkpoints (0 = at every eval_interval)
+  uint64_t seed = 42;
+  int64_t threads = 0;            // 0 = all cores
+  int64_t eval_batch_size = 8;    // streams of the full evaluation
+};
+
+struct Config {
+  ModelConfig model;
+  TrainConfig train;
+};
+
+// JSON <-> Config. Unknown keys are an error (a typo must not silently fall back to a default).
+nlohmann::json to_json(const Config& config);
+nlohmann::json to_json(const ModelConfig& config);
+Config config_from_json(const nlohmann::json& j, const std::string& origin);
+ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& origin);
+
+// Reads a JSON config file (clear error for missing/corrupt files or unknown keys).
+Config load_config(const std::string& path);
+
+// Applies "key=value" overrides (value parsed as JSON when possible, else as a string).
+void apply_overrides(Config& config, const std::vector<std::string>& overrides);
+
+// Throws Error naming the first invalid value (sizes, divisibility, ranges, names).
+void validate(const ModelConfig& config);
+void validate(const Config& config);
+
+}  // namespace spanformer

@@ -1,0 +1,37 @@
+// Evaluation, exactly as the reference's full_eval (trainer.py): fresh zero caches, the split cut into
+// `batch` contiguous streams, blocks of M starting at 0, M, 2M, ... while start + M < stream length (the
+// last incomplete block is skipped), and the result is the MEAN over blocks of each block's mean
+// negative log-likelihood. bits per character = nats / ln 2; perplexity = exp(nats).
+//
+// One code path for every model: trained here or imported.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "spanformer/data/corpus.h"
+#include "spanformer/models/transformer_seq.h"
+
+namespace spanformer::train {
+
+struct EvalResult {
+  double nll = 0;      // mean over blocks of the per-block mean NLL, in nats
+  int64_t blocks = 0;
+  int64_t tokens = 0;  // targets scored
+  double bpc() const;
+  double ppl() const;
+};
+
+// inputs/targets for block `pos` of `streams` as int64 (B, M) tensors on `device`.
+std::pair<torch::Tensor, torch::Tensor> make_block(const data::Streams& streams, int64_t pos, int64_t M,
+                                                   torch::Device device);
+
+// Mean NLL (nats) of one block with the model in eval mode; updates caches. Returns a 0-dim tensor.
+torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, const torch::Tensor& y,
+                         std::vector<torch::Tensor>& caches);
+
+// Full evaluation of a token file. `progress(done, total)` is called after each block when given.
+EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens, int64_t batch,
+                    const std::function<void(int64_t, int64_t)>& progress = nullptr);
+
+}  // namespace spanformer::train

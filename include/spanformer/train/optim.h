@@ -1,0 +1,51 @@
+// Optimizers with the reference's exact update rules, their learning-rate schedule, and their state
+// (saved in checkpoints so that a resumed run continues bit for bit).
+//
+// adagrad (reference utils.py, AdagradWithGradClip): per parameter tensor with gradient g,
+//     n = ||g||;  lr_t = lr * (c / (n + 1e-10) if c > 0 and n > c else 1)
+//     sum += g * g                      (the UNCLIPPED gradient)
+//     p  -= lr_t * g / (sqrt(sum) + 1e-10)
+// sgd: PyTorch SGD with momentum (buf = momentum * buf + g; p -= lr * buf), adam: PyTorch Adam
+// (betas 0.9, 0.999, eps 1e-8); both after global-norm clipping: g *= min(1, c / (||all g|| + 1e-6)).
+//
+// Every scale factor stays on the device: no host synchronisation per tensor.
+#pragma once
+#include <torch/serialize/archive.h>
+
+#include <string>
+#include <vector>
+
+namespace spanformer::train {
+
+struct OptimizerOptions {
+  std::string kind = "adagrad";  // adagrad | sgd | adam
+  double momentum = 0.0;
+  double grad_clip = 0.0;        // 0 = no clipping
+};
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<std::pair<std::string, torch::Tensor>> named_params, OptimizerOptions options);
+
+  void zero_grad();
+  // One update with learning rate `lr` (schedule already applied). Parameters without gradient are skipped.
+  void step(double lr);
+  int64_t steps() const { return steps_; }
+
+  void save(torch::serialize::OutputArchive& archive, const std::string& prefix) const;
+  void load(torch::serialize::InputArchive& archive, const std::string& prefix);
+
+ private:
+  struct Slot {
+    std::string name;
+    torch::Tensor param, state1, state2;  // adagrad: sum; sgd: momentum buffer; adam: m, v
+  };
+  std::vector<Slot> slots_;
+  OptimizerOptions options_;
+  int64_t steps_ = 0;
+};
+
+// Linear warmup: update k (counting from 1) uses lr * min(1, k / warmup).
+double warmup_lr(double lr, int64_t k, int64_t warmup);
+
+}  // namespace spanformer::train

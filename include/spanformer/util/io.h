@@ -1,0 +1,47 @@
+// Files: reading whole files with clear errors, atomic writes, and read-only memory maps.
+//
+// Invariant: spanformer never leaves a half-written output file. Every writer goes through
+// AtomicFile (write to "<path>.tmp.<pid>", fsync, rename over <path>).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace spanformer {
+
+// Reads a whole file; throws Error naming the file when it is missing or unreadable.
+std::string read_file(const std::string& path);
+
+// Writes `content` to `path` atomically.
+void write_file_atomic(const std::string& path, const std::string& content);
+
+// Calls `write(tmp_path)` and then renames tmp_path over `path`; on any exception the temporary file
+// is removed and the exception propagates, leaving `path` untouched.
+void write_atomic_with(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
+
+bool file_exists(const std::string& path);
+void make_dirs(const std::string& path);
+
+// A read-only memory map of a whole file (move-only).
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::string path_;
+};
+
+}  // namespace spanformer

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every system package spanformer needs (Debian 12 / Ubuntu 22.04+). Idempotent: packages
+# already present are skipped by apt-get, and apt's package lists are refreshed only when stale.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev            # LibTorch 1.13 (CPU), headers + CMake config
+  libopenblas0-pthread    # fast BLAS for LibTorch's matrix products (the reference BLAS is many times slower)
+  libcli11-dev            # command-line parsing
+  nlohmann-json3-dev      # configs, logs, metadata
+  libfmt-dev              # formatting
+  libcairo2-dev           # span pictures (PNG)
+  zlib1g-dev libzip-dev   # reading the enwik8.zip / text8.zip archives
+  libcurl4-openssl-dev    # `spanformer data get`
+  libssl-dev              # md5 / sha1 / sha256 checksums
+  libgtest-dev libgmock-dev libbenchmark-dev
+  bible-kjv               # the default corpus (King James Bible)
+)
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

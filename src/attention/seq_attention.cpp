@@ -1,0 +1,110 @@
+#include "spanformer/attention/seq_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/dropout.h>
+#include <torch/nn/functional/padding.h>
+
+#include <cmath>
+
+namespace spanformer::attention {
+
+namespace F = torch::nn::functional;
+
+SeqAttentionImpl::SeqAttentionImpl(SeqAttentionOptions options) : options_(std::move(options)) {
+  const int64_t H = options_.hidden_size(), K = options_.nb_heads();
+  TORCH_CHECK(H % K == 0, "hidden_size ", H, " not divisible by nb_heads ", K);
+  const int64_t D = H / K, N = options_.pers_mem_size();
+  auto linear = [&](const char* name) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(H, H).bias(false)));
+  };
+  proj_query = linear("proj_query");
+  proj_key = linear("proj_key");
+  proj_val = linear("proj_val");
+  proj_out = linear("proj_out");
+  if (options_.adapt_span()) {
+    span = register_module("span", nn::AdaptiveSpan(nn::AdaptiveSpanOptions(options_.attn_span(), K)
+                                                        .ramp(options_.adapt_span_ramp())
+                                                        .init(options_.adapt_span_init())
+                                                        .loss_coeff(options_.adapt_span_loss())
+                                                        .adapt_cache(options_.adapt_span_cache())));
+  }
+  if (N > 0) {
+    // Scaled so that q . key and the value sum start at unit scale (reference persistent_memory.py).
+    pers_key = register_parameter("pers_key", torch::randn({K, D, N}) / std::sqrt(static_cast<double>(D)));
+    pers_val = register_parameter("pers_val", torch::randn({K, N, D}) / std::sqrt(static_cast<double>(N)));
+  }
+}
+
+int64_t SeqAttentionImpl::used_span() const { return span ? span->used_span() : options_.attn_span(); }
+int64_t SeqAttentionImpl::cache_size() const { return span ? span->cache_size() : options_.attn_span(); }
+
+torch::Tensor take_last_states(const torch::Tensor& cache, int64_t width) {
+  const int64_t C = cache.size(1);
+  if (C >= width) return cache.narrow(1, C - width, width);
+  return F::pad(cache, F::PadFuncOptions({0, 0, width - C, 0}));  // zeros on the left
+}
+
+torch::Tensor unskew(const torch::Tensor& x) {
+  // x: (..., M, W + M) contiguous; row i of the result starts at column i.
+  auto xc = x.contiguous();
+  const int64_t M = xc.size(-2), W = xc.size(-1) - M;
+  std::vector<int64_t> sizes(xc.sizes().begin(), xc.sizes().end());
+  std::vector<int64_t> strides(xc.strides().begin(), xc.strides().end());
+  sizes.back() = W;
+  strides[strides.size() - 2] = W + M + 1;
+  return xc.as_strided(sizes, strides);
+}
+
+torch::Tensor skew(const torch::Tensor& x) {
+  // x: (..., M, W) -> (..., M, W + M) with row i shifted right by i (the reference's pad/view trick).
+  const int64_t M = x.size(-2), W = x.size(-1);
+  auto lead = x.sizes().slice(0, x.dim() - 2).vec();
+  auto padded = F::pad(x, F::PadFuncOptions({0, M + 1}));  // (..., M, W + M + 1)
+  auto flat = padded.reshape({-1, M * (W + M + 1)}).narrow(1, 0, M * (W + M));
+  lead.push_back(M);
+  lead.push_back(W + M);
+  return flat.reshape(lead);
+}
+
+torch::Tensor SeqAttentionImpl::forward(const torch::Tensor& h, const torch::Tensor& cache,
+                                        const torch::Tensor& key_pe) {
+  const int64_t B = h.size(0), M = h.size(1), H = options_.hidden_size(), K = options_.nb_heads();
+  const int64_t D = H / K, L = options_.attn_span(), Lp = used_span(), N = options_.pers_mem_size();
+  const double sqrt_d = std::sqrt(static_cast<double>(D));
+
+  auto context = torch::cat({take_last_states(cache, Lp), h}, 1);                    // (B, L'+M, H)
+  auto q = proj_query(h).view({B, M, K, D}).transpose(1, 2);                           // (B, K, M, D)
+  auto k = proj_key(context).view({B, Lp + M, K, D}).transpose(1, 2);                  // (B, K, L'+M, D)
+  auto v = proj_val(context).view({B, Lp + M, K, D}).transpose(1, 2);                  // (B, K, L'+M, D)
+
+  auto scores = unskew(torch::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, L')
+  scores = scores + torch::matmul(q, key_pe.narrow(1, L - Lp, Lp));                    // (B, K, M, L')
+
+  torch::Tensor attn, pers_out;
+  if (N == 0) {
+    attn = torch::softmax(scores / sqrt_d, -1);                                       // (B, K, M, L')
+    if (span) attn = span(attn);                                                       // masked, renormalised
+  } else {
+    auto pers_scores = torch::matmul(q, pers_key.unsqueeze(0) * std::sqrt(double(D))); // (B, K, M, N)
+    auto all = torch::softmax(torch::cat({scores, pers_scores}, -1) / sqrt_d, -1);      // (B, K, M, L'+N)
+    attn = all.narrow(-1, 0, Lp);                                                      // (B, K, M, L')
+    auto attn_pers = all.narrow(-1, Lp, N);                                            // (B, K, M, N)
+    if (span) {
+      attn = span->forward(attn, /*normalize=*/false);
+      all = torch::cat({attn, attn_pers}, -1);
+      all = all / (all.sum(-1, /*keepdim=*/true) + 1e-8);                              // joint renormalisation
+      attn = all.narrow(-1, 0, Lp);
+      attn_pers = all.narrow(-1, Lp, N);
+    }
+    attn_pers = torch::dropout(attn_pers, options_.dropout(), is_training());
+    pers_out = torch::matmul(attn_pers, pers_val.unsqueeze(0) * std::sqrt(double(N))); // (B, K, M, D)
+  }
+  attn = torch::dropout(attn, options_.dropout(), is_training());
+
+  auto out = torch::matmul(skew(attn), v);                                             // (B, K, M, D)
+  if (N > 0) out = out + pers_out;
+  out = out.transpose(1, 2).reshape({B, M, H});                                        // (B, M, H)
+  return proj_out(out);
+}
+
+}  // namespace spanformer::attention

@@ -1,0 +1,238 @@
+#include "spanformer/config/config.h"
+
+#include <cmath>
+
+#include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
+
+namespace spanformer {
+namespace {
+
+using nlohmann::json;
+
+// One table per struct: name, and how to read/write the field. Keeps JSON, overrides and the
+// unknown-key check in sync.
+template <typename T>
+struct Field {
+  const char* name;
+  std::function<json(const T&)> get;
+  std::function<void(T&, const json&)> set;
+};
+
+template <typename T, typename V>
+Field<T> field(const char* name, V T::*member) {
+  return {name, [member](const T& t) { return json(t.*member); },
+          [member, name](T& t, const json& j) {
+            try {
+              if constexpr (std::is_same_v<V, bool>) {
+                if (!j.is_boolean()) throw std::invalid_argument("expected true or false");
+              } else if constexpr (std::is_integral_v<V>) {
+                if (!j.is_number_integer() && !(j.is_number_float() && std::floor(j.get<double>()) == j.get<double>()))
+                  throw std::invalid_argument("expected an integer");
+                if constexpr (std::is_unsigned_v<V>) {
+                  if (j.get<double>() < 0) throw std::invalid_argument("expected a non-negative integer");
+                }
+              } else if constexpr (std::is_floating_point_v<V>) {
+                if (!j.is_number()) throw std::invalid_argument("expected a number");
+              } else {
+                if (!j.is_string()) throw std::invalid_argument("expected a string");
+              }
+              if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
+                t.*member = j.is_number_integer() ? j.get<V>() : static_cast<V>(j.get<double>());
+              } else {
+                t.*member = j.get<V>();
+              }
+            } catch (const std::exception& e) {
+              fail("config key '{}': {} (got {})", name, e.what(), j.dump());
+            }
+          }};
+}
+
+const std::vector<Field<ModelConfig>>& model_fields() {
+  static const std::vector<Field<ModelConfig>> fields = {
+      field("vocab_size", &ModelConfig::vocab_size),
+      field("nb_layers", &ModelConfig::nb_layers),
+      field("hidden_size", &ModelConfig::hidden_size),
+      field("inner_hidden_size", &ModelConfig::inner_hidden_size),
+      field("nb_heads", &ModelConfig::nb_heads),
+      field("attn_span", &ModelConfig::attn_span),
+      field("block_size", &ModelConfig::block_size),
+      field("dropout", &ModelConfig::dropout),
+      field("emb_dropout", &ModelConfig::emb_dropout),
+      field("adapt_span", &ModelConfig::adapt_span),
+      field("adapt_span_ramp", &ModelConfig::adapt_span_ramp),
+      field("adapt_span_init", &ModelConfig::adapt_span_init),
+      field("adapt_span_loss", &ModelConfig::adapt_span_loss),
+      field("adapt_span_cache", &ModelConfig::adapt_span_cache),
+      field("pers_mem_size", &ModelConfig::pers_mem_size),
+  };
+  return fields;
+}
+
+const std::vector<Field<TrainConfig>>& train_fields() {
+  static const std::vector<Field<TrainConfig>> fields = {
+      field("data", &TrainConfig::data),
+      field("batch_size", &TrainConfig::batch_size),
+      field("batch_split", &TrainConfig::batch_split),
+      field("optim", &TrainConfig::optim),
+      field("lr", &TrainConfig::lr),
+      field("momentum", &TrainConfig::momentum),
+      field("grad_clip", &TrainConfig::grad_clip),
+      field("lr_warmup", &TrainConfig::lr_warmup),
+      field("nb_steps", &TrainConfig::nb_steps),
+      field("eval_interval", &TrainConfig::eval_interval),
+      field("eval_blocks", &TrainConfig::eval_blocks),
+      field("checkpoint_interval", &TrainConfig::checkpoint_interval),
+      field("seed", &TrainConfig::seed),
+      field("threads", &TrainConfig::threads),
+      field("eval_batch_size", &TrainConfig::eval_batch_size),
+  };
+  return fields;
+}
+
+template <typename T>
+json struct_to_json(const T& t, const std::vector<Field<T>>& fields) {
+  json j = json::object();
+  for (const auto& f : fields) j[f.name] = f.get(t);
+  return j;
+}
+
+template <typename T>
+const Field<T>* find_field(const std::vector<Field<T>>& fields, const std::string& name) {
+  for (const auto& f : fields)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+template <typename T>
+void read_section(T& t, const json& j, const std::vector<Field<T>>& fields, const std::string& section,
+                  const std::string& origin) {
+  if (!j.is_object()) fail("{}: '{}' must be a JSON object", origin, section);
+  for (const auto& [key, value] : j.items()) {
+    const auto* f = find_field(fields, key);
+    if (!f) fail("{}: unknown config key '{}.{}'", origin, section, key);
+    f->set(t, value);
+  }
+}
+
+}  // namespace
+
+json to_json(const ModelConfig& config) { return struct_to_json(config, model_fields()); }
+
+json to_json(const Config& config) {
+  return json{{"model", to_json(config.model)}, {"train", struct_to_json(config.train, train_fields())}};
+}
+
+ModelConfig model_config_from_json(const json& j, const std::string& origin) {
+  ModelConfig config;
+  read_section(config, j, model_fields(), "model", origin);
+  return config;
+}
+
+Config config_from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) fail("{}: a config must be a JSON object with 'model' and 'train' sections", origin);
+  Config config;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      read_section(config.model, value, model_fields(), "model", origin);
+    } else if (key == "train") {
+      read_section(config.train, value, train_fields(), "train", origin);
+    } else if (key == "description") {
+      // free text for people
+    } else {
+      fail("{}: unknown config section '{}' (expected 'model' and 'train')", origin, key);
+    }
+  }
+  return config;
+}
+
+Config load_config(const std::string& path) {
+  std::string text = read_file(path);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail("{} is not valid JSON: {}", path, e.what());
+  }
+  return config_from_json(j, path);
+}
+
+void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
+  for (std::string item : overrides) {
+    if (item.rfind("--", 0) == 0) item = item.substr(2);
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) fail("override '{}' must look like --key=value", item);
+    std::string key = item.substr(0, eq);
+    std::string text = item.substr(eq + 1);
+    for (auto& c : key)
+      if (c == '-') c = '_';
+    json value;
+    try {
+      value = json::parse(text);
+    } catch (const json::parse_error&) {
+      value = text;  // a bare string such as adagrad or a path
+    }
+    // Keys may be qualified ("model.dropout") or bare ("dropout"); bare keys are unique across sections.
+    std::string section;
+    if (auto dot = key.find('.'); dot != std::string::npos) {
+      section = key.substr(0, dot);
+      key = key.substr(dot + 1);
+    }
+    if ((section.empty() || section == "model") && find_field(model_fields(), key)) {
+      find_field(model_fields(), key)->set(config.model, value);
+    } else if ((section.empty() || section == "train") && find_field(train_fields(), key)) {
+      if (key == "data" || key == "optim") value = text;
+      find_field(train_fields(), key)->set(config.train, value);
+    } else {
+      fail("unknown config key '{}' in override '{}'", key, item);
+    }
+  }
+}
+
+void validate(const ModelConfig& c) {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
+  };
+  positive("nb_layers", c.nb_layers);
+  positive("hidden_size", c.hidden_size);
+  positive("nb_heads", c.nb_heads);
+  positive("block_size", c.block_size);
+  if (c.attn_span < 1) fail("config: attn_span must be at least 1 (got {})", c.attn_span);
+  if (c.pers_mem_size == 0) positive("inner_hidden_size", c.inner_hidden_size);
+  if (c.pers_mem_size < 0) fail("config: pers_mem_size must be >= 0 (got {})", c.pers_mem_size);
+  if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
+  if (c.hidden_size % c.nb_heads != 0)
+    fail("config: hidden_size ({}) must be divisible by nb_heads ({})", c.hidden_size, c.nb_heads);
+  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
+  if (!(c.emb_dropout >= 0 && c.emb_dropout < 1)) fail("config: emb_dropout must be in [0, 1) (got {})", c.emb_dropout);
+  if (c.adapt_span) {
+    positive("adapt_span_ramp", c.adapt_span_ramp);
+    if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
+      fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
+    if (!(c.adapt_span_loss >= 0 && std::isfinite(c.adapt_span_loss)))
+      fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
+  }
+}
+
+void validate(const Config& config) {
+  validate(config.model);
+  const auto& t = config.train;
+  if (t.batch_size <= 0) fail("config: batch_size must be positive (got {})", t.batch_size);
+  if (t.batch_split <= 0) fail("config: batch_split must be positive (got {})", t.batch_split);
+  if (t.batch_size % t.batch_split != 0)
+    fail("config: batch_size ({}) must be divisible by batch_split ({})", t.batch_size, t.batch_split);
+  if (t.optim != "adagrad" && t.optim != "sgd" && t.optim != "adam")
+    fail("config: optim must be adagrad, sgd or adam (got '{}')", t.optim);
+  if (!(t.lr > 0 && std::isfinite(t.lr))) fail("config: lr must be positive (got {})", t.lr);
+  if (!(t.momentum >= 0 && t.momentum < 1)) fail("config: momentum must be in [0, 1) (got {})", t.momentum);
+  if (!(t.grad_clip >= 0)) fail("config: grad_clip must be >= 0 (got {})", t.grad_clip);
+  if (t.lr_warmup < 0) fail("config: lr_warmup must be >= 0 (got {})", t.lr_warmup);
+  if (t.nb_steps <= 0) fail("config: nb_steps must be positive (got {})", t.nb_steps);
+  if (t.eval_interval <= 0) fail("config: eval_interval must be positive (got {})", t.eval_interval);
+  if (t.eval_blocks <= 0) fail("config: eval_blocks must be positive (got {})", t.eval_blocks);
+  if (t.checkpoint_interval < 0) fail("config: checkpoint_interval must be >= 0 (got {})", t.checkpoint_interval);
+  if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
+  if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
+}
+
+}  // namespace spanformer

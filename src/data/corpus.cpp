@@ -1,0 +1,277 @@
+#include "spanformer/data/corpus.h"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstring>
+#include <fstream>
+
+#include "spanformer/util/error.h"
+
+namespace spanformer::data {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'P', 'F', 'T', 'O', 'K', '0', '1'};
+constexpr size_t kHeaderBytes = 24;
+
+struct Header {
+  char magic[8];
+  uint32_t bytes_per_token;
+  uint32_t vocab_size;
+  uint64_t count;
+};
+static_assert(sizeof(Header) == kHeaderBytes);
+
+// Streams tokens to a file: header first (count patched at the end), then ids.
+class TokenWriter {
+ public:
+  TokenWriter(const std::string& path, int64_t vocab_size) : path_(path), out_(path, std::ios::binary) {
+    if (!out_) fail("cannot write {}", path);
+    header_.bytes_per_token = vocab_size <= 256 ? 1 : 2;
+    if (vocab_size > 65536) fail("vocabulary of {} tokens is too large for a token file", vocab_size);
+    std::memcpy(header_.magic, kMagic, 8);
+    header_.vocab_size = static_cast<uint32_t>(vocab_size);
+    header_.count = 0;
+    out_.write(reinterpret_cast<const char*>(&header_), sizeof(header_));
+    buffer_.reserve(1 << 20);
+  }
+  void put(int64_t id) {
+    if (header_.bytes_per_token == 1) {
+      buffer_.push_back(static_cast<char>(id));
+    } else {
+      auto v = static_cast<uint16_t>(id);
+      buffer_.append(reinterpret_cast<const char*>(&v), 2);
+    }
+    ++header_.count;
+    if (buffer_.size() >= (1 << 20)) flush();
+  }
+  void close() {
+    flush();
+    out_.seekp(0);
+    out_.write(reinterpret_cast<const char*>(&header_), sizeof(header_));
+    out_.close();
+    if (!out_) fail("cannot write {}: disk full?", path_);
+  }
+
+ private:
+  void flush() {
+    out_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+    buffer_.clear();
+  }
+  std::string path_;
+  std::ofstream out_;
+  Header header_{};
+  std::string buffer_;
+};
+
+// Calls fn(byte) for every byte of data[begin, end), with CRLF -> LF when asked.
+template <typename Fn>
+void for_each_byte(const uint8_t* data, int64_t begin, int64_t end, bool crlf_to_lf, Fn&& fn) {
+  for (int64_t i = begin; i < end; ++i) {
+    if (crlf_to_lf && data[i] == '\r' && i + 1 < end && data[i + 1] == '\n') continue;
+    fn(data[i]);
+  }
+}
+
+}  // namespace
+
+std::string Vocab::decode(int64_t id) const {
+  if (id < 0 || id >= size()) return "?";
+  const auto& t = tokens[id];
+  if (t == kEos) return "\n";
+  return std::string(1, static_cast<char>(std::stoi(t)));
+}
+
+std::vector<int64_t> Vocab::byte_to_id() const {
+  std::vector<int64_t> map(256, -1);
+  for (int64_t id = 0; id < size(); ++id) {
+    if (tokens[id] == kEos) {
+      map['\n'] = id;
+    } else {
+      map[std::stoi(tokens[id])] = id;
+    }
+  }
+  return map;
+}
+
+Vocab read_vocab(const std::string& path) {
+  std::string text = read_file(path);
+  Vocab vocab;
+  size_t start = 0, line_no = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string token = text.substr(start, end - start);
+    ++line_no;
+    start = end + 1;
+    if (token == kEos) {
+      vocab.tokens.push_back(token);
+      continue;
+    }
+    bool digits = !token.empty() && token.size() <= 3 && token.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(token) > 255)
+      fail("{} line {}: expected a byte value 0..255 or <eos>, got '{}'", path, line_no, token);
+    vocab.tokens.push_back(token);
+  }
+  if (vocab.tokens.empty()) fail("{} is empty: no vocabulary", path);
+  auto map = vocab.byte_to_id();
+  int64_t mapped = 0;
+  for (auto id : map) mapped += id >= 0;
+  if (mapped != vocab.size()) fail("{}: a token appears twice", path);
+  return vocab;
+}
+
+std::string vocab_to_text(const Vocab& vocab) {
+  std::string text;
+  for (const auto& t : vocab.tokens) text += t + "\n";
+  return text;
+}
+
+PrepareStats prepare_bytes(const std::string& input, const std::string& out_dir, const PrepareOptions& options) {
+  MappedFile file(input);
+  if (file.size() == 0) fail("{} is empty: nothing to prepare", input);
+  const uint8_t* data = file.data();
+  const int64_t n_raw = static_cast<int64_t>(file.size());
+
+  // Split points are defined on the (possibly CRLF-converted) byte stream: map them back to raw offsets.
+  int64_t n = n_raw;
+  if (options.crlf_to_lf) {
+    for (int64_t i = 0; i + 1 < n_raw; ++i) n -= (data[i] == '\r' && data[i + 1] == '\n');
+  }
+  const int64_t v = n / 20;
+  if (v == 0) fail("{} is too small to split ({} bytes; need at least 20)", input, n);
+  const std::array<int64_t, 3> split_sizes = {n - 2 * v, v, v};
+  std::array<int64_t, 4> raw_bounds{0, 0, 0, n_raw};
+  {
+    // Raw offsets where the converted stream reaches n - 2v and n - v bytes. A boundary never falls
+    // inside a CRLF pair: the skipped '\r' does not advance the converted count.
+    const int64_t targets[2] = {split_sizes[0], split_sizes[0] + split_sizes[1]};
+    int64_t converted = 0;
+    int next = 0;
+    for (int64_t i = 0; i <= n_raw && next < 2; ++i) {
+      while (next < 2 && converted == targets[next]) raw_bounds[1 + next++] = i;
+      if (i == n_raw) break;
+      bool skipped = options.crlf_to_lf && data[i] == '\r' && i + 1 < n_raw && data[i + 1] == '\n';
+      converted += !skipped;
+    }
+  }
+
+  // Pass 1: ids in order of first appearance in train (newline = <eos>, which also ends the split).
+  std::vector<int64_t> byte_id(256, -1);
+  Vocab vocab;
+  auto add = [&](uint8_t b) {
+    if (byte_id[b] < 0) {
+      byte_id[b] = vocab.size();
+      vocab.tokens.push_back(b == '\n' ? std::string(kEos) : std::to_string(b));
+    }
+  };
+  for_each_byte(data, raw_bounds[0], raw_bounds[1], options.crlf_to_lf, add);
+  add('\n');
+
+  // Pass 2: write the three splits.
+  make_dirs(out_dir);
+  PrepareStats stats;
+  stats.input_bytes = n_raw;
+  stats.vocab_size = vocab.size();
+  const char* names[3] = {"train", "valid", "test"};
+  int64_t* counts[3] = {&stats.train_tokens, &stats.valid_tokens, &stats.test_tokens};
+  for (int s = 0; s < 3; ++s) {
+    std::string path = out_dir + "/" + names[s] + ".bin";
+    write_atomic_with(path, [&](const std::string& tmp) {
+      TokenWriter writer(tmp, vocab.size());
+      for_each_byte(data, raw_bounds[s], raw_bounds[s + 1], options.crlf_to_lf, [&](uint8_t b) {
+        if (byte_id[b] >= 0) {
+          writer.put(byte_id[b]);
+          ++*counts[s];
+        } else {
+          ++stats.dropped;
+        }
+      });
+      writer.put(byte_id['\n']);
+      ++*counts[s];
+      writer.close();
+    });
+  }
+  write_file_atomic(out_dir + "/vocab.txt", vocab_to_text(vocab));
+  nlohmann::json meta = {{"source", input},          {"input_bytes", n_raw},
+                         {"crlf_to_lf", options.crlf_to_lf}, {"vocab_size", stats.vocab_size},
+                         {"train_tokens", stats.train_tokens}, {"valid_tokens", stats.valid_tokens},
+                         {"test_tokens", stats.test_tokens},   {"dropped_bytes", stats.dropped}};
+  write_file_atomic(out_dir + "/meta.json", meta.dump(1) + "\n");
+  return stats;
+}
+
+void write_tokens(const std::string& path, const std::vector<int64_t>& ids, int64_t vocab_size) {
+  write_atomic_with(path, [&](const std::string& tmp) {
+    TokenWriter writer(tmp, vocab_size);
+    for (auto id : ids) writer.put(id);
+    writer.close();
+  });
+}
+
+TokenFile::TokenFile(const std::string& path) : map_(path) {
+  if (map_.size() == 0) fail("{} is empty (prepare the data again)", path);
+  if (map_.size() < kHeaderBytes || std::memcmp(map_.data(), kMagic, 8) != 0)
+    fail("{} is not a spanformer token file (bad header)", path);
+  Header header;
+  std::memcpy(&header, map_.data(), sizeof(header));
+  if (header.bytes_per_token != 1 && header.bytes_per_token != 2)
+    fail("{} is corrupt: {} bytes per token", path, header.bytes_per_token);
+  bytes_per_token_ = header.bytes_per_token;
+  count_ = static_cast<int64_t>(header.count);
+  vocab_size_ = header.vocab_size;
+  if (map_.size() != kHeaderBytes + static_cast<size_t>(count_) * bytes_per_token_)
+    fail("{} is truncated or corrupt: header says {} tokens, file has {} bytes", path, count_, map_.size());
+  if (count_ == 0) fail("{} holds no tokens", path);
+  tokens_ = map_.data() + kHeaderBytes;
+  if (bytes_per_token_ == 1 && vocab_size_ >= 256) return;  // every byte value is a valid id
+  for (int64_t i = 0; i < count_; ++i) {
+    if (at(i) >= vocab_size_) fail("{} is corrupt: token {} has id {} >= vocab size {}", path, i, at(i), vocab_size_);
+  }
+}
+
+const TokenFile& Corpus::split(const std::string& name) const {
+  if (name != "train" && name != "valid" && name != "test") fail("unknown split '{}' (train, valid or test)", name);
+  const auto& ptr = name == "train" ? train : name == "valid" ? valid : test;
+  if (!ptr) fail("split '{}' was not loaded from {}", name, dir);
+  return *ptr;
+}
+
+Corpus load_corpus(const std::string& dir, const std::string& only_split) {
+  Corpus corpus;
+  corpus.dir = dir;
+  if (!file_exists(dir + "/vocab.txt"))
+    fail("{}/vocab.txt not found: is '{}' a prepared data directory? (spanformer data prepare FILE --out DIR)", dir, dir);
+  corpus.vocab = read_vocab(dir + "/vocab.txt");
+  auto load = [&](const char* name, std::unique_ptr<TokenFile>& slot) {
+    if (!only_split.empty() && only_split != name) return;
+    slot = std::make_unique<TokenFile>(dir + "/" + name + ".bin");
+    if (slot->vocab_size() != corpus.vocab.size())
+      fail("{}/{}.bin was prepared with {} tokens but vocab.txt has {}", dir, name, slot->vocab_size(), corpus.vocab.size());
+  };
+  if (!only_split.empty() && only_split != "train" && only_split != "valid" && only_split != "test")
+    fail("unknown split '{}' (train, valid or test)", only_split);
+  load("train", corpus.train);
+  load("valid", corpus.valid);
+  load("test", corpus.test);
+  return corpus;
+}
+
+Streams::Streams(const TokenFile& tokens, int64_t batch) : tokens_(&tokens), batch_(batch) {
+  length_ = tokens.size() / batch;
+  if (length_ < 2) fail("{} has {} tokens: too few for {} streams", tokens.path(), tokens.size(), batch);
+}
+
+void Streams::block(int64_t pos, int64_t M, int64_t* inputs, int64_t* targets, int64_t first_stream,
+                    int64_t nb_streams) const {
+  if (nb_streams < 0) nb_streams = batch_ - first_stream;
+  for (int64_t b = 0; b < nb_streams; ++b) {
+    const int64_t base = (first_stream + b) * length_ + pos;
+    for (int64_t t = 0; t < M; ++t) {
+      inputs[b * M + t] = tokens_->at(base + t);
+      targets[b * M + t] = tokens_->at(base + t + 1);
+    }
+  }
+}
+
+}  // namespace spanformer::data

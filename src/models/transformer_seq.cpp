@@ -1,0 +1,116 @@
+#include "spanformer/models/transformer_seq.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/dropout.h>
+
+namespace spanformer::models {
+
+TransformerSeqLayerImpl::TransformerSeqLayerImpl(const ModelConfig& c) : dropout_(c.dropout) {
+  attn = register_module("attn", attention::SeqAttention(attention::SeqAttentionOptions(c.hidden_size, c.nb_heads, c.attn_span)
+                                                             .dropout(c.dropout)
+                                                             .adapt_span(c.adapt_span)
+                                                             .adapt_span_ramp(c.adapt_span_ramp)
+                                                             .adapt_span_init(c.adapt_span_init)
+                                                             .adapt_span_loss(c.adapt_span_loss)
+                                                             .adapt_span_cache(c.adapt_span_cache)
+                                                             .pers_mem_size(c.pers_mem_size)));
+  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size})));
+  if (c.pers_mem_size == 0) {
+    fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.inner_hidden_size));
+    fc2 = register_module("fc2", torch::nn::Linear(c.inner_hidden_size, c.hidden_size));
+    norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size})));
+  }
+}
+
+torch::Tensor TransformerSeqLayerImpl::forward(const torch::Tensor& h, const torch::Tensor& cache,
+                                               const torch::Tensor& key_pe) {
+  auto x = norm1(h + attn(h, cache, key_pe));                                   // (B, M, H)
+  if (!fc1) return x;
+  auto inner = torch::dropout(torch::relu(fc1(x)), dropout_, is_training());    // (B, M, I)
+  return norm2(x + fc2(inner));                                                 // (B, M, H)
+}
+
+TransformerSeqImpl::TransformerSeqImpl(const ModelConfig& c) : config_(c), emb_dropout_(c.emb_dropout) {
+  TORCH_CHECK(c.vocab_size > 0, "vocab_size must be set before building a model");
+  in_emb = register_module("in_emb", torch::nn::Embedding(c.vocab_size, c.hidden_size));  // N(0, 1)
+  out_emb = register_module("out_emb", torch::nn::Linear(c.hidden_size, c.vocab_size));
+  key_pe = register_parameter("key_pe", torch::randn({c.head_dim(), c.attn_span}));
+  auto list = register_module("layers", torch::nn::ModuleList());  // parameter names layers.<l>.*
+  for (int64_t l = 0; l < c.nb_layers; ++l) {
+    TransformerSeqLayer layer(c);
+    list->push_back(layer);
+    layers.push_back(layer);
+  }
+}
+
+torch::Tensor TransformerSeqImpl::forward(const torch::Tensor& x, std::vector<torch::Tensor>& caches) {
+  TORCH_CHECK(caches.size() == layers.size(), "expected ", layers.size(), " caches, got ", caches.size());
+  const int64_t M = x.size(1);
+  auto h = in_emb(x);                                                           // (B, M, H)
+  if (emb_dropout_ > 0) h = torch::dropout(h, emb_dropout_, is_training());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    // The next block's cache: the last cache_size inputs of this layer (this block's included).
+    const int64_t keep = layers[l]->attn->cache_size();
+    torch::Tensor next;
+    if (keep > M) {
+      const int64_t C = caches[l].size(1), from_cache = std::min(C, keep - M);
+      next = torch::cat({caches[l].narrow(1, C - from_cache, from_cache), h}, 1).detach();  // (B, <=keep, H)
+    } else {
+      next = h.narrow(1, M - keep, keep).detach();                              // (B, keep, H)
+    }
+    h = layers[l]->forward(h, caches[l], key_pe);                               // (B, M, H)
+    caches[l] = next;
+  }
+  if (emb_dropout_ > 0) h = torch::dropout(h, emb_dropout_, is_training());
+  return h;
+}
+
+std::vector<torch::Tensor> TransformerSeqImpl::initial_caches(int64_t batch) const {
+  std::vector<torch::Tensor> caches;
+  for (const auto& layer : layers) {
+    caches.push_back(torch::zeros({batch, layer->attn->cache_size(), config_.hidden_size}, key_pe.options()));
+  }
+  return caches;
+}
+
+torch::Tensor TransformerSeqImpl::span_loss() const {
+  auto total = torch::zeros({}, key_pe.options());
+  for (const auto& layer : layers)
+    if (layer->attn->span) total = total + layer->attn->span->loss();
+  return total;
+}
+
+void TransformerSeqImpl::sync_spans() {
+  if (!config_.adapt_span) return;
+  std::vector<torch::Tensor> stats;
+  for (const auto& layer : layers) {
+    const auto& r = layer->attn->span->span_ratio;
+    stats.push_back(torch::stack({r.max(), r.mean()}));
+  }
+  auto host = torch::stack(stats).detach().to(torch::kCPU, torch::kDouble);  // (layers, 2): one transfer
+  auto a = host.accessor<double, 2>();
+  for (size_t l = 0; l < layers.size(); ++l) layers[l]->attn->span->set_host_stats(a[l][0], a[l][1]);
+}
+
+void TransformerSeqImpl::clamp_spans() {
+  if (!config_.adapt_span) return;
+  for (auto& layer : layers) layer->attn->span->clamp_();
+  sync_spans();
+}
+
+std::vector<std::vector<double>> TransformerSeqImpl::spans() const {
+  std::vector<std::vector<double>> out;
+  for (const auto& layer : layers) {
+    std::vector<double> z;
+    if (layer->attn->span) {
+      auto r = layer->attn->span->span_ratio.detach().to(torch::kCPU, torch::kDouble);
+      for (int64_t k = 0; k < r.size(0); ++k) z.push_back(r[k].item<double>() * config_.attn_span);
+    } else {
+      z.assign(config_.nb_heads, static_cast<double>(config_.attn_span));
+    }
+    out.push_back(z);
+  }
+  return out;
+}
+
+}  // namespace spanformer::models

@@ -1,0 +1,58 @@
+#include "spanformer/train/evaluate.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+
+#include "spanformer/util/error.h"
+
+namespace spanformer::train {
+
+double EvalResult::bpc() const { return nll / std::log(2.0); }
+double EvalResult::ppl() const { return std::exp(nll); }
+
+std::pair<torch::Tensor, torch::Tensor> make_block(const data::Streams& streams, int64_t pos, int64_t M,
+                                                   torch::Device device) {
+  auto x = torch::empty({streams.batch(), M}, torch::kLong);
+  auto y = torch::empty({streams.batch(), M}, torch::kLong);
+  streams.block(pos, M, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+  return {x.to(device), y.to(device)};
+}
+
+torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, const torch::Tensor& y,
+                         std::vector<torch::Tensor>& caches) {
+  auto hidden = model->forward(x, caches);                                   // (B, M, H)
+  auto logits = model->logits(hidden);                                       // (B, M, V)
+  return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens, int64_t batch,
+                    const std::function<void(int64_t, int64_t)>& progress) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  const int64_t M = model->config().block_size;
+  data::Streams streams(tokens, batch);
+  if (streams.length() <= M)
+    fail("{}: streams of {} tokens are too short for blocks of {} (lower the eval batch size)", tokens.path(),
+         streams.length(), M);
+  const auto device = model->key_pe.device();
+  auto caches = model->initial_caches(batch);
+  const int64_t total = (streams.length() - 1 + M - 1) / M;  // upper bound, for progress only
+  std::vector<torch::Tensor> losses;
+  for (int64_t pos = 0;; pos += M) {
+    auto [x, y] = make_block(streams, pos, M, device);
+    losses.push_back(eval_block(model, x, y, caches));
+    if (progress) progress(static_cast<int64_t>(losses.size()), total);
+    if (pos + M >= streams.length() - M) break;  // the next block would be incomplete
+  }
+  model->train(was_training);
+  EvalResult result;
+  result.blocks = static_cast<int64_t>(losses.size());
+  result.tokens = result.blocks * M * batch;
+  result.nll = torch::stack(losses).to(torch::kDouble).mean().item<double>();
+  return result;
+}
+
+}  // namespace spanformer::train

@@ -1,0 +1,122 @@
+#include "spanformer/train/optim.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/ranges.h>
+
+#include "spanformer/util/error.h"
+
+namespace spanformer::train {
+
+Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> named_params, OptimizerOptions options)
+    : options_(std::move(options)) {
+  if (options_.kind != "adagrad" && options_.kind != "sgd" && options_.kind != "adam")
+    fail("unknown optimizer '{}' (adagrad, sgd or adam)", options_.kind);
+  for (auto& [name, p] : named_params) {
+    Slot slot{name, p, torch::zeros_like(p), torch::Tensor()};
+    if (options_.kind == "adam") slot.state2 = torch::zeros_like(p);
+    slots_.push_back(std::move(slot));
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& s : slots_)
+    if (s.param.grad().defined()) s.param.mutable_grad().zero_();
+}
+
+double warmup_lr(double lr, int64_t k, int64_t warmup) {
+  if (warmup <= 0) return lr;
+  return lr * std::min(1.0, static_cast<double>(k) / static_cast<double>(warmup));
+}
+
+void Optimizer::step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const double c = options_.grad_clip;
+  if (options_.kind == "adagrad") {
+    for (auto& s : slots_) {
+      if (!s.param.grad().defined()) continue;
+      const auto& g = s.param.grad();
+      s.state1.addcmul_(g, g);                                             // sum += g^2 (unclipped)
+      auto denom = s.state1.sqrt().add_(1e-10);
+      if (c > 0) {
+        auto norm = g.norm();                                              // 0-dim, stays on device
+        auto scale = torch::where(norm > c, c / (norm + 1e-10), torch::ones_like(norm));
+        s.param.sub_(g / denom * (scale * lr));
+      } else {
+        s.param.addcdiv_(g, denom, -lr);
+      }
+    }
+    return;
+  }
+  // Global-norm clipping for sgd/adam (torch.nn.utils.clip_grad_norm_).
+  if (c > 0) {
+    std::vector<torch::Tensor> norms;
+    for (auto& s : slots_)
+      if (s.param.grad().defined()) norms.push_back(s.param.grad().norm());
+    if (!norms.empty()) {
+      auto total = torch::stack(norms).norm();
+      auto coef = (c / (total + 1e-6)).clamp_max(1.0);
+      for (auto& s : slots_)
+        if (s.param.grad().defined()) s.param.mutable_grad().mul_(coef);
+    }
+  }
+  for (auto& s : slots_) {
+    if (!s.param.grad().defined()) continue;
+    const auto& g = s.param.grad();
+    if (options_.kind == "sgd") {
+      if (options_.momentum > 0) {
+        if (steps_ == 1) s.state1.copy_(g); else s.state1.mul_(options_.momentum).add_(g);
+        s.param.sub_(s.state1 * lr);
+      } else {
+        s.param.sub_(g * lr);
+      }
+    } else {  // adam
+      const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+      s.state1.mul_(b1).add_(g, 1 - b1);
+      s.state2.mul_(b2).addcmul_(g, g, 1 - b2);
+      const double bias1 = 1 - std::pow(b1, static_cast<double>(steps_));
+      const double bias2 = 1 - std::pow(b2, static_cast<double>(steps_));
+      auto denom = (s.state2.sqrt() / std::sqrt(bias2)).add_(eps);
+      s.param.addcdiv_(s.state1, denom, -lr / bias1);
+    }
+  }
+}
+
+void Optimizer::save(torch::serialize::OutputArchive& archive, const std::string& prefix) const {
+  archive.write(prefix + "kind", c10::IValue(options_.kind));
+  archive.write(prefix + "steps", torch::tensor(steps_));
+  for (const auto& s : slots_) {
+    archive.write(prefix + s.name + ".state1", s.state1);
+    if (s.state2.defined()) archive.write(prefix + s.name + ".state2", s.state2);
+  }
+}
+
+void Optimizer::load(torch::serialize::InputArchive& archive, const std::string& prefix) {
+  c10::IValue kind;
+  archive.read(prefix + "kind", kind);
+  if (kind.toStringRef() != options_.kind)
+    fail("the checkpoint's optimizer is {}, the config asks for {} (start a new run to change optimizer)",
+         kind.toStringRef(), options_.kind);
+  torch::Tensor steps;
+  archive.read(prefix + "steps", steps);
+  steps_ = steps.item<int64_t>();
+  auto read_into = [&](const std::string& key, torch::Tensor& target) {
+    torch::Tensor t;
+    if (!archive.try_read(key, t)) fail("checkpoint has no optimizer state '{}'", key);
+    if (t.sizes() != target.sizes()) fail("checkpoint optimizer state '{}' has shape {}, expected {}", key,
+                                          fmt::join(t.sizes(), "x"), fmt::join(target.sizes(), "x"));
+    target.copy_(t);
+  };
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    read_into(prefix + s.name + ".state1", s.state1);
+    if (s.state2.defined()) read_into(prefix + s.name + ".state2", s.state2);
+  }
+}
+
+}  // namespace spanformer::train

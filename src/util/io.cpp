@@ -1,0 +1,105 @@
+#include "spanformer/util/io.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "spanformer/util/error.h"
+
+namespace spanformer {
+
+std::string read_file(const std::string& path) {
+  if (!file_exists(path)) fail("file not found: {}", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open {}: {}", path, std::strerror(errno));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+bool file_exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
+void make_dirs(const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) fail("cannot create directory {}: {}", path, ec.message());
+}
+
+void write_atomic_with(const std::string& path, const std::function<void(const std::string&)>& write) {
+  auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) make_dirs(parent.string());
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    write(tmp);
+    int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot write {}: {}", path, std::strerror(errno));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  write_atomic_with(path, [&](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) fail("cannot write {}: {}", path, std::strerror(errno));
+    out.write(content.data(), static_cast<std::streamsize>(content.size()));
+    out.close();
+    if (!out) fail("cannot write {}: disk full?", path);
+  });
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  if (!file_exists(path)) fail("file not found: {}", path);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail("cannot open {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      fail("cannot map {}: {}", path, std::strerror(errno));
+    }
+    ::madvise(p, size_, MADV_SEQUENTIAL);
+    data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = other.data_;
+    size_ = other.size_;
+    path_ = std::move(other.path_);
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+}  // namespace spanformer

@@ -1,0 +1,57 @@
+#include "spanformer/util/runtime.h"
+
+#include <ATen/Parallel.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace spanformer {
+
+int set_threads(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  return threads;
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+namespace {
+std::atomic<int> g_interrupts{0};
+void on_signal(int) {
+  if (g_interrupts.fetch_add(1) >= 1) _exit(130);
+  const char msg[] = "\nspanformer: interrupted, saving a checkpoint (Ctrl-C again to quit now)\n";
+  ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  (void)ignored;
+}
+}  // namespace
+
+void install_interrupt_handler() {
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+}
+
+bool interrupted() { return g_interrupts.load() > 0; }
+
+double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0)) return "?";
+  auto s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+}  // namespace spanformer

@@ -1,0 +1,133 @@
+#include "spanformer/viz/span_plot.h"
+
+#include <cairo.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "spanformer/nn/adaptive_span.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
+
+namespace spanformer::viz {
+namespace {
+
+void text(cairo_t* cr, double x, double y, const std::string& s, double size, bool centered = false) {
+  cairo_set_font_size(cr, size);
+  cairo_text_extents_t ext;
+  cairo_text_extents(cr, s.c_str(), &ext);
+  cairo_move_to(cr, centered ? x - ext.width / 2 - ext.x_bearing : x, y);
+  cairo_show_text(cr, s.c_str());
+}
+
+// A distinct colour per head.
+void head_colour(cairo_t* cr, size_t k, size_t K) {
+  double h = K <= 1 ? 0.6 : static_cast<double>(k) / static_cast<double>(K);
+  double r = 0.5 + 0.45 * std::cos(2 * M_PI * (h + 0.0));
+  double g = 0.5 + 0.45 * std::cos(2 * M_PI * (h + 0.33));
+  double b = 0.5 + 0.45 * std::cos(2 * M_PI * (h + 0.67));
+  cairo_set_source_rgb(cr, r * 0.85, g * 0.85, b * 0.85);
+}
+
+}  // namespace
+
+void write_span_plot(const std::string& path, const std::vector<std::vector<double>>& spans,
+                     const SpanPlotOptions& options) {
+  if (spans.empty() || spans[0].empty()) fail("no spans to draw");
+  const size_t layers = spans.size(), heads = spans[0].size();
+  const double L = static_cast<double>(options.attn_span), R = static_cast<double>(options.ramp);
+  double z_max = 0;
+  for (const auto& layer : spans)
+    for (double z : layer) z_max = std::max(z_max, z);
+  // Distance axis: up to the largest span + ramp, with 15% headroom, capped at L.
+  const double x_max = std::max(8.0, std::min(L, std::ceil((z_max + R) * 1.15)));
+
+  const double cell_w = 170, cell_h = 90, margin = 60, top = 70;
+  const double grid_w = cell_w * static_cast<double>(heads), grid_h = cell_h * static_cast<double>(layers);
+  const double bars_h = 260;
+  const int width = static_cast<int>(std::max(grid_w, 520.0) + 2 * margin);
+  const int height = static_cast<int>(top + grid_h + 80 + bars_h + 60);
+
+  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height);
+  cairo_t* cr = cairo_create(surface);
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  text(cr, margin, 28, options.title.empty() ? "Learned attention spans" : options.title, 18);
+  text(cr, margin, 50,
+       fmt::format("soft mask m_z(d) against distance d (0..{:.0f} tokens); max span L = {:.0f}, ramp R = {:.0f}",
+                   x_max, L, R),
+       12);
+
+  // Grid of mask curves.
+  for (size_t l = 0; l < layers; ++l) {
+    for (size_t k = 0; k < heads; ++k) {
+      const double x0 = margin + cell_w * static_cast<double>(k) + 8, y0 = top + cell_h * static_cast<double>(l) + 8;
+      const double w = cell_w - 16, h = cell_h - 30;
+      cairo_set_source_rgb(cr, 0.96, 0.96, 0.96);
+      cairo_rectangle(cr, x0, y0, w, h);
+      cairo_fill(cr);
+      cairo_set_source_rgb(cr, 0.7, 0.7, 0.7);
+      cairo_set_line_width(cr, 1);
+      cairo_rectangle(cr, x0, y0, w, h);
+      cairo_stroke(cr);
+      // Curve: filled area under m_z(d).
+      const double z = spans[l][k];
+      head_colour(cr, k, heads);
+      cairo_move_to(cr, x0, y0 + h);
+      const int samples = 200;
+      for (int i = 0; i <= samples; ++i) {
+        double d = 1 + (x_max - 1) * i / samples;
+        double m = nn::span_mask_value(z, static_cast<int64_t>(std::lround(d)), options.ramp);
+        cairo_line_to(cr, x0 + w * (d / x_max), y0 + h * (1 - m));
+      }
+      cairo_line_to(cr, x0 + w, y0 + h);
+      cairo_close_path(cr);
+      cairo_fill(cr);
+      cairo_set_source_rgb(cr, 0, 0, 0);
+      text(cr, x0 + w - 4, y0 + 14, fmt::format("z={:.0f}", z), 11, false);
+      cairo_set_source_rgb(cr, 0, 0, 0);
+      text(cr, x0 + w / 2, y0 + h + 14, fmt::format("layer {} head {}", l, k), 10, true);
+    }
+  }
+
+  // Bar chart: spans per layer, one bar per head, log scale from 1 to L.
+  const double by0 = top + grid_h + 50, bh = bars_h - 40, bx0 = margin + 40;
+  const double bw_total = std::max(grid_w, 520.0) - 40;
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  text(cr, margin, by0 - 14, "span z per layer (one bar per head, log scale)", 13);
+  auto y_of = [&](double z) { return by0 + bh * (1 - std::log10(std::max(1.0, z)) / std::log10(std::max(10.0, L))); };
+  cairo_set_line_width(cr, 1);
+  for (double tick = 1; tick <= L * 1.0001; tick *= 10) {
+    cairo_set_source_rgb(cr, 0.85, 0.85, 0.85);
+    cairo_move_to(cr, bx0, y_of(tick));
+    cairo_line_to(cr, bx0 + bw_total, y_of(tick));
+    cairo_stroke(cr);
+    cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
+    text(cr, margin - 10, y_of(tick) + 4, fmt::format("{:.0f}", tick), 10);
+  }
+  const double group = bw_total / static_cast<double>(layers);
+  const double bar = std::max(2.0, group * 0.8 / static_cast<double>(heads));
+  for (size_t l = 0; l < layers; ++l) {
+    for (size_t k = 0; k < heads; ++k) {
+      const double x = bx0 + group * static_cast<double>(l) + group * 0.1 + bar * static_cast<double>(k);
+      const double y = y_of(spans[l][k]);
+      head_colour(cr, k, heads);
+      cairo_rectangle(cr, x, y, bar - 1, by0 + bh - y);
+      cairo_fill(cr);
+    }
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    text(cr, bx0 + group * (static_cast<double>(l) + 0.5), by0 + bh + 16, fmt::format("layer {}", l), 10, true);
+  }
+  cairo_destroy(cr);
+
+  write_atomic_with(path, [&](const std::string& tmp) {
+    if (cairo_surface_write_to_png(surface, tmp.c_str()) != CAIRO_STATUS_SUCCESS) fail("cannot write {}", path);
+  });
+  cairo_surface_destroy(surface);
+}
+
+}  // namespace spanformer::viz

@@ -1,0 +1,113 @@
+// Configs: the shipped experiment files load and carry the reference's values; bad values are refused
+// with a message naming the key.
+#include <gtest/gtest.h>
+
+#include "spanformer/config/config.h"
+#include "spanformer/util/error.h"
+#include "util.h"
+
+using namespace spanformer;
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+Config valid_config() {
+  Config c;
+  c.model.vocab_size = 10;
+  return c;
+}
+}  // namespace
+
+TEST(Config, OverridesParseTypesAndRejectUnknownKeys) {
+  Config c = valid_config();
+  apply_overrides(c, {"--dropout=0.3", "--nb_layers=12", "--adapt-span-cache=false", "--optim=adam", "--train.lr=0.5"});
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.3);
+  EXPECT_EQ(c.model.nb_layers, 12);
+  EXPECT_FALSE(c.model.adapt_span_cache);
+  EXPECT_EQ(c.train.optim, "adam");
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.5);
+  EXPECT_NE(error_of([&] { apply_overrides(c, {"--nb_layer=3"}); }).find("unknown config key 'nb_layer'"), std::string::npos);
+  EXPECT_NE(error_of([&] { apply_overrides(c, {"--nb_layers=abc"}); }).find("nb_layers"), std::string::npos);
+  EXPECT_NE(error_of([&] { apply_overrides(c, {"--nb_layers"}); }).find("--key=value"), std::string::npos);
+}
+
+TEST(Config, ValidationNamesTheBadValue) {
+  struct Bad {
+    std::function<void(Config&)> edit;
+    std::string message;
+  };
+  std::vector<Bad> cases = {
+      {[](Config& c) { c.model.hidden_size = 0; }, "hidden_size must be positive"},
+      {[](Config& c) { c.model.nb_layers = -1; }, "nb_layers must be positive"},
+      {[](Config& c) { c.model.hidden_size = 30; c.model.nb_heads = 4; }, "divisible by nb_heads"},
+      {[](Config& c) { c.model.attn_span = 0; }, "attn_span must be at least 1"},
+      {[](Config& c) { c.model.dropout = 1.5; }, "dropout"},
+      {[](Config& c) { c.model.adapt_span_init = 2; }, "adapt_span_init"},
+      {[](Config& c) { c.train.batch_size = 6; c.train.batch_split = 4; }, "divisible by batch_split"},
+      {[](Config& c) { c.train.optim = "rmsprop"; }, "optim must be"},
+      {[](Config& c) { c.train.lr = -1; }, "lr must be positive"},
+  };
+  for (const auto& bad : cases) {
+    Config c = valid_config();
+    bad.edit(c);
+    auto message = error_of([&] { validate(c); });
+    EXPECT_NE(message.find(bad.message), std::string::npos) << "got: " << message;
+  }
+  EXPECT_EQ(error_of([] { validate(valid_config()); }), "");
+}
+
+TEST(Config, FilesReportMissingCorruptAndUnknownKeys) {
+  tu::TempDir tmp;
+  EXPECT_NE(error_of([&] { load_config(tmp.file("none.json")); }).find("file not found"), std::string::npos);
+  tu::write_text(tmp.file("bad.json"), "{ \"model\": ");
+  EXPECT_NE(error_of([&] { load_config(tmp.file("bad.json")); }).find("not valid JSON"), std::string::npos);
+  tu::write_text(tmp.file("typo.json"), R"({"model": {"nb_layer": 3}})");
+  EXPECT_NE(error_of([&] { load_config(tmp.file("typo.json")); }).find("unknown config key 'model.nb_layer'"),
+            std::string::npos);
+}
+
+TEST(Config, ShippedConfigsCarryTheReferenceValues) {
+  const std::string dir = std::string(SPANFORMER_SOURCE_DIR) + "/configs/";
+  struct Expect {
+    const char* file;
+    int64_t layers, hidden, inner, heads, span, block;
+    double dropout;
+    int64_t warmup;
+    double span_loss;
+    int64_t steps, pers, split;
+  };
+  for (const auto& e : std::vector<Expect>{
+           {"enwik8_small", 8, 256, 1024, 4, 1024, 256, 0.0, 8000, 2e-6, 150000, 0, 1},
+           {"enwik8", 12, 512, 2048, 8, 8192, 512, 0.3, 32000, 5e-7, 600000, 0, 1},
+           {"enwik8_large", 24, 768, 4096, 8, 8192, 512, 0.4, 32000, 5e-7, 150000, 0, 2},
+           {"text8", 12, 512, 2048, 8, 8192, 512, 0.3, 32000, 5e-7, 900000, 0, 1},
+           {"text8_large", 24, 768, 4096, 8, 8192, 512, 0.4, 32000, 5e-7, 250000, 0, 2},
+       }) {
+    Config c = load_config(dir + e.file + ".json");
+    EXPECT_EQ(c.model.nb_layers, e.layers) << e.file;
+    EXPECT_EQ(c.model.hidden_size, e.hidden) << e.file;
+    EXPECT_EQ(c.model.inner_hidden_size, e.inner) << e.file;
+    EXPECT_EQ(c.model.nb_heads, e.heads) << e.file;
+    EXPECT_EQ(c.model.attn_span, e.span) << e.file;
+    EXPECT_EQ(c.model.block_size, e.block) << e.file;
+    EXPECT_DOUBLE_EQ(c.model.dropout, e.dropout) << e.file;
+    EXPECT_EQ(c.train.lr_warmup, e.warmup) << e.file;
+    EXPECT_DOUBLE_EQ(c.model.adapt_span_loss, e.span_loss) << e.file;
+    EXPECT_EQ(c.train.nb_steps, e.steps) << e.file;
+    EXPECT_EQ(c.train.batch_split, e.split) << e.file;
+    // Shared by every paper config.
+    EXPECT_EQ(c.train.optim, "adagrad");
+    EXPECT_DOUBLE_EQ(c.train.lr, 0.07);
+    EXPECT_DOUBLE_EQ(c.train.grad_clip, 0.03);
+    EXPECT_EQ(c.train.batch_size, 64);
+    EXPECT_EQ(c.model.adapt_span_ramp, 32);
+    EXPECT_DOUBLE_EQ(c.model.adapt_span_init, 0.0);
+    EXPECT_TRUE(c.model.adapt_span_cache);
+  }
+}

@@ -1,0 +1,183 @@
+// The whole model: causality, cached block-by-block processing against one pass over the full
+// context, and the reference implementation's own trained model reproducing its published figures.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/serialize.h>
+
+#include <nlohmann/json.hpp>
+
+#include "spanformer/io/reference_import.h"
+#include "spanformer/models/transformer_seq.h"
+#include "spanformer/train/evaluate.h"
+#include "spanformer/util/io.h"
+#include "spanformer/util/error.h"
+#include "util.h"
+
+using namespace spanformer;
+
+namespace {
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.nb_layers = 2;
+  c.hidden_size = 8;
+  c.inner_hidden_size = 16;
+  c.nb_heads = 2;
+  c.attn_span = 24;
+  c.block_size = 6;
+  c.adapt_span_ramp = 4;
+  c.adapt_span_init = 1.0;
+  return c;
+}
+}  // namespace
+
+TEST(Model, Causality) {
+  torch::manual_seed(1);
+  models::TransformerSeq model(tiny_config());
+  model->to(torch::kDouble);
+  model->eval();
+  torch::NoGradGuard g;
+  auto x = torch::randint(11, {2, 6}, torch::kLong);
+  auto caches = model->initial_caches(2);
+  for (auto& c : caches) c = torch::randn_like(c);
+  auto caches2 = caches;
+  auto out1 = model->forward(x, caches);
+  auto x2 = x.clone();
+  x2.narrow(1, 3, 3).random_(11);  // change tokens 3..5
+  auto out2 = model->forward(x2, caches2);
+  EXPECT_TRUE(torch::equal(out1.narrow(1, 0, 3), out2.narrow(1, 0, 3))) << "a future token changed the past";
+  EXPECT_FALSE(torch::equal(out1.narrow(1, 3, 3), out2.narrow(1, 3, 3)));
+}
+
+TEST(Model, CachedBlocksMatchOnePassOverTheFullContext) {
+  for (bool pers : {false, true}) {
+    torch::manual_seed(2);
+    auto config = tiny_config();
+    if (pers) config.pers_mem_size = 3;
+    models::TransformerSeq model(config);
+    model->to(torch::kDouble);
+    model->eval();
+    torch::NoGradGuard g;
+    auto x = torch::randint(11, {2, 18}, torch::kLong);  // three blocks of 6
+    auto caches = model->initial_caches(2);
+    std::vector<torch::Tensor> outs;
+    for (int b = 0; b < 3; ++b) outs.push_back(model->forward(x.narrow(1, 6 * b, 6), caches));
+    auto blockwise = torch::cat(outs, 1);                    // (2, 18, H)
+    auto fresh = model->initial_caches(2);
+    auto full = model->forward(x, fresh);                    // one block of 18 over the same zero cache
+    EXPECT_LT((blockwise - full).abs().max().item<double>(), 1e-12) << "pers=" << pers;
+    // The caches hold each layer's last inputs: the first layer's are the embeddings.
+    EXPECT_EQ(caches[0].size(1), model->layers[0]->attn->cache_size());
+    auto emb = model->in_emb(x);
+    EXPECT_TRUE(torch::equal(caches[0].narrow(1, caches[0].size(1) - 18, 18), emb));
+  }
+}
+
+TEST(Model, SpanTrimmingKeepsOutputsAndShrinksCaches) {
+  torch::manual_seed(4);
+  auto config = tiny_config();
+  config.attn_span = 300;
+  config.adapt_span_init = 0.02;  // z = 6
+  models::TransformerSeq model(config);
+  model->to(torch::kDouble);
+  model->eval();
+  torch::NoGradGuard g;
+  EXPECT_EQ(model->layers[0]->attn->used_span(), 300 - 256);
+  EXPECT_EQ(model->layers[0]->attn->cache_size(), 300 - 256 + 64);
+  auto x = torch::randint(11, {1, 24}, torch::kLong);
+  auto caches = model->initial_caches(1);
+  std::vector<torch::Tensor> trimmed;
+  for (int b = 0; b < 4; ++b) trimmed.push_back(model->forward(x.narrow(1, 6 * b, 6), caches));
+  for (auto& layer : model->layers) layer->attn->span->set_host_stats(1.0, 1.0);  // no trimming
+  auto full_caches = model->initial_caches(1);
+  std::vector<torch::Tensor> full;
+  for (int b = 0; b < 4; ++b) full.push_back(model->forward(x.narrow(1, 6 * b, 6), full_caches));
+  // Masked keys add exact zeros; only the 1e-8 of the renormalisation sees the softmax's other
+  // denominator Z: the relative change is <= 1e-8 * Z / sum(m e), and with a span of 6 in a 300-key
+  // window the in-span mass sum(m e) / Z can be ~1e-2, through two layers and LayerNorms.
+  EXPECT_LT((torch::cat(trimmed, 1) - torch::cat(full, 1)).abs().max().item<double>(), 1e-5);
+}
+
+// ../shared/reference/adaptive-span-tiny: a model trained by the Python reference on Dickens.
+class ReferenceModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = tu::shared_dir() + "/reference/adaptive-span-tiny";
+    if (!file_exists(dir_ + "/model.pt")) GTEST_SKIP() << "no reference model in " << dir_;
+    expected_ = nlohmann::json::parse(read_file(dir_ + "/expected.json"));
+    const auto& c = expected_["config"];
+    config_.vocab_size = c["vocab_size"];
+    config_.nb_layers = c["nb_layers"];
+    config_.hidden_size = c["hidden_size"];
+    config_.inner_hidden_size = c["inner_hidden_size"];
+    config_.nb_heads = c["nb_heads"];
+    config_.attn_span = c["attn_span"];
+    config_.block_size = c["block_size"];
+    config_.adapt_span_ramp = c["adapt_span_ramp"];
+    config_.adapt_span_loss = c["adapt_span_loss"];
+  }
+  // The reference's token ids (one byte each) as a spanformer token file.
+  std::string token_file(const std::string& name, const tu::TempDir& tmp) {
+    std::string raw = read_file(dir_ + "/" + name + ".ids.u8");
+    std::vector<int64_t> ids(raw.begin(), raw.end());
+    for (auto& v : ids) v = static_cast<uint8_t>(v);
+    std::string path = tmp.file(name + ".bin");
+    data::write_tokens(path, ids, config_.vocab_size);
+    return path;
+  }
+  std::string dir_;
+  nlohmann::json expected_;
+  ModelConfig config_;
+};
+
+TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) {
+  models::TransformerSeq model(config_);
+  io::load_reference_state_dict(model, dir_ + "/model.pt");
+  model->eval();
+  torch::NoGradGuard g;
+  // Input ids 0..63 of valid, as two blocks of 32 from zero caches.
+  std::string raw = read_file(dir_ + "/valid.ids.u8");
+  auto ids = torch::empty({1, 65}, torch::kLong);
+  for (int i = 0; i < 65; ++i) ids[0][i] = static_cast<int64_t>(static_cast<uint8_t>(raw[i]));
+  auto caches = model->initial_caches(1);
+  std::vector<torch::Tensor> logp;
+  for (int b = 0; b < 2; ++b)
+    logp.push_back(torch::log_softmax(model->logits(model->forward(ids.narrow(1, 32 * b, 32), caches)), -1));
+  auto ours = torch::cat(logp, 1);  // (1, 64, V)
+  std::string bytes = read_file(dir_ + "/fixed_logprobs.pt");
+  auto want = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toTensor();
+  ASSERT_EQ(ours.sizes(), want.sizes());
+  // float32 on both sides, different summation orders: agreement to 1e-5 is what float32 allows here.
+  EXPECT_LT((ours - want).abs().max().item<double>(), 1e-5);
+  auto target_sum = ours.gather(-1, ids.narrow(1, 1, 64).unsqueeze(-1)).sum().item<double>();
+  EXPECT_NEAR(target_sum, expected_["expected"]["fixed_target_logprob_sum"].get<double>(), 1e-3);
+  auto spans = model->spans();
+  for (size_t l = 0; l < spans.size(); ++l)
+    for (size_t k = 0; k < spans[l].size(); ++k)
+      EXPECT_NEAR(spans[l][k], expected_["expected"]["spans_z"][l][k].get<double>(), 1e-3);
+}
+
+TEST_F(ReferenceModel, ReproducesValidAndTestBitsPerCharacter) {
+  models::TransformerSeq model(config_);
+  io::load_reference_state_dict(model, dir_ + "/model.pt");
+  tu::TempDir tmp;
+  for (const char* split : {"valid", "test"}) {
+    data::TokenFile tokens(token_file(split, tmp));
+    auto result = train::evaluate(model, tokens, 8);
+    EXPECT_NEAR(result.bpc(), expected_["expected"][std::string(split) + "_bpc"].get<double>(), 1e-4) << split;
+  }
+}
+
+TEST_F(ReferenceModel, WrongConfigIsRefusedWithTheTensorNamed) {
+  auto other = config_;
+  other.hidden_size = 32;
+  models::TransformerSeq model(other);
+  try {
+    io::load_reference_state_dict(model, dir_ + "/model.pt");
+    FAIL() << "a mis-shaped model was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
+  }
+}
