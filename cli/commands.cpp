@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <iostream>
 
@@ -74,7 +76,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         if (!data_dir.empty()) config.train.data = data_dir;
         if (threads > 0) config.train.threads = threads;
         validate(config);
-        fmt::print(stderr, "spanformer: config {}\n", to_json(config).dump());
+        fmt::print("spanformer: config {}\n", to_json(config).dump());
         train::RunOptions options;
         options.out_dir = out_dir;
         options.resume = resume;
@@ -91,19 +93,21 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
   // ---- eval --------------------------------------------------------------------------------------
   {
     static std::string checkpoint, data_dir, split = "test", unit = "bpc";
-    static int64_t batch = 8;
+    static int64_t batch = -1;
     auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the reference's protocol)");
     cmd->add_option("checkpoint", checkpoint, "checkpoint file or run directory")->required();
     cmd->add_option("--data", data_dir, "prepared data directory (default: the one the model was trained on)");
     cmd->add_option("--split", split, "train | valid | test")->capture_default_str();
-    cmd->add_option("--batch", batch, "evaluation streams")->capture_default_str();
+    cmd->add_option("--batch", batch, "evaluation streams (default: the config's eval_batch_size, 8)");
     cmd->add_option("--unit", unit, "bpc (characters) or ppl (words)")->capture_default_str();
     cmd->callback([&run] {
       run = [] {
         if (unit != "bpc" && unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", unit);
-        if (batch <= 0) fail("--batch must be positive (got {})", batch);
+        if (batch == 0 || batch < -1) fail("--batch must be positive (got {})", batch);
         set_threads(threads);
+        const bool tty = isatty(STDERR_FILENO);
         train::CheckpointReader reader(checkpoint_file(checkpoint));
+        if (batch < 0) batch = reader.config().train.eval_batch_size;
         const std::string dir = data_dir.empty() ? reader.config().train.data : data_dir;
         auto corpus = data::load_corpus(dir, split);
         if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(reader.vocab()))
@@ -111,9 +115,9 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         auto model = reader.load_model();
         const double start = now_seconds();
         auto result = train::evaluate(model, corpus.split(split), batch, [&](int64_t done, int64_t total) {
-          if (done % 20 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
+          if (tty && done % 20 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
         });
-        fmt::print(stderr, "\r");
+        if (tty) fmt::print(stderr, "\r{:40}\r", "");
         const double value = unit == "bpc" ? result.bpc() : result.ppl();
         fmt::print("{} {} {:.6f} ({} blocks, {} tokens, {:.1f} s)\n", split, unit, value, result.blocks, result.tokens,
                    now_seconds() - start);
