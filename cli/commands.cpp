@@ -54,7 +54,9 @@ void print_spans(const models::TransformerSeq& model) {
 
 void add_commands(CLI::App& app, std::function<void()>& run) {
   static int threads = 0;
+  static std::string device = "cpu";
   app.add_option("--threads", threads, "CPU threads for LibTorch (default: all cores)");
+  app.add_option("--device", device, "cpu | cuda | cuda:N (eval, generate, bench; train uses train.device)");
 
   // ---- train -------------------------------------------------------------------------------------
   {
@@ -113,6 +115,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(reader.vocab()))
           fail("{}/vocab.txt differs from the checkpoint's vocabulary: the model was trained on other data", dir);
         auto model = reader.load_model();
+        model->to(train::parse_device(device));
         const double start = now_seconds();
         auto result = train::evaluate(model, corpus.split(split), batch, [&](int64_t done, int64_t total) {
           if (tty && done % 20 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
@@ -143,6 +146,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         torch::manual_seed(seed);
         train::CheckpointReader reader(checkpoint_file(checkpoint));
         auto model = reader.load_model();
+        model->to(train::parse_device(device));
         std::cout << prompt << std::flush;
         models::generate(model, reader.vocab(), prompt, options,
                          [](const std::string& piece) { std::cout << piece << std::flush; });
@@ -225,7 +229,9 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         validate(config);
         const int used_threads = set_threads(static_cast<int>(config.train.threads));
         torch::manual_seed(config.train.seed);
+        const torch::Device dev = train::parse_device(device);
         models::TransformerSeq model(config.model);
+        model->to(dev);
         std::vector<std::pair<std::string, torch::Tensor>> params;
         for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
         train::Optimizer optimizer(params, train::optimizer_options(config.train));
@@ -233,8 +239,8 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         auto caches = model->initial_caches(B);
         double total = 0;
         for (int64_t i = 0; i < warmup + steps; ++i) {
-          auto x = torch::randint(config.model.vocab_size, {B, M}, torch::kLong);
-          auto y = torch::randint(config.model.vocab_size, {B, M}, torch::kLong);
+          auto x = torch::randint(config.model.vocab_size, {B, M}, torch::kLong).to(dev);
+          auto y = torch::randint(config.model.vocab_size, {B, M}, torch::kLong).to(dev);
           const double t0 = now_seconds();
           auto loss = train::train_step(model, optimizer, x, y, caches, config.train.batch_split, 1e-9);
           loss.item<double>();

@@ -70,6 +70,10 @@ struct Case {
   std::vector<double> ratios;  // per head
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "B" << c.B << " M" << c.M << " K" << c.K << " D" << c.D << " L" << c.L << " cache" << c.cache << " pers" << c.pers;
+}
+
 SeqAttention make_layer(const Case& c) {
   SeqAttention a(SeqAttentionOptions(c.K * c.D, c.K, c.L).adapt_span_ramp(4).pers_mem_size(c.pers));
   a->to(torch::kDouble);

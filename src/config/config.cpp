@@ -86,6 +86,7 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("seed", &TrainConfig::seed),
       field("threads", &TrainConfig::threads),
       field("eval_batch_size", &TrainConfig::eval_batch_size),
+      field("device", &TrainConfig::device),
   };
   return fields;
 }
@@ -181,7 +182,7 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides) 
     if ((section.empty() || section == "model") && find_field(model_fields(), key)) {
       find_field(model_fields(), key)->set(config.model, value);
     } else if ((section.empty() || section == "train") && find_field(train_fields(), key)) {
-      if (key == "data" || key == "optim") value = text;
+      if (key == "data" || key == "optim" || key == "device") value = text;
       find_field(train_fields(), key)->set(config.train, value);
     } else {
       fail("unknown config key '{}' in override '{}'", key, item);
@@ -232,6 +233,8 @@ void validate(const Config& config) {
   if (t.eval_blocks <= 0) fail("config: eval_blocks must be positive (got {})", t.eval_blocks);
   if (t.checkpoint_interval < 0) fail("config: checkpoint_interval must be >= 0 (got {})", t.checkpoint_interval);
   if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
+  if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
+    fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
   if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
 }
 

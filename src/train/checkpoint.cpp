@@ -26,6 +26,7 @@ void save_checkpoint(const std::string& path, const Config& config, const data::
       archive.write(fmt::format("state.valid_cache.{}", l), state->valid_caches[l].contiguous());
     }
     archive.write("state.rng", state->rng_state);
+    if (state->cuda_rng_state.defined()) archive.write("state.cuda_rng", state->cuda_rng_state);
   }
   write_atomic_with(path, [&](const std::string& tmp) { archive.save_to(tmp); });
 }
@@ -116,6 +117,7 @@ TrainState CheckpointReader::load_state(int64_t nb_layers) {
     state.valid_caches.push_back(valid_cache);
   }
   archive_.read("state.rng", state.rng_state);
+  archive_.try_read("state.cuda_rng", state.cuda_rng_state);
   return state;
 }
 

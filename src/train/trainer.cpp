@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -63,6 +64,17 @@ void zero_(std::vector<torch::Tensor>& caches) {
 
 }  // namespace
 
+torch::Device parse_device(const std::string& name) {
+  try {
+    torch::Device device(name);
+    if (device.is_cuda() && !torch::cuda::is_available())
+      fail("device '{}' asked for, but no CUDA device is available to this LibTorch build", name);
+    return device;
+  } catch (const c10::Error&) {
+    fail("unknown device '{}' (cpu, cuda or cuda:N)", name);
+  }
+}
+
 RunResult run_training(const Config& config_in, const RunOptions& options) {
   Config config = config_in;
   const auto& tc = config.train;
@@ -79,8 +91,10 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
   const std::string log_path = options.out_dir + "/log.jsonl";
   make_dirs(options.out_dir);
 
+  const torch::Device device = parse_device(tc.device);
   torch::manual_seed(tc.seed);
   models::TransformerSeq model(config.model);
+  model->to(device);
   Optimizer optimizer(named_params(model), optimizer_options(tc));
   const int64_t B = tc.batch_size, M = config.model.block_size;
   data::Streams train_streams(*corpus.train, B), valid_streams(*corpus.valid, B);
@@ -96,7 +110,11 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
     if (state.train_caches[0].size(0) != B)
       fail("checkpoint {} was trained with batch_size {}, the config says {}", checkpoint_path,
            state.train_caches[0].size(0), B);
+    for (auto& c : state.train_caches) c = c.to(device);
+    for (auto& c : state.valid_caches) c = c.to(device);
     compat::set_generator_state(c10::DeviceType::CPU, state.rng_state);
+    if (device.is_cuda() && state.cuda_rng_state.defined())
+      compat::set_generator_state(c10::DeviceType::CUDA, state.cuda_rng_state);
     fmt::print(stderr, "spanformer: resumed {} at step {}\n", checkpoint_path, state.step);
   } else {
     if (options.resume) fmt::print(stderr, "spanformer: no checkpoint in {}, starting a new run\n", options.out_dir);
@@ -109,7 +127,6 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
   install_interrupt_handler();
   std::ofstream log(log_path, std::ios::app);
   const bool tty = options.progress && isatty(STDERR_FILENO);
-  const auto device = model->key_pe.device();
   const int64_t first_step = state.step;
   const int64_t last_step = options.stop_after >= 0 ? std::min(tc.nb_steps, first_step + options.stop_after) : tc.nb_steps;
   const int64_t checkpoint_every = tc.checkpoint_interval > 0 ? tc.checkpoint_interval : tc.eval_interval;
@@ -117,6 +134,7 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
 
   auto save = [&] {
     state.rng_state = compat::generator_state(c10::DeviceType::CPU);
+    if (device.is_cuda()) state.cuda_rng_state = compat::generator_state(c10::DeviceType::CUDA);
     TrainState to_save = state;
     to_save.elapsed_seconds = state.elapsed_seconds + (now_seconds() - session_start);
     save_checkpoint(checkpoint_path, config, corpus.vocab, model, &optimizer, &to_save);

@@ -53,6 +53,7 @@ struct TrainConfig {
   uint64_t seed = 42;
   int64_t threads = 0;            // 0 = all cores
   int64_t eval_batch_size = 8;    // streams of the full evaluation
+  std::string device = "cpu";     // cpu | cuda | cuda:N
 };
 
 struct Config {

@@ -26,6 +26,7 @@ struct TrainState {
   std::vector<torch::Tensor> train_caches;  // (B, C_l, H) per layer
   std::vector<torch::Tensor> valid_caches;
   torch::Tensor rng_state;                  // CPU generator state
+  torch::Tensor cuda_rng_state;             // CUDA generator state (training on a GPU)
   double elapsed_seconds = 0;               // training time before this session
 };
 

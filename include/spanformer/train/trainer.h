@@ -27,6 +27,9 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
 
 OptimizerOptions optimizer_options(const TrainConfig& config);
 
+// "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.
+torch::Device parse_device(const std::string& name);
+
 struct RunOptions {
   std::string out_dir;         // config.json, log.jsonl, checkpoint.pt
   bool resume = false;         // continue from out_dir/checkpoint.pt
