@@ -3,12 +3,29 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <exception>
 
 #include "commands.h"
 #include "spanformer/util/error.h"
 
+namespace {
+// LibTorch's OpenMP threads spin for a long time after each parallel region, and on a small machine
+// they then steal the cores OpenBLAS's own threads need for the next matrix product: measured on the
+// 2-core machine, bench_small at span 40 takes 872 ms/step by default and 485 ms/step with a short spin
+// (docs/benchmarks.md). libgomp reads GOMP_SPINCOUNT only when it is loaded, so the setting is made by
+// re-executing once with it in the environment (unless the user chose a policy).
+void use_short_openmp_spin(char** argv) {
+  if (std::getenv("GOMP_SPINCOUNT") || std::getenv("OMP_WAIT_POLICY")) return;
+  setenv("GOMP_SPINCOUNT", "10000", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  use_short_openmp_spin(argv);
   CLI::App app{"spanformer: adaptive-span and long-context attention models on LibTorch"};
   app.require_subcommand(1);
   std::function<void()> run;

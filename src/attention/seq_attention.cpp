@@ -73,9 +73,10 @@ torch::Tensor SeqAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
   const double sqrt_d = std::sqrt(static_cast<double>(D));
 
   auto context = torch::cat({take_last_states(cache, Lp), h}, 1);                    // (B, L'+M, H)
-  auto q = proj_query(h).view({B, M, K, D}).transpose(1, 2);                           // (B, K, M, D)
-  auto k = proj_key(context).view({B, Lp + M, K, D}).transpose(1, 2);                  // (B, K, L'+M, D)
-  auto v = proj_val(context).view({B, Lp + M, K, D}).transpose(1, 2);                  // (B, K, L'+M, D)
+  // Heads made contiguous once: every product below is then a plain batched GEMM.
+  auto q = proj_query(h).view({B, M, K, D}).transpose(1, 2).contiguous();              // (B, K, M, D)
+  auto k = proj_key(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();     // (B, K, L'+M, D)
+  auto v = proj_val(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();     // (B, K, L'+M, D)
 
   auto scores = unskew(torch::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, L')
   scores = scores + torch::matmul(q, key_pe.narrow(1, L - Lp, Lp));                    // (B, K, M, L')
