@@ -14,11 +14,16 @@
 namespace spanformer::viz {
 namespace {
 
-void text(cairo_t* cr, double x, double y, const std::string& s, double size, bool centered = false) {
+enum class Align { kLeft, kCenter, kRight };
+
+void text(cairo_t* cr, double x, double y, const std::string& s, double size, Align align = Align::kLeft) {
   cairo_set_font_size(cr, size);
   cairo_text_extents_t ext;
   cairo_text_extents(cr, s.c_str(), &ext);
-  cairo_move_to(cr, centered ? x - ext.width / 2 - ext.x_bearing : x, y);
+  const double shift = align == Align::kCenter ? ext.width / 2 + ext.x_bearing
+                       : align == Align::kRight ? ext.width + ext.x_bearing
+                                                : 0.0;
+  cairo_move_to(cr, x - shift, y);
   cairo_show_text(cr, s.c_str());
 }
 
@@ -48,7 +53,7 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
   const double grid_w = cell_w * static_cast<double>(heads), grid_h = cell_h * static_cast<double>(layers);
   const double bars_h = 260;
   const int width = static_cast<int>(std::max(grid_w, 520.0) + 2 * margin);
-  const int height = static_cast<int>(top + grid_h + 80 + bars_h + 60);
+  const int height = static_cast<int>(top + grid_h + 50 + bars_h + 10);
 
   cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height);
   cairo_t* cr = cairo_create(surface);
@@ -88,9 +93,12 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
       cairo_close_path(cr);
       cairo_fill(cr);
       cairo_set_source_rgb(cr, 0, 0, 0);
-      text(cr, x0 + w - 4, y0 + 14, fmt::format("z={:.0f}", z), 11, false);
+      text(cr, x0 + w - 4, y0 + 14, fmt::format("z = {:.1f}", z), 11, Align::kRight);
+      cairo_set_source_rgb(cr, 0.4, 0.4, 0.4);
+      text(cr, x0 + 1, y0 + h + 11, "0", 8);
+      text(cr, x0 + w, y0 + h + 11, fmt::format("{:.0f}", x_max), 8, Align::kRight);
       cairo_set_source_rgb(cr, 0, 0, 0);
-      text(cr, x0 + w / 2, y0 + h + 14, fmt::format("layer {} head {}", l, k), 10, true);
+      text(cr, x0 + w / 2, y0 + h + 14, fmt::format("layer {} head {}", l, k), 10, Align::kCenter);
     }
   }
 
@@ -98,16 +106,20 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
   const double by0 = top + grid_h + 50, bh = bars_h - 40, bx0 = margin + 40;
   const double bw_total = std::max(grid_w, 520.0) - 40;
   cairo_set_source_rgb(cr, 0, 0, 0);
-  text(cr, margin, by0 - 14, "span z per layer (one bar per head, log scale)", 13);
+  text(cr, margin, by0 - 14, "span z per layer (one bar per head, log scale; spans below 1 token show no bar)", 13);
   auto y_of = [&](double z) { return by0 + bh * (1 - std::log10(std::max(1.0, z)) / std::log10(std::max(10.0, L))); };
   cairo_set_line_width(cr, 1);
-  for (double tick = 1; tick <= L * 1.0001; tick *= 10) {
+  std::vector<double> ticks;
+  for (double tick = 1; tick < L * 0.8; tick *= 10) ticks.push_back(tick);
+  ticks.push_back(L);  // the top of the axis is the largest possible span
+  for (double tick : ticks) {
     cairo_set_source_rgb(cr, 0.85, 0.85, 0.85);
     cairo_move_to(cr, bx0, y_of(tick));
     cairo_line_to(cr, bx0 + bw_total, y_of(tick));
     cairo_stroke(cr);
     cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
-    text(cr, margin - 10, y_of(tick) + 4, fmt::format("{:.0f}", tick), 10);
+    text(cr, bx0 - 6, y_of(tick) + 4, tick == L ? fmt::format("L={:.0f}", tick) : fmt::format("{:.0f}", tick), 10,
+         Align::kRight);
   }
   const double group = bw_total / static_cast<double>(layers);
   const double bar = std::max(2.0, group * 0.8 / static_cast<double>(heads));
@@ -120,7 +132,7 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
       cairo_fill(cr);
     }
     cairo_set_source_rgb(cr, 0, 0, 0);
-    text(cr, bx0 + group * (static_cast<double>(l) + 0.5), by0 + bh + 16, fmt::format("layer {}", l), 10, true);
+    text(cr, bx0 + group * (static_cast<double>(l) + 0.5), by0 + bh + 16, fmt::format("layer {}", l), 10, Align::kCenter);
   }
   cairo_destroy(cr);
 
