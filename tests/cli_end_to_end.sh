@@ -25,4 +25,20 @@ test "$(wc -c < "$tmp/gen1")" -ge 70
 grep -q "layer  1" "$tmp/spans.out"
 head -c 8 "$tmp/spans.png" | od -An -c | grep -q "P   N   G"
 "$bin" bench -c "$tmp/c.json" --steps 2 --warmup 1 | grep -q "tokens/s"
+
+# Fine-tuning: resume with a new learning rate and more steps (the optimizer state is kept).
+"$bin" train -c "$tmp/c.json" --data "$tmp/data" --out "$tmp/run" --resume --lr=0.007 --nb_steps=60 --quiet \
+  | grep -q "trained 60 steps"
+
+# Ctrl-C: the run saves a checkpoint, exits 130, and the checkpoint resumes.
+"$bin" train -c "$tmp/c.json" --data "$tmp/data" --out "$tmp/long" --nb_steps=100000 --eval_interval=100000 --quiet \
+  > "$tmp/long.out" 2> "$tmp/long.err" &
+pid=$!
+for _ in $(seq 100); do grep -q "spanformer: config" "$tmp/long.out" 2>/dev/null && break; sleep 0.1; done
+sleep 2
+kill -INT "$pid"
+rc=0; wait "$pid" || rc=$?
+test "$rc" -eq 130
+grep -q "checkpoint saved at step" "$tmp/long.err"
+"$bin" eval "$tmp/long" --split valid --batch 2 | grep -q "valid bpc"
 echo "cli end to end: 1 passed, 0 failed"
