@@ -7,16 +7,9 @@
 #include "util.h"
 
 using namespace spanformer;
+using tu::error_of;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 Config valid_config() {
   Config c;
   c.model.vocab_size = 10;

@@ -10,16 +10,9 @@
 #include "util.h"
 
 using namespace spanformer;
+using tu::error_of;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 std::vector<int64_t> read_all(const data::TokenFile& f) {
   std::vector<int64_t> v;
   for (int64_t i = 0; i < f.size(); ++i) v.push_back(f.at(i));

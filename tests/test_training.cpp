@@ -13,17 +13,9 @@
 #include "util.h"
 
 using namespace spanformer;
+using tu::error_of;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 Config tiny(const std::string& data) {
   Config c;
   c.model.nb_layers = 2;

@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "spanformer/data/corpus.h"
+#include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
 namespace spanformer::tu {
@@ -34,6 +36,16 @@ class TempDir {
   }
   std::filesystem::path path_;
 };
+
+// The message of the spanformer::Error that f throws ("" when it throws none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
