@@ -14,6 +14,7 @@
 #include "spanformer/config/config.h"
 #include "spanformer/data/corpus.h"
 #include "spanformer/data/download.h"
+#include "spanformer/io/reference_import.h"
 #include "spanformer/models/generate.h"
 #include "spanformer/models/transformer_seq.h"
 #include "spanformer/train/checkpoint.h"
@@ -60,7 +61,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
 
   // ---- train -------------------------------------------------------------------------------------
   {
-    static std::string config_path, data_dir, out_dir = "runs/default";
+    static std::string config_path, data_dir, out_dir = "runs/default", init;
     static bool resume = false, quiet = false;
     static int64_t stop_after = -1;
     auto* cmd = app.add_subcommand("train", "train a model (config file + --key=value overrides)");
@@ -68,6 +69,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     cmd->add_option("--data", data_dir, "prepared data directory (overrides train.data)");
     cmd->add_option("--out,-o", out_dir, "run directory: config.json, log.jsonl, checkpoint.pt")->capture_default_str();
     cmd->add_flag("--resume", resume, "continue from OUT/checkpoint.pt (exactly where it stopped)");
+    cmd->add_option("--init", init, "start a new run from the weights of this checkpoint (e.g. an imported model)");
     cmd->add_option("--stop-after", stop_after, "stop with a checkpoint after this many steps of this session");
     cmd->add_flag("--quiet", quiet, "no progress lines");
     cmd->allow_extras();
@@ -84,6 +86,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         options.resume = resume;
         options.progress = !quiet;
         options.stop_after = stop_after;
+        options.init_from = init;
         auto result = train::run_training(config, options);
         fmt::print("trained {} steps: train {:.4f} bpc, valid {:.4f} bpc; checkpoint {}/checkpoint.pt\n", result.steps,
                    result.last_train_bpc, result.last_valid_bpc, out_dir);
@@ -94,7 +97,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
 
   // ---- eval --------------------------------------------------------------------------------------
   {
-    static std::string checkpoint, data_dir, split = "test", unit = "bpc";
+    static std::string checkpoint, data_dir, split = "test", unit = "bpc", ids;
     static int64_t batch = -1;
     auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the reference's protocol)");
     cmd->add_option("checkpoint", checkpoint, "checkpoint file or run directory")->required();
@@ -102,6 +105,8 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     cmd->add_option("--split", split, "train | valid | test")->capture_default_str();
     cmd->add_option("--batch", batch, "evaluation streams (default: the config's eval_batch_size, 8)");
     cmd->add_option("--unit", unit, "bpc (characters) or ppl (words)")->capture_default_str();
+    cmd->add_option("--ids", ids, "evaluate a headerless file of one-byte token ids of the checkpoint's vocabulary "
+                                  "(e.g. the reference's valid.ids.u8) instead of a data split");
     cmd->callback([&run] {
       run = [] {
         if (unit != "bpc" && unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", unit);
@@ -110,19 +115,27 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         const bool tty = isatty(STDERR_FILENO);
         train::CheckpointReader reader(checkpoint_file(checkpoint));
         if (batch < 0) batch = reader.config().train.eval_batch_size;
-        const std::string dir = data_dir.empty() ? reader.config().train.data : data_dir;
-        auto corpus = data::load_corpus(dir, split);
-        if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(reader.vocab()))
-          fail("{}/vocab.txt differs from the checkpoint's vocabulary: the model was trained on other data", dir);
+        std::unique_ptr<data::TokenFile> raw;
+        data::Corpus corpus;
+        if (!ids.empty()) {
+          raw = std::make_unique<data::TokenFile>(ids, data::TokenFile::RawBytes{}, reader.vocab().size());
+        } else {
+          const std::string dir = data_dir.empty() ? reader.config().train.data : data_dir;
+          corpus = data::load_corpus(dir, split);
+          if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(reader.vocab()))
+            fail("{}/vocab.txt differs from the checkpoint's vocabulary: the model was trained on other data", dir);
+        }
+        const data::TokenFile& tokens = raw ? *raw : corpus.split(split);
+        const std::string label = raw ? ids : split;
         auto model = reader.load_model();
         model->to(train::parse_device(device));
         const double start = now_seconds();
-        auto result = train::evaluate(model, corpus.split(split), batch, [&](int64_t done, int64_t total) {
+        auto result = train::evaluate(model, tokens, batch, [&](int64_t done, int64_t total) {
           if (tty && done % 20 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
         });
         if (tty) fmt::print(stderr, "\r{:40}\r", "");
         const double value = unit == "bpc" ? result.bpc() : result.ppl();
-        fmt::print("{} {} {:.6f} ({} blocks, {} tokens, {:.1f} s)\n", split, unit, value, result.blocks, result.tokens,
+        fmt::print("{} {} {:.7f} ({} blocks, {} tokens, {:.1f} s)\n", label, unit, value, result.blocks, result.tokens,
                    now_seconds() - start);
       };
     });
@@ -205,6 +218,48 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     get->add_option("--url", url, "another address for the zip (mirror, or file:///path)");
     get->callback([&run] {
       run = [] { data::get_dataset(name, out_dir.empty() ? "data/" + name : out_dir, url); };
+    });
+  }
+
+  // ---- import / export (the Python reference's checkpoints) -------------------------------------
+  {
+    static std::string kind, input, config_path, vocab_path, out;
+    auto* cmd = app.add_subcommand("import", "convert a reference checkpoint into a spanformer checkpoint");
+    cmd->add_option("kind", kind, "adaptive-span")->required()->check(CLI::IsMember({"adaptive-span"}));
+    cmd->add_option("model", input, "state_dict extracted from the reference's checkpoint (see README)")->required();
+    cmd->add_option("--config,-c", config_path, "spanformer config describing the model")->required();
+    cmd->add_option("--vocab", vocab_path, "the reference's vocabulary (vocab.txt: a byte value or <eos> per line)")->required();
+    cmd->add_option("--out,-o", out, "spanformer checkpoint to write")->required();
+    cmd->allow_extras();
+    cmd->callback([cmd, &run] {
+      auto overrides = cmd->remaining();
+      run = [overrides] {
+        Config config = resolve_config(config_path, overrides);
+        auto vocab = data::read_vocab(vocab_path);
+        if (config.model.vocab_size == 0) config.model.vocab_size = vocab.size();
+        if (config.model.vocab_size != vocab.size())
+          fail("config vocab_size {} does not match {} ({} tokens)", config.model.vocab_size, vocab_path, vocab.size());
+        validate(config.model);
+        models::TransformerSeq model(config.model);
+        io::load_reference_state_dict(model, input);
+        train::save_checkpoint(out, config, vocab, model, nullptr, nullptr);
+        fmt::print("imported {} -> {}\n", input, out);
+        print_spans(model);
+      };
+    });
+    static std::string exp_kind, exp_checkpoint, exp_out;
+    auto* exp = app.add_subcommand("export", "write a checkpoint as a state_dict the Python reference loads");
+    exp->add_option("kind", exp_kind, "adaptive-span")->required()->check(CLI::IsMember({"adaptive-span"}));
+    exp->add_option("checkpoint", exp_checkpoint, "checkpoint file or run directory")->required();
+    exp->add_option("--out,-o", exp_out, "state_dict file to write (torch.save format)")->required();
+    exp->callback([&run] {
+      run = [] {
+        train::CheckpointReader reader(checkpoint_file(exp_checkpoint));
+        auto model = reader.load_model();
+        io::save_reference_state_dict(model, exp_out);
+        fmt::print("exported {} -> {} (load in Python with model.load_state_dict(torch.load(path)))\n", exp_checkpoint,
+                   exp_out);
+      };
     });
   }
 

@@ -170,6 +170,23 @@ TEST_F(ReferenceModel, ReproducesValidAndTestBitsPerCharacter) {
   }
 }
 
+TEST_F(ReferenceModel, ExportWritesTheReferenceLayoutBack) {
+  models::TransformerSeq model(config_);
+  io::load_reference_state_dict(model, dir_ + "/model.pt");
+  tu::TempDir tmp;
+  io::save_reference_state_dict(model, tmp.file("exported.pt"));
+  auto load = [](const std::string& path) {
+    std::string bytes = read_file(path);
+    return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+  };
+  auto original = load(dir_ + "/model.pt"), exported = load(tmp.file("exported.pt"));
+  EXPECT_EQ(original.size(), exported.size());
+  for (const auto& entry : original) {
+    ASSERT_TRUE(exported.contains(entry.key())) << entry.key().toStringRef();
+    EXPECT_TRUE(torch::equal(entry.value().toTensor(), exported.at(entry.key()).toTensor())) << entry.key().toStringRef();
+  }
+}
+
 TEST_F(ReferenceModel, WrongConfigIsRefusedWithTheTensorNamed) {
   auto other = config_;
   other.hidden_size = 32;

@@ -230,6 +230,17 @@ TokenFile::TokenFile(const std::string& path) : map_(path) {
   }
 }
 
+TokenFile::TokenFile(const std::string& path, RawBytes, int64_t vocab_size) : map_(path) {
+  if (map_.size() == 0) fail("{} is empty", path);
+  tokens_ = map_.data();
+  count_ = static_cast<int64_t>(map_.size());
+  vocab_size_ = vocab_size;
+  bytes_per_token_ = 1;
+  for (int64_t i = 0; i < count_; ++i) {
+    if (at(i) >= vocab_size_) fail("{}: token {} has id {} >= vocabulary size {}", path, i, at(i), vocab_size_);
+  }
+}
+
 const TokenFile& Corpus::split(const std::string& name) const {
   if (name != "train" && name != "valid" && name != "test") fail("unknown split '{}' (train, valid or test)", name);
   const auto& ptr = name == "train" ? train : name == "valid" ? valid : test;

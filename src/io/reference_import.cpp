@@ -2,9 +2,9 @@
 
 #include <torch/serialize.h>
 
+#include <fstream>
 #include <map>
 #include <regex>
-#include <set>
 
 #include <fmt/ranges.h>
 
@@ -14,23 +14,33 @@
 namespace spanformer::io {
 namespace {
 
-// Reference name -> spanformer name ("" = ignored buffer).
-std::string map_name(std::string name) {
-  if (name.rfind("module.", 0) == 0) name = name.substr(7);
-  static const std::vector<std::pair<std::regex, std::string>> rules = {
-      {std::regex(R"(^layers\.(\d+)\.attn\.attn\.adaptive_span\._mask\.current_val$)"), "layers.$1.attn.span.span_ratio"},
-      {std::regex(R"(^layers\.(\d+)\.attn\.attn\.adaptive_span\._mask\.mask_template$)"), ""},
-      {std::regex(R"(^layers\.(\d+)\.attn\.attn\.persistent_memory\.key$)"), "layers.$1.attn.pers_key"},
-      {std::regex(R"(^layers\.(\d+)\.attn\.attn\.persistent_memory\.val$)"), "layers.$1.attn.pers_val"},
-      {std::regex(R"(^layers\.(\d+)\.ff\.(fc[12]\.(weight|bias))$)"), "layers.$1.$2"},
-  };
-  for (const auto& [pattern, replacement] : rules) {
-    if (std::regex_match(name, pattern)) return std::regex_replace(name, pattern, replacement);
-  }
-  return name;
+const char* kPrefix = "module.";
+
+std::string mask_template_name(int64_t layer) {
+  return fmt::format("{}layers.{}.attn.attn.adaptive_span._mask.mask_template", kPrefix, layer);
+}
+
+// Our tensor -> the reference's shape of it.
+torch::Tensor to_reference_shape(const std::string& name, const torch::Tensor& t) {
+  if (name == "key_pe") return t.unsqueeze(0);                                           // (1, D, L)
+  if (name.find("span_ratio") != std::string::npos) return t.view({-1, 1, 1});          // (K, 1, 1)
+  return t;
 }
 
 }  // namespace
+
+std::string reference_name(const std::string& name) {
+  static const std::vector<std::pair<std::regex, std::string>> rules = {
+      {std::regex(R"(^layers\.(\d+)\.attn\.span\.span_ratio$)"), "layers.$1.attn.attn.adaptive_span._mask.current_val"},
+      {std::regex(R"(^layers\.(\d+)\.attn\.pers_key$)"), "layers.$1.attn.attn.persistent_memory.key"},
+      {std::regex(R"(^layers\.(\d+)\.attn\.pers_val$)"), "layers.$1.attn.attn.persistent_memory.val"},
+      {std::regex(R"(^layers\.(\d+)\.(fc[12]\.(weight|bias))$)"), "layers.$1.ff.$2"},
+  };
+  for (const auto& [pattern, replacement] : rules) {
+    if (std::regex_match(name, pattern)) return kPrefix + std::regex_replace(name, pattern, replacement);
+  }
+  return kPrefix + name;
+}
 
 void load_reference_state_dict(models::TransformerSeq& model, const std::string& path) {
   std::string bytes = read_file(path);
@@ -38,32 +48,64 @@ void load_reference_state_dict(models::TransformerSeq& model, const std::string&
   try {
     value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception&) {
-    fail("{} is not a readable state_dict (extract it with: torch.save(dict(torch.load(path, map_location='cpu')['model']), 'model.pt'))", path);
+    fail("{} is not a readable state_dict (extract one in Python with: "
+         "torch.save(dict(torch.load(path, map_location='cpu')['model']), 'model.pt'))", path);
   }
   if (!value.isGenericDict()) fail("{} does not hold a dict of tensors", path);
+
+  // Reference name -> our parameter.
   auto params = model->named_parameters();
-  std::set<std::string> seen;
+  std::map<std::string, std::string> ours_by_reference;
+  for (const auto& item : params) ours_by_reference[reference_name(item.key())] = item.key();
+  const int64_t L = model->config().attn_span;
+
+  std::map<std::string, bool> loaded;
   torch::NoGradGuard no_grad;
   for (const auto& entry : value.toGenericDict()) {
-    const std::string ref_name = entry.key().toStringRef();
-    const std::string name = map_name(ref_name);
-    if (name.empty()) continue;
-    if (!entry.value().isTensor()) fail("{}: '{}' is not a tensor", path, ref_name);
-    auto* target = params.find(name);
-    if (!target) fail("{}: unexpected tensor '{}' (not part of this model config)", path, ref_name);
+    if (!entry.key().isString()) fail("{}: a key of the dict is not a string", path);
+    std::string name = entry.key().toStringRef();
+    if (name.rfind(kPrefix, 0) != 0) name = kPrefix + name;
+    if (!entry.value().isTensor()) fail("{}: '{}' is not a tensor", path, name);
     auto t = entry.value().toTensor();
-    if (name == "key_pe" && t.dim() == 3) t = t.squeeze(0);                        // (1, D, L) -> (D, L)
-    if (name.find("span_ratio") != std::string::npos) t = t.reshape({-1});        // (K, 1, 1) -> (K)
-    if (t.sizes() != target->sizes())
-      fail("{}: '{}' has shape {}, the config expects {}", path, ref_name, fmt::join(t.sizes(), "x"),
-           fmt::join(target->sizes(), "x"));
-    target->copy_(t);
-    seen.insert(name);
+    static const std::regex mask_template(R"(^module\.layers\.\d+\.attn\.attn\.adaptive_span\._mask\.mask_template$)");
+    if (std::regex_match(name, mask_template)) {
+      if (t.dim() != 1 || t.size(0) != L)
+        fail("{}: '{}' has shape {}, the config's attn_span is {}", path, name, fmt::join(t.sizes(), "x"), L);
+      continue;  // derivable
+    }
+    auto it = ours_by_reference.find(name);
+    if (it == ours_by_reference.end()) fail("{}: unexpected tensor '{}' (not part of this model config)", path, name);
+    auto* target = params.find(it->second);
+    auto expected = to_reference_shape(it->second, *target);
+    if (t.sizes() != expected.sizes())
+      fail("{}: '{}' has shape {}, the config expects {}", path, name, fmt::join(t.sizes(), "x"),
+           fmt::join(expected.sizes(), "x"));
+    target->copy_(t.reshape(target->sizes()));
+    loaded[it->second] = true;
   }
   for (const auto& item : params) {
-    if (!seen.count(item.key())) fail("{}: missing tensor for '{}'", path, item.key());
+    if (!loaded.count(item.key())) fail("{}: missing tensor '{}'", path, reference_name(item.key()));
   }
   model->sync_spans();
+}
+
+void save_reference_state_dict(models::TransformerSeq& model, const std::string& path) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& item : model->named_parameters()) {
+    dict.insert(reference_name(item.key()), to_reference_shape(item.key(), item.value().detach().cpu()).contiguous());
+  }
+  const int64_t L = model->config().attn_span;
+  for (size_t l = 0; l < model->layers.size(); ++l) {
+    if (model->layers[l]->attn->span)
+      dict.insert(mask_template_name(static_cast<int64_t>(l)), torch::linspace(1 - L, 0, L));
+  }
+  std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  write_atomic_with(path, [&](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) fail("cannot write {}", path);
+  });
 }
 
 }  // namespace spanformer::io

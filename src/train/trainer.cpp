@@ -118,6 +118,13 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
     fmt::print(stderr, "spanformer: resumed {} at step {}\n", checkpoint_path, state.step);
   } else {
     if (options.resume) fmt::print(stderr, "spanformer: no checkpoint in {}, starting a new run\n", options.out_dir);
+    if (!options.init_from.empty()) {
+      CheckpointReader init(options.init_from);
+      if (data::vocab_to_text(init.vocab()) != data::vocab_to_text(corpus.vocab))
+        fail("{} was trained with another vocabulary than {}/vocab.txt", options.init_from, tc.data);
+      init.load_model_into(model);
+      fmt::print(stderr, "spanformer: starting from the weights of {}\n", options.init_from);
+    }
     state.train_caches = model->initial_caches(B);
     state.valid_caches = model->initial_caches(B);
     std::ofstream(log_path, std::ios::trunc);  // a new run starts a new log

@@ -56,6 +56,9 @@ void write_tokens(const std::string& path, const std::vector<int64_t>& ids, int6
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);
+  // A headerless file of one-byte token ids (as the reference's *.ids.u8 files), checked against vocab_size.
+  struct RawBytes {};
+  TokenFile(const std::string& path, RawBytes, int64_t vocab_size);
   int64_t size() const { return count_; }
   int64_t vocab_size() const { return vocab_size_; }
   int64_t at(int64_t i) const {

@@ -1,14 +1,19 @@
-// Reading state_dicts written by the Python reference (facebookresearch/adaptive-span) with
-// LibTorch's unpickler, and mapping their names onto spanformer's:
-//   module.in_emb.weight                                   -> in_emb.weight
-//   module.out_emb.{weight,bias}                           -> out_emb.{weight,bias}
-//   module.key_pe (1, D, L)                                -> key_pe (D, L)
-//   module.layers.i.attn.attn.adaptive_span._mask.current_val (K, 1, 1) -> layers.i.attn.span.span_ratio (K)
-//   module.layers.i.attn.proj_{query,key,val,out}.weight   -> layers.i.attn.proj_*.weight
-//   module.layers.i.ff.fc{1,2}.{weight,bias}               -> layers.i.fc{1,2}.*
-//   module.layers.i.norm{1,2}.{weight,bias}                -> layers.i.norm{1,2}.*
-//   module.layers.i.attn.attn.persistent_memory.{key,val}  -> layers.i.attn.pers_{key,val}
-// (the "module." prefix is optional; mask_template buffers are derivable and ignored).
+// The Python reference's checkpoints (facebookresearch/adaptive-span): reading its state_dicts with
+// LibTorch's unpickler, and writing ours in its layout. Names, ours -> reference:
+//   in_emb.weight                       -> module.in_emb.weight
+//   out_emb.{weight,bias}               -> module.out_emb.{weight,bias}
+//   key_pe (D, L)                       -> module.key_pe (1, D, L)
+//   layers.i.attn.span.span_ratio (K)   -> module.layers.i.attn.attn.adaptive_span._mask.current_val (K, 1, 1)
+//   layers.i.attn.proj_X.weight         -> module.layers.i.attn.proj_X.weight   (X = query, key, val, out)
+//   layers.i.attn.pers_{key,val}        -> module.layers.i.attn.attn.persistent_memory.{key,val}
+//   layers.i.fc{1,2}.{weight,bias}      -> module.layers.i.ff.fc{1,2}.{weight,bias}
+//   layers.i.norm{1,2}.{weight,bias}    -> module.layers.i.norm{1,2}.{weight,bias}
+// plus the derivable buffer module.layers.i.attn.attn.adaptive_span._mask.mask_template
+// = linspace(1 - L, 0, L). On reading, the "module." prefix is optional.
+//
+// LibTorch cannot unpickle the reference's full checkpoint (it pickles a logger object) nor an
+// OrderedDict, so users first extract a plain dict in Python:
+//   torch.save(dict(torch.load(path, map_location='cpu')['model']), 'model.pt')
 #pragma once
 #include <string>
 
@@ -16,8 +21,15 @@
 
 namespace spanformer::io {
 
+// The reference's name of one of our parameters.
+std::string reference_name(const std::string& name);
+
 // Loads a plain dict of tensors saved with torch.save into `model`; every name and shape is checked
-// (missing, unexpected or mis-shaped tensors are named in the error).
+// against the model (missing, unexpected or mis-shaped tensors are named in the error).
 void load_reference_state_dict(models::TransformerSeq& model, const std::string& path);
+
+// Writes the model as a state_dict the reference's model.load_state_dict accepts (with the
+// "module." prefix of its DataParallel wrapper), in torch.save's zip format, atomically.
+void save_reference_state_dict(models::TransformerSeq& model, const std::string& path);
 
 }  // namespace spanformer::io

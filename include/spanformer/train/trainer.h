@@ -35,6 +35,7 @@ struct RunOptions {
   bool resume = false;         // continue from out_dir/checkpoint.pt
   bool progress = true;        // live progress line on stderr
   int64_t stop_after = -1;     // stop (with a checkpoint) after this many steps of this session; -1 = run to nb_steps
+  std::string init_from;       // new run only: start from this checkpoint's weights (same model config)
 };
 
 struct RunResult {

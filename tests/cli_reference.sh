@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The Python reference's trained model through the command line: import, evaluate on its own token
+# ids (its published figures), generate, fine-tune, export; and a wrong config refused clearly.
+set -euo pipefail
+bin="$1"; src="$2"
+ref="$src/../shared/reference/adaptive-span-tiny"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cfg="$src/tests/data/adaptive_span_tiny.json"
+
+"$bin" import adaptive-span "$ref/model.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/tiny.pt"
+check() {  # check SPLIT EXPECTED
+  local got
+  got=$("$bin" eval "$tmp/tiny.pt" --ids "$ref/$1.ids.u8" --batch 8 | awk '{print $3}')
+  awk -v g="$got" -v w="$2" -v s="$1" 'BEGIN { d = g - w; if (d < 0) d = -d;
+    if (d > 1e-4) { print "FAIL: " s " bpc " g " expected " w; exit 1 } print s " bpc " g " (reference " w ")" }'
+}
+check valid 3.5158603457646094
+check test 3.5793226628927504
+
+"$bin" generate "$tmp/tiny.pt" --prompt "It was" --tokens 40 --seed 1 > "$tmp/gen"
+test "$(wc -c < "$tmp/gen")" -ge 40
+
+# Export, re-import: the same figure.
+"$bin" export adaptive-span "$tmp/tiny.pt" --out "$tmp/exported.pt"
+"$bin" import adaptive-span "$tmp/exported.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/again.pt" > /dev/null
+a=$("$bin" eval "$tmp/tiny.pt" --ids "$ref/valid.ids.u8" | awk '{print $3}')
+b=$("$bin" eval "$tmp/again.pt" --ids "$ref/valid.ids.u8" | awk '{print $3}')
+test "$a" = "$b"
+
+# Fine-tune the imported model on Dickens prepared the reference's way (same vocabulary).
+"$bin" data prepare "$src/../shared/data/dickens.txt" --crlf-to-lf --out "$tmp/dickens" > /dev/null
+cmp "$tmp/dickens/vocab.txt" "$ref/vocab.txt"
+"$bin" train -c "$cfg" --data "$tmp/dickens" --init "$tmp/tiny.pt" --out "$tmp/ft" --nb_steps=3 --eval_interval=3 \
+  --eval_blocks=2 --quiet | grep -q "trained 3 steps"
+
+# A config that does not fit: one line naming the tensor.
+if "$bin" import adaptive-span "$ref/model.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/bad.pt" \
+    --hidden_size=32 2> "$tmp/err"; then echo "FAIL: wrong config accepted"; exit 1; fi
+test "$(grep -c . "$tmp/err")" -eq 1
+grep -qE "error: .*'module\.[a-z_.0-9]+' has shape [0-9x]+, the config expects [0-9x]+" "$tmp/err"
+test ! -e "$tmp/bad.pt"
+if "$bin" import adaptive-span "$ref/model.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/bad.pt" \
+    --nb_layers=3 2> "$tmp/err"; then echo "FAIL: missing layer accepted"; exit 1; fi
+grep -q "missing tensor 'module.layers.2" "$tmp/err"
+if "$bin" import adaptive-span "$ref/model.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/bad.pt" \
+    --nb_layers=1 2> "$tmp/err"; then echo "FAIL: extra layer accepted"; exit 1; fi
+grep -q "unexpected tensor 'module.layers.1" "$tmp/err"
+echo "cli reference: 1 passed, 0 failed"
