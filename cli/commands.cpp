@@ -58,6 +58,8 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
   static std::string device = "cpu";
   app.add_option("--threads", threads, "CPU threads for LibTorch (default: all cores)");
   app.add_option("--device", device, "cpu | cuda | cuda:N (eval, generate, bench; train uses train.device)");
+  static std::string attn_impl;
+  app.add_option("--attn-impl", attn_impl, "fused | plain: how attention is computed (eval, generate; default: the checkpoint's)");
 
   // ---- train -------------------------------------------------------------------------------------
   {
@@ -127,7 +129,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         }
         const data::TokenFile& tokens = raw ? *raw : corpus.split(split);
         const std::string label = raw ? ids : split;
-        auto model = reader.load_model();
+        auto model = reader.load_model(attn_impl);
         model->to(train::parse_device(device));
         const double start = now_seconds();
         auto result = train::evaluate(model, tokens, batch, [&](int64_t done, int64_t total) {
@@ -158,7 +160,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         set_threads(threads);
         torch::manual_seed(seed);
         train::CheckpointReader reader(checkpoint_file(checkpoint));
-        auto model = reader.load_model();
+        auto model = reader.load_model(attn_impl);
         model->to(train::parse_device(device));
         std::cout << prompt << std::flush;
         models::generate(model, reader.vocab(), prompt, options,
@@ -177,7 +179,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     cmd->callback([&run] {
       run = [] {
         train::CheckpointReader reader(checkpoint_file(checkpoint));
-        auto model = reader.load_model();
+        auto model = reader.load_model(attn_impl);
         print_spans(model);
         viz::SpanPlotOptions options;
         options.attn_span = model->config().attn_span;
@@ -255,7 +257,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     exp->callback([&run] {
       run = [] {
         train::CheckpointReader reader(checkpoint_file(exp_checkpoint));
-        auto model = reader.load_model();
+        auto model = reader.load_model(attn_impl);
         io::save_reference_state_dict(model, exp_out);
         fmt::print("exported {} -> {} (load in Python with model.load_state_dict(torch.load(path)))\n", exp_checkpoint,
                    exp_out);

@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <limits>
 
 #include "spanformer/attention/seq_attention.h"
 
@@ -31,9 +32,13 @@ torch::Tensor direct_attention(SeqAttention& a, const torch::Tensor& h, const to
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hd = 0; hd < K; ++hd) {
       const double z = a->span ? a->span->span_ratio[hd].item<double>() * L : 0;
+      // The fused op's softmax runs over the distances where the mask is not yet 0 (see
+      // ops/adaptive_span_attention.h); the plain path over the whole window.
+      const bool fused = o.fused() && a->span && N == 0;
+      const int64_t visited = fused ? std::min<int64_t>(Lp, static_cast<int64_t>(std::floor(z + o.adapt_span_ramp())) + 1) : Lp;
       for (int64_t i = 0; i < M; ++i) {
-        std::vector<double> s(Lp + N);
-        for (int64_t d = 1; d <= Lp; ++d) {  // key at context index Lp + i - d
+        std::vector<double> s(Lp + N, -INFINITY);
+        for (int64_t d = 1; d <= visited; ++d) {  // key at context index Lp + i - d
           double dot = 0;
           for (int64_t e = 0; e < D; ++e)
             dot += qa[b][i][hd * D + e] * (ka[b][Lp + i - d][hd * D + e] + pe[e][L - d]);
@@ -68,14 +73,16 @@ torch::Tensor direct_attention(SeqAttention& a, const torch::Tensor& h, const to
 struct Case {
   int64_t B, M, K, D, L, cache, pers;
   std::vector<double> ratios;  // per head
+  bool fused = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "B" << c.B << " M" << c.M << " K" << c.K << " D" << c.D << " L" << c.L << " cache" << c.cache << " pers" << c.pers;
+  *os << "B" << c.B << " M" << c.M << " K" << c.K << " D" << c.D << " L" << c.L << " cache" << c.cache << " pers" << c.pers
+      << (c.fused ? " fused" : " plain");
 }
 
 SeqAttention make_layer(const Case& c) {
-  SeqAttention a(SeqAttentionOptions(c.K * c.D, c.K, c.L).adapt_span_ramp(4).pers_mem_size(c.pers));
+  SeqAttention a(SeqAttentionOptions(c.K * c.D, c.K, c.L).adapt_span_ramp(4).pers_mem_size(c.pers).fused(c.fused));
   a->to(torch::kDouble);
   a->eval();
   torch::NoGradGuard g;
@@ -89,16 +96,19 @@ SeqAttention make_layer(const Case& c) {
 class AttentionVsLoop : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionVsLoop, MatchesDirectDoubleLoop) {
-  const Case c = GetParam();
-  torch::manual_seed(7);
-  auto a = make_layer(c);
-  auto h = torch::randn({c.B, c.M, c.K * c.D}, torch::kDouble);
-  auto cache = torch::randn({c.B, c.cache, c.K * c.D}, torch::kDouble);
-  auto key_pe = torch::randn({c.D, c.L}, torch::kDouble);
-  torch::NoGradGuard g;
-  auto got = a->forward(h, cache, key_pe);
-  auto want = direct_attention(a, h, cache, key_pe);
-  EXPECT_LT((got - want).abs().max().item<double>(), 1e-10);
+  Case c = GetParam();
+  for (bool fused : {false, true}) {
+    c.fused = fused;
+    torch::manual_seed(7);
+    auto a = make_layer(c);
+    auto h = torch::randn({c.B, c.M, c.K * c.D}, torch::kDouble);
+    auto cache = torch::randn({c.B, c.cache, c.K * c.D}, torch::kDouble);
+    auto key_pe = torch::randn({c.D, c.L}, torch::kDouble);
+    torch::NoGradGuard g;
+    auto got = a->forward(h, cache, key_pe);
+    auto want = direct_attention(a, h, cache, key_pe);
+    EXPECT_LT((got - want).abs().max().item<double>(), 1e-10) << (fused ? "fused" : "plain");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionVsLoop,
@@ -133,7 +143,7 @@ TEST(Attention, TrimmingDoesNotChangeOutputs) {
   torch::NoGradGuard g;
   ASSERT_LT(a->used_span(), 512);
   auto trimmed = a->forward(h, cache, key_pe);
-  a->span->set_host_stats(1.0, 1.0);  // pretend a head spans L: no trimming
+  a->span->set_host_ratios(std::vector<double>(2, 1.0));  // pretend a head spans L: no trimming
   ASSERT_EQ(a->used_span(), 512);
   auto full = a->forward(h, cache, key_pe);
   // Masked keys contribute exact zeros; only the 1e-8 in the renormalisation sees the softmax's

@@ -90,7 +90,7 @@ TEST(Model, SpanTrimmingKeepsOutputsAndShrinksCaches) {
   auto caches = model->initial_caches(1);
   std::vector<torch::Tensor> trimmed;
   for (int b = 0; b < 4; ++b) trimmed.push_back(model->forward(x.narrow(1, 6 * b, 6), caches));
-  for (auto& layer : model->layers) layer->attn->span->set_host_stats(1.0, 1.0);  // no trimming
+  for (auto& layer : model->layers) layer->attn->span->set_host_ratios(std::vector<double>(2, 1.0));  // no trimming
   auto full_caches = model->initial_caches(1);
   std::vector<torch::Tensor> full;
   for (int b = 0; b < 4; ++b) full.push_back(model->forward(x.narrow(1, 6 * b, 6), full_caches));
@@ -133,6 +133,9 @@ class ReferenceModel : public ::testing::Test {
 };
 
 TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) {
+  for (const char* impl : {"plain", "fused"}) {
+  SCOPED_TRACE(impl);
+  config_.attn_impl = impl;
   models::TransformerSeq model(config_);
   io::load_reference_state_dict(model, dir_ + "/model.pt");
   model->eval();
@@ -157,16 +160,21 @@ TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) {
   for (size_t l = 0; l < spans.size(); ++l)
     for (size_t k = 0; k < spans[l].size(); ++k)
       EXPECT_NEAR(spans[l][k], expected_["expected"]["spans_z"][l][k].get<double>(), 1e-3);
+  }
 }
 
 TEST_F(ReferenceModel, ReproducesValidAndTestBitsPerCharacter) {
-  models::TransformerSeq model(config_);
-  io::load_reference_state_dict(model, dir_ + "/model.pt");
   tu::TempDir tmp;
-  for (const char* split : {"valid", "test"}) {
-    data::TokenFile tokens(token_file(split, tmp));
-    auto result = train::evaluate(model, tokens, 8);
-    EXPECT_NEAR(result.bpc(), expected_["expected"][std::string(split) + "_bpc"].get<double>(), 1e-4) << split;
+  for (const char* impl : {"plain", "fused"}) {
+    config_.attn_impl = impl;
+    models::TransformerSeq model(config_);
+    io::load_reference_state_dict(model, dir_ + "/model.pt");
+    for (const char* split : {"valid", "test"}) {
+      data::TokenFile tokens(token_file(split, tmp));
+      auto result = train::evaluate(model, tokens, 8);
+      EXPECT_NEAR(result.bpc(), expected_["expected"][std::string(split) + "_bpc"].get<double>(), 1e-4)
+          << split << " " << impl;
+    }
   }
 }
 

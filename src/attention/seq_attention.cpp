@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "spanformer/ops/adaptive_span_attention.h"
+
 namespace spanformer::attention {
 
 namespace F = torch::nn::functional;
@@ -69,15 +71,56 @@ torch::Tensor skew(const torch::Tensor& x) {
 torch::Tensor SeqAttentionImpl::forward(const torch::Tensor& h, const torch::Tensor& cache,
                                         const torch::Tensor& key_pe) {
   const int64_t B = h.size(0), M = h.size(1), H = options_.hidden_size(), K = options_.nb_heads();
-  const int64_t D = H / K, L = options_.attn_span(), Lp = used_span(), N = options_.pers_mem_size();
-  const double sqrt_d = std::sqrt(static_cast<double>(D));
+  const int64_t D = H / K, Lp = used_span();
 
   auto context = torch::cat({take_last_states(cache, Lp), h}, 1);                    // (B, L'+M, H)
   // Heads made contiguous once: every product below is then a plain batched GEMM.
   auto q = proj_query(h).view({B, M, K, D}).transpose(1, 2).contiguous();              // (B, K, M, D)
-  auto k = proj_key(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();     // (B, K, L'+M, D)
-  auto v = proj_val(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();     // (B, K, L'+M, D)
+  torch::Tensor k, v;
+  if (uses_fused_op()) {
+    // Keys and values follow each head's span too: head h projects only the S_h + M rows it reads
+    // (zeros elsewhere, never read by the op).
+    const auto visited = span->visited(Lp);
+    std::vector<torch::Tensor> ks, vs;
+    for (int64_t hd = 0; hd < K; ++hd) {
+      const int64_t S = visited[hd];
+      auto rows = context.narrow(1, Lp - S, S + M);                                    // (B, S+M, H)
+      auto pad = torch::nn::functional::PadFuncOptions({0, 0, Lp - S, 0});
+      ks.push_back(torch::nn::functional::pad(torch::matmul(rows, proj_key->weight.narrow(0, hd * D, D).t()), pad));
+      vs.push_back(torch::nn::functional::pad(torch::matmul(rows, proj_val->weight.narrow(0, hd * D, D).t()), pad));
+    }
+    k = torch::stack(ks, 1);                                                           // (B, K, L'+M, D)
+    v = torch::stack(vs, 1);                                                           // (B, K, L'+M, D)
+  } else {
+    k = proj_key(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();        // (B, K, L'+M, D)
+    v = proj_val(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();        // (B, K, L'+M, D)
+  }
 
+  auto out = attend(q, k, v, key_pe);                                                  // (B, K, M, D)
+  out = out.transpose(1, 2).reshape({B, M, H});                                        // (B, M, H)
+  return proj_out(out);
+}
+
+torch::Tensor SeqAttentionImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& key_pe) {
+  if (uses_fused_op()) {
+    ops::SpanAttentionOptions o;
+    o.attn_span = options_.attn_span();
+    o.ramp = static_cast<double>(options_.adapt_span_ramp());
+    o.dropout = options_.dropout();
+    o.training = is_training();
+    if (o.training && o.dropout > 0) o.seed = ops::draw_dropout_seed();
+    o.visited = span->visited(k.size(2) - q.size(2));
+    return ops::adaptive_span_attention(q, k, v, key_pe, span->span_ratio, o);
+  }
+  return attend_plain(q, k, v, key_pe);
+}
+
+torch::Tensor SeqAttentionImpl::attend_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                            const torch::Tensor& key_pe) {
+  const int64_t K = options_.nb_heads(), D = options_.hidden_size() / K, L = options_.attn_span();
+  const int64_t Lp = k.size(2) - q.size(2), N = options_.pers_mem_size();
+  const double sqrt_d = std::sqrt(static_cast<double>(D));
   auto scores = unskew(torch::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, L')
   scores = scores + torch::matmul(q, key_pe.narrow(1, L - Lp, Lp));                    // (B, K, M, L')
 
@@ -104,8 +147,7 @@ torch::Tensor SeqAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
 
   auto out = torch::matmul(skew(attn), v);                                             // (B, K, M, D)
   if (N > 0) out = out + pers_out;
-  out = out.transpose(1, 2).reshape({B, M, H});                                        // (B, M, H)
-  return proj_out(out);
+  return out;
 }
 
 }  // namespace spanformer::attention

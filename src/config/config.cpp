@@ -65,6 +65,7 @@ const std::vector<Field<ModelConfig>>& model_fields() {
       field("adapt_span_loss", &ModelConfig::adapt_span_loss),
       field("adapt_span_cache", &ModelConfig::adapt_span_cache),
       field("pers_mem_size", &ModelConfig::pers_mem_size),
+      field("attn_impl", &ModelConfig::attn_impl),
   };
   return fields;
 }
@@ -180,6 +181,7 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides) 
       key = key.substr(dot + 1);
     }
     if ((section.empty() || section == "model") && find_field(model_fields(), key)) {
+      if (key == "attn_impl") value = text;
       find_field(model_fields(), key)->set(config.model, value);
     } else if ((section.empty() || section == "train") && find_field(train_fields(), key)) {
       if (key == "data" || key == "optim" || key == "device") value = text;
@@ -201,6 +203,8 @@ void validate(const ModelConfig& c) {
   if (c.attn_span < 1) fail("config: attn_span must be at least 1 (got {})", c.attn_span);
   if (c.pers_mem_size == 0) positive("inner_hidden_size", c.inner_hidden_size);
   if (c.pers_mem_size < 0) fail("config: pers_mem_size must be >= 0 (got {})", c.pers_mem_size);
+  if (c.attn_impl != "fused" && c.attn_impl != "plain")
+    fail("config: attn_impl must be fused or plain (got '{}')", c.attn_impl);
   if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
   if (c.hidden_size % c.nb_heads != 0)
     fail("config: hidden_size ({}) must be divisible by nb_heads ({})", c.hidden_size, c.nb_heads);

@@ -13,7 +13,8 @@ TransformerSeqLayerImpl::TransformerSeqLayerImpl(const ModelConfig& c) : dropout
                                                              .adapt_span_init(c.adapt_span_init)
                                                              .adapt_span_loss(c.adapt_span_loss)
                                                              .adapt_span_cache(c.adapt_span_cache)
-                                                             .pers_mem_size(c.pers_mem_size)));
+                                                             .pers_mem_size(c.pers_mem_size)
+                                                             .fused(c.attn_impl == "fused")));
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size})));
   if (c.pers_mem_size == 0) {
     fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.inner_hidden_size));
@@ -82,14 +83,14 @@ torch::Tensor TransformerSeqImpl::span_loss() const {
 
 void TransformerSeqImpl::sync_spans() {
   if (!config_.adapt_span) return;
-  std::vector<torch::Tensor> stats;
-  for (const auto& layer : layers) {
-    const auto& r = layer->attn->span->span_ratio;
-    stats.push_back(torch::stack({r.max(), r.mean()}));
+  std::vector<torch::Tensor> ratios;
+  for (const auto& layer : layers) ratios.push_back(layer->attn->span->span_ratio.detach());
+  auto host = torch::stack(ratios).to(torch::kCPU, torch::kDouble).contiguous();  // (layers, K): one transfer
+  const int64_t K = host.size(1);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const double* row = host.data_ptr<double>() + static_cast<int64_t>(l) * K;
+    layers[l]->attn->span->set_host_ratios(std::vector<double>(row, row + K));
   }
-  auto host = torch::stack(stats).detach().to(torch::kCPU, torch::kDouble);  // (layers, 2): one transfer
-  auto a = host.accessor<double, 2>();
-  for (size_t l = 0; l < layers.size(); ++l) layers[l]->attn->span->set_host_stats(a[l][0], a[l][1]);
 }
 
 void TransformerSeqImpl::clamp_spans() {

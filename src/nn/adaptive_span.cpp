@@ -40,25 +40,37 @@ void AdaptiveSpanImpl::clamp_() {
 
 void AdaptiveSpanImpl::sync_host() {
   torch::NoGradGuard no_grad;
-  auto stats = torch::stack({span_ratio.max(), span_ratio.mean()}).to(torch::kCPU, torch::kDouble);
-  set_host_stats(stats[0].item<double>(), stats[1].item<double>());
+  auto host = span_ratio.detach().to(torch::kCPU, torch::kDouble).contiguous();
+  set_host_ratios(std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel()));
 }
 
-void AdaptiveSpanImpl::set_host_stats(double max_ratio, double mean_ratio) {
-  host_max_ratio_ = max_ratio;
-  host_mean_ratio_ = mean_ratio;
+void AdaptiveSpanImpl::set_host_ratios(std::vector<double> ratios) {
+  TORCH_CHECK(static_cast<int64_t>(ratios.size()) == options_.nb_heads(), "one span ratio per head expected");
+  host_ratios_ = std::move(ratios);
+}
+
+std::vector<int64_t> AdaptiveSpanImpl::visited(int64_t window) const {
+  std::vector<int64_t> out;
+  for (double r : host_ratios_) {
+    const double z = r * static_cast<double>(options_.attn_span());
+    out.push_back(std::clamp<int64_t>(static_cast<int64_t>(std::floor(z + static_cast<double>(options_.ramp()))) + 1, 1, window));
+  }
+  return out;
 }
 
 int64_t AdaptiveSpanImpl::max_size(bool include_ramp) const {
   const int64_t L = options_.attn_span();
-  auto size = static_cast<int64_t>(std::ceil(host_max_ratio_ * static_cast<double>(L)));
+  const double max_ratio = *std::max_element(host_ratios_.begin(), host_ratios_.end());
+  auto size = static_cast<int64_t>(std::ceil(max_ratio * static_cast<double>(L)));
   if (include_ramp) size += options_.ramp();
   return std::clamp<int64_t>(size, 0, L);
 }
 
 double AdaptiveSpanImpl::avg_size(bool include_ramp) const {
   const double L = static_cast<double>(options_.attn_span());
-  double size = host_mean_ratio_ * L + (include_ramp ? static_cast<double>(options_.ramp()) : 0.0);
+  double mean = 0;
+  for (double r : host_ratios_) mean += r / static_cast<double>(host_ratios_.size());
+  double size = mean * L + (include_ramp ? static_cast<double>(options_.ramp()) : 0.0);
   return std::clamp(size, 0.0, L);
 }
 

@@ -66,14 +66,17 @@ bool CheckpointReader::has_train_state() {
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) {
   auto ja = to_json(a), jb = to_json(b);
   for (const auto& [key, value] : ja.items()) {
+    if (key == "attn_impl") continue;  // how attention is computed, not what the model is
     if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
   }
   return "";
 }
 
-models::TransformerSeq CheckpointReader::load_model() {
-  validate(config_.model);
-  models::TransformerSeq model(config_.model);
+models::TransformerSeq CheckpointReader::load_model(const std::string& attn_impl) {
+  ModelConfig config = config_.model;
+  if (!attn_impl.empty()) config.attn_impl = attn_impl;
+  validate(config);
+  models::TransformerSeq model(config);
   load_model_into(model);
   return model;
 }

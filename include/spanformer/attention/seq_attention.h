@@ -36,6 +36,9 @@ struct SeqAttentionOptions {
   TORCH_ARG(double, adapt_span_loss) = 0.0;
   TORCH_ARG(bool, adapt_span_cache) = true;
   TORCH_ARG(int64_t, pers_mem_size) = 0;  // N
+  // Use the fused span-aware op (ops/adaptive_span_attention.h) where it applies (adaptive span on,
+  // no persistent memory); otherwise the plain path, which follows the reference operation by operation.
+  TORCH_ARG(bool, fused) = true;
 };
 
 class SeqAttentionImpl : public torch::nn::Module {
@@ -45,6 +48,14 @@ class SeqAttentionImpl : public torch::nn::Module {
   // h: (B, M, H) this block's input; cache: (B, C, H) earlier inputs (any C >= 0; left-padded with
   // zeros up to L' when shorter); key_pe: (D, L). Returns (B, M, H).
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cache, const torch::Tensor& key_pe);
+
+  // Attention from projected heads: q (B, K, M, D), k and v (B, K, L'+M, D) -> (B, K, M, D), by the
+  // fused op or the plain path (options().fused()).
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& key_pe);
+
+  // Whether attend() runs the fused op (adaptive span on, no persistent memory, fused option).
+  bool uses_fused_op() const { return options_.fused() && span && options_.pers_mem_size() == 0; }
 
   // Keys this layer reads (L') and states its cache keeps.
   int64_t used_span() const;
@@ -58,6 +69,9 @@ class SeqAttentionImpl : public torch::nn::Module {
   torch::Tensor pers_val;          // (K, N, D) persistent values, when N > 0
 
  private:
+  torch::Tensor attend_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& key_pe);
+
   SeqAttentionOptions options_;
 };
 TORCH_MODULE(SeqAttention);

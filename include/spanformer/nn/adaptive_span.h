@@ -20,6 +20,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <vector>
+
 namespace spanformer::nn {
 
 struct AdaptiveSpanOptions {
@@ -49,9 +51,15 @@ class AdaptiveSpanImpl : public torch::nn::Module {
   // Clamp span_ratio to [0, 1] in place (after each optimizer step).
   void clamp_();
 
-  // Host-side copies of max/mean span_ratio; refreshed by sync_host or set_host_stats.
+  // Host-side copy of span_ratio, from which every size below is computed; refreshed by sync_host
+  // (or, for all layers in one transfer, TransformerSeq::sync_spans).
   void sync_host();
-  void set_host_stats(double max_ratio, double mean_ratio);
+  void set_host_ratios(std::vector<double> ratios);
+  const std::vector<double>& host_ratios() const { return host_ratios_; }
+
+  // Distances head h reads in a window of `window` keys: min(window, floor(z_h + R) + 1), the last one
+  // where the mask reaches 0 (see ops/adaptive_span_attention.h).
+  std::vector<int64_t> visited(int64_t window) const;
 
   int64_t max_size(bool include_ramp = true) const;  // S = clamp(ceil(max z) + R, 0, L)
   double avg_size(bool include_ramp = true) const;   // clamp(mean z + R, 0, L)
@@ -65,8 +73,7 @@ class AdaptiveSpanImpl : public torch::nn::Module {
 
  private:
   AdaptiveSpanOptions options_;
-  double host_max_ratio_ = 0.0;
-  double host_mean_ratio_ = 0.0;
+  std::vector<double> host_ratios_;
 };
 TORCH_MODULE(AdaptiveSpan);
 

@@ -42,8 +42,9 @@ class CheckpointReader {
   const data::Vocab& vocab() const { return vocab_; }
   bool has_train_state();
 
-  // Builds the model described by the checkpoint and loads its parameters.
-  models::TransformerSeq load_model();
+  // Builds the model described by the checkpoint and loads its parameters (attn_impl: "" keeps the
+  // checkpoint's choice, else fused or plain).
+  models::TransformerSeq load_model(const std::string& attn_impl = "");
   // Loads parameters into an existing model; the model config must equal the checkpoint's.
   void load_model_into(models::TransformerSeq& model);
   void load_optimizer(Optimizer& optimizer);

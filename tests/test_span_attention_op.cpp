@@ -1,0 +1,158 @@
+// The fused adaptive-span attention op against its reference composition (double precision): forward
+// and every gradient, over shapes, spans and dropout; plus finite differences of the hand-written
+// backward and the link between the op's semantics and the model's plain attention.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include "spanformer/attention/seq_attention.h"
+#include "spanformer/ops/adaptive_span_attention.h"
+
+using namespace spanformer;
+using ops::SpanAttentionOptions;
+
+namespace {
+
+struct OpCase {
+  int64_t B, K, M, W, D, L;
+  std::vector<double> spans;  // z per head, in tokens
+  double dropout;
+};
+
+void PrintTo(const OpCase& c, std::ostream* os) {
+  *os << "B" << c.B << " K" << c.K << " M" << c.M << " W" << c.W << " D" << c.D << " L" << c.L << " dropout " << c.dropout;
+}
+
+struct Inputs {
+  at::Tensor q, k, v, pe, ratio;
+  std::vector<at::Tensor> all() const { return {q, k, v, pe, ratio}; }
+};
+
+Inputs make_inputs(const OpCase& c, at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(seed);
+  auto o = at::TensorOptions().dtype(dtype);
+  Inputs in;
+  in.q = at::randn({c.B, c.K, c.M, c.D}, o).requires_grad_(true);
+  in.k = at::randn({c.B, c.K, c.W + c.M, c.D}, o).requires_grad_(true);
+  in.v = at::randn({c.B, c.K, c.W + c.M, c.D}, o).requires_grad_(true);
+  in.pe = at::randn({c.D, c.L}, o).requires_grad_(true);
+  std::vector<double> ratios;
+  for (double z : c.spans) ratios.push_back(z / static_cast<double>(c.L));
+  in.ratio = at::tensor(ratios, o).requires_grad_(true);
+  return in;
+}
+
+SpanAttentionOptions options_of(const OpCase& c) {
+  SpanAttentionOptions o;
+  o.attn_span = c.L;
+  o.ramp = 8;
+  o.dropout = c.dropout;
+  o.training = c.dropout > 0;
+  o.seed = 1234;
+  return o;
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
+
+}  // namespace
+
+class SpanAttentionOp : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(SpanAttentionOp, ForwardAndGradientsMatchTheReferenceInDouble) {
+  const OpCase c = GetParam();
+  auto in = make_inputs(c, at::kDouble, 1);
+  auto o = options_of(c);
+  auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
+  auto fused = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
+  auto ref = ops::adaptive_span_attention_reference(in.q, in.k, in.v, in.pe, in.ratio, o);
+  EXPECT_LT(max_diff(fused, ref), 1e-12);
+  auto gf = torch::autograd::grad({(fused * weights).sum()}, in.all());
+  auto gr = torch::autograd::grad({(ref * weights).sum()}, in.all());
+  const char* names[] = {"q", "k", "v", "key_pe", "span_ratio"};
+  for (size_t i = 0; i < gf.size(); ++i) {
+    // Same arithmetic in another order, in double: agreement to ~1e-12 relative.
+    const double scale = std::max(1.0, gr[i].abs().max().item<double>());
+    EXPECT_LT(max_diff(gf[i], gr[i]) / scale, 1e-11) << names[i];
+  }
+}
+
+TEST_P(SpanAttentionOp, Float32ErrorIsThatOfTheFloat32Reference) {
+  const OpCase c = GetParam();
+  auto in = make_inputs(c, at::kDouble, 2);
+  auto o = options_of(c);
+  auto truth = ops::adaptive_span_attention_reference(in.q, in.k, in.v, in.pe, in.ratio, o);
+  std::vector<at::Tensor> f;
+  for (const auto& t : in.all()) f.push_back(t.detach().to(at::kFloat));
+  auto fused = ops::adaptive_span_attention(f[0], f[1], f[2], f[3], f[4], o);
+  auto ref32 = ops::adaptive_span_attention_reference(f[0], f[1], f[2], f[3], f[4], o);
+  // Tolerance relative to the same-precision plain path's own error (plus float32 epsilon scale).
+  EXPECT_LE(max_diff(fused, truth), 2 * max_diff(ref32, truth) + 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SpanAttentionOp,
+    ::testing::Values(OpCase{2, 2, 5, 16, 32, 16, {0.0, 16.0}, 0.0},             // spans 0 and L
+                      OpCase{1, 3, 70, 40, 64, 100, {3.5, 20.25, 90.0}, 0.0},    // M not a multiple of the tile
+                      OpCase{1, 2, 130, 24, 96, 64, {50.0, 7.0}, 0.0},          // window shorter than the span
+                      OpCase{2, 2, 9, 30, 128, 30, {12.0, 2.0}, 0.0},            // D = 128
+                      OpCase{1, 2, 66, 20, 32, 40, {10.0, 30.0}, 0.3}),          // dropout
+    [](const ::testing::TestParamInfo<OpCase>& info) { return "case" + std::to_string(info.index); });
+
+TEST(SpanAttentionOpTest, FiniteDifferencesOfTheHandWrittenBackward) {
+  OpCase c{1, 2, 67, 12, 4, 16, {3.3, 9.6}, 0.0};  // spans not at a kink of the mask
+  auto in = make_inputs(c, at::kDouble, 3);
+  auto o = options_of(c);
+  auto weights = at::randn({1, 2, 67, 4}, at::kDouble);
+  auto f = [&] { return (ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o) * weights).sum(); };
+  auto grads = torch::autograd::grad({f()}, in.all());
+  const double eps = 1e-6;
+  auto inputs = in.all();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto flat = inputs[i].view({-1});
+    for (int64_t j = 0; j < flat.numel(); j += std::max<int64_t>(1, flat.numel() / 6)) {
+      double numeric;
+      {
+        at::NoGradGuard guard;
+        const double orig = flat[j].item<double>();
+        flat[j] = orig + eps;
+        const double up = f().item<double>();
+        flat[j] = orig - eps;
+        const double down = f().item<double>();
+        flat[j] = orig;
+        numeric = (up - down) / (2 * eps);
+      }
+      EXPECT_NEAR(grads[i].view({-1})[j].item<double>(), numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+          << "input " << i << " element " << j;
+    }
+  }
+}
+
+TEST(SpanAttentionOpTest, ReferenceIsTheModelsAttentionWhenEveryDistanceIsVisited) {
+  // With spans reaching the window, the op's semantics are exactly the plain layer's.
+  OpCase c{2, 2, 6, 10, 8, 10, {10.0, 9.5}, 0.0};
+  auto in = make_inputs(c, at::kDouble, 4);
+  auto o = options_of(c);
+  auto op = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
+  auto scores = attention::unskew(at::matmul(in.q, in.k.transpose(-1, -2))) + at::matmul(in.q, in.pe);
+  auto p = at::softmax(scores / std::sqrt(8.0), -1);
+  auto m = ((in.ratio * 10.0).view({2, 1, 1}) - at::arange(9, -1, -1, at::kDouble)) / 8.0 + 1.0;
+  auto w = p * m.clamp(0, 1);
+  auto plain = at::matmul(attention::skew(w / (w.sum(-1, true) + 1e-8)), in.v);
+  EXPECT_LT(max_diff(op, plain), 1e-13);
+}
+
+TEST(SpanAttentionOpTest, DropoutIsSeededAndUnbiased) {
+  OpCase c{1, 1, 64, 32, 16, 32, {32.0}, 0.5};
+  auto in = make_inputs(c, at::kDouble, 5);
+  auto o = options_of(c);
+  at::NoGradGuard guard;
+  auto a = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
+  auto b = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
+  EXPECT_TRUE(at::equal(a, b));
+  o.seed = 99;
+  EXPECT_FALSE(at::equal(a, ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o)));
+  int kept = 0;
+  for (int i = 0; i < 20000; ++i) kept += ops::dropout_keep(7, 0, 0, i, 3, 0.3);
+  EXPECT_NEAR(kept / 20000.0, 0.7, 0.015);  // 4.6 standard deviations
+}
