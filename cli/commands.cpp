@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <random>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -49,6 +50,23 @@ void print_spans(const models::TransformerSeq& model) {
     fmt::print("layer {:>2}: mean {:7.1f} | heads {:.1f}\n", l, sum / static_cast<double>(spans[l].size()),
                fmt::join(spans[l], " "));
   }
+}
+
+// Spans as adaptive-span models learn them: most heads short, a few long (fixed seed).
+void set_bimodal_spans(models::TransformerSeq& model) {
+  if (!model->config().adapt_span) fail("--span-dist needs adapt_span");
+  const double L = static_cast<double>(model->config().attn_span);
+  std::mt19937 rng(1);
+  torch::NoGradGuard no_grad;
+  for (auto& layer : model->layers) {
+    auto& r = layer->attn->span->span_ratio;
+    for (int64_t h = 0; h < r.size(0); ++h) {
+      const double z = h % 4 == 3 ? std::uniform_real_distribution<double>(std::min(2048.0, L), L)(rng)
+                                  : std::uniform_real_distribution<double>(16.0, std::min(256.0, L))(rng);
+      r[h] = z / L;
+    }
+  }
+  model->sync_spans();
 }
 
 }  // namespace
@@ -270,11 +288,15 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     static std::string config_path;
     static int64_t steps = 5, warmup = 2;
     static double span = -1;
+    static std::string span_dist;
     auto* cmd = app.add_subcommand("bench", "training-step speed and memory on random tokens");
     cmd->add_option("--config,-c", config_path, "JSON config")->required();
     cmd->add_option("--steps", steps, "timed steps")->capture_default_str();
     cmd->add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
     cmd->add_option("--span", span, "set every head's span z to this many tokens (default: the config's init)");
+    cmd->add_option("--span-dist", span_dist,
+                    "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed), as learned spans look")
+        ->check(CLI::IsMember({"bimodal"}));
     cmd->allow_extras();
     cmd->callback([cmd, &run] {
       auto overrides = cmd->remaining();
@@ -288,6 +310,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         torch::manual_seed(config.train.seed);
         const torch::Device dev = train::parse_device(device);
         models::TransformerSeq model(config.model);
+        if (span_dist == "bimodal") set_bimodal_spans(model);
         model->to(dev);
         std::vector<std::pair<std::string, torch::Tensor>> params;
         for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
@@ -311,9 +334,11 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         for (auto& l : model->layers) used += l->attn->used_span();
         for (auto& z : model->spans())
           for (double v : z) mean_span += v / static_cast<double>(z.size() * model->layers.size());
-        fmt::print("bench: {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, mean span {:.0f}, keys/layer {:.0f}\n",
+        fmt::print("bench: {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, attention {}, mean span {:.0f}, "
+                   "keys/layer {:.0f}\n",
                    config.model.nb_layers, config.model.hidden_size, config.model.nb_heads, config.model.attn_span, M, B,
-                   used_threads, mean_span, static_cast<double>(used) / static_cast<double>(model->layers.size()));
+                   used_threads, config.model.attn_impl, mean_span,
+                   static_cast<double>(used) / static_cast<double>(model->layers.size()));
         fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
                    static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);
       };

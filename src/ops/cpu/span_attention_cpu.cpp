@@ -1,40 +1,42 @@
-// CPU kernel of adaptive-span attention: blocked over (batch, head, query tile); each tile touches
-// only the S_h + T - 1 context rows its head's span needs, as three small GEMMs (content, position,
-// output), so the work per head follows its own span instead of the layer's largest one.
+// CPU kernel of adaptive-span attention: blocked over (head, query tile), batched over B; each tile
+// touches only the S_h + T - 1 context rows its head's span needs, as small batched GEMMs (content,
+// position, output), so the work per head follows its own span instead of the layer's largest one.
 //
-// Tile of T queries i0 .. i0+T-1 of head h, S = S_h visited distances:
-//   Kt, Vt = rows i0 + W - S .. i0 + T - 2 + W of k, v                   (S + T - 1, D)
-//   C      = Q Kt^T                                                       (T, S + T - 1)
-//   s      = (unskew(C) + Q pe[:, L-S:]) / sqrt(D)                        (T, S), column c = distance S - c
-//   p      = softmax(s);  w = p m;  a = w / (sum w + 1e-8);  a *= keep / (1 - p_drop)
-//   out    = skew(a) Vt                                                   (T, D)
+// Tile of T queries i0 .. i0+T-1 of head h, S = S_h visited distances, for all B streams at once:
+//   Kt, Vt = rows i0 + W - S .. i0 + T - 2 + W of k, v                   (B, S + T - 1, D)
+//   C      = Q Kt^T                                                       (B, T, S + T - 1)
+//   s      = (unskew(C) + Q pe[:, L-S:]) / sqrt(D)                        (B, T, S), column c = distance S - c
+//   p      = softmax(s);  w = p m;  a~ = w / (sum w + 1e-8);  a = a~ keep / (1 - p_drop)
+//   out    = skew(a) Vt                                                   (B, T, D)
 // Backward recomputes the tile (nothing of size M x W is stored) and applies, row by row,
 //   da~ = dA keep / (1 - p_drop);  dw = (da~ - <da~, a~>) / (N + 1e-8);  dp = dw m;  dm = dw p
-//   ds  = p (dp - <dp, p>) / sqrt(D);  dz = sum dm [0 <= x <= 1] / R  (x the unclamped mask)
+//   ds  = p (dp - <dp, p>) / sqrt(D);  d ratio = sum dm [0 <= x <= 1] L / R  (x the unclamped mask)
 //
-// Version 1 (this file): ATen GEMMs per tile, tiles of 64 queries, heads processed in parallel with
-// per-thread accumulators for key_pe and span_ratio gradients. Measured in docs/kernels.md.
+// Versions (2-core machine, B 1, K 8, D 64, M 512, L 8192, forward + backward, median of 5):
+//   v1  tiles of 64 per (b, h), ATen GEMMs per tile, (b, h) in parallel: bimodal spans 183 ms (plain
+//       path 1184 ms), all spans at L 773 ms (plain 1190 ms); but on B 8, K 4, M 256, L 1024 with equal
+//       spans it lost to the plain path's large batched GEMMs (training step 637 vs 438 ms at span 40).
+//   v2  (this file) tiles batched over B with bmm, heads in parallel: docs/kernels.md.
 #include "span_attention_cpu.h"
 
 #include <ATen/Parallel.h>
 
 #include <cmath>
 
-#include "spanformer/attention/seq_attention.h"
-
 namespace spanformer::ops::cpu {
 namespace {
 
-// Queries per tile. On the 2-core machine (B 1, K 8, D 64, M 512, L 8192, bimodal spans, forward +
-// backward, median of 5): 64 -> 183 ms, 128 -> 220 ms; all spans at L: 773 ms vs 1081 ms.
+// Queries per tile; docs/kernels.md has the measurements behind the choice.
 constexpr int64_t kTile = 64;
 
-// (T, S + T - 1) contiguous -> (T, S) view of row r's columns r .. r + S - 1.
-at::Tensor tile_unskew(const at::Tensor& x, int64_t T, int64_t S) { return x.as_strided({T, S}, {S + T, 1}); }
+// (B, T, S + T - 1) contiguous -> (B, T, S) view of row r's columns r .. r + S - 1.
+at::Tensor tile_unskew(const at::Tensor& x, int64_t T, int64_t S) {
+  return x.as_strided({x.size(0), T, S}, {T * (S + T - 1), S + T, 1});
+}
 
-// (T, S) -> (T, S + T - 1) with row r shifted right by r, zeros elsewhere.
+// (B, T, S) -> (B, T, S + T - 1) with row r shifted right by r, zeros elsewhere.
 at::Tensor tile_skew(const at::Tensor& a, int64_t T, int64_t S) {
-  auto out = at::zeros({T, S + T - 1}, a.options());
+  auto out = at::zeros({a.size(0), T, S + T - 1}, a.options());
   tile_unskew(out, T, S).copy_(a);
   return out;
 }
@@ -54,14 +56,16 @@ at::Tensor unclamped_mask(const at::Tensor& span_ratio, int64_t h, int64_t S, co
 }
 
 // Dropout scale for the tile (keep / (1 - p)), or an undefined tensor without dropout.
-at::Tensor dropout_scale(const SpanAttentionOptions& o, int64_t b, int64_t h, int64_t i0, int64_t T, int64_t S,
+at::Tensor dropout_scale(const SpanAttentionOptions& o, const Shape& s, int64_t h, int64_t i0, int64_t T, int64_t S,
                          const at::TensorOptions& options) {
   if (!o.training || o.dropout <= 0) return {};
-  auto scale = at::empty({T, S}, at::kDouble);
+  auto scale = at::empty({s.B, T, S}, at::kDouble);
   double* p = scale.data_ptr<double>();
   const double kept = 1.0 / (1.0 - o.dropout);
-  for (int64_t r = 0; r < T; ++r)
-    for (int64_t c = 0; c < S; ++c) p[r * S + c] = dropout_keep(o.seed, b, h, i0 + r, S - c, o.dropout) ? kept : 0.0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t c = 0; c < S; ++c)
+        *p++ = dropout_keep(o.seed, b, h, i0 + r, S - c, o.dropout) ? kept : 0.0;
   return scale.to(options);
 }
 
@@ -70,22 +74,24 @@ struct TileState {
   at::Tensor Q, Kt, Vt, pe, p, m, N, a_tilde, scale, a;
 };
 
-TileState compute_tile(const at::Tensor& qbh, const at::Tensor& kbh, const at::Tensor& vbh, const at::Tensor& key_pe,
-                       const at::Tensor& mask, const Shape& s, int64_t S, int64_t b, int64_t h, int64_t i0, int64_t T,
+// qh (B, M, D), kh / vh (B, W + M, D): one head's slices.
+TileState compute_tile(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh, const at::Tensor& key_pe,
+                       const at::Tensor& mask, const Shape& s, int64_t S, int64_t h, int64_t i0, int64_t T,
                        const SpanAttentionOptions& o) {
   TileState t;
-  t.Q = qbh.narrow(0, i0, T);                                                     // (T, D)
-  t.Kt = kbh.narrow(0, i0 + s.W - S, S + T - 1);                                  // (S+T-1, D)
-  t.Vt = vbh.narrow(0, i0 + s.W - S, S + T - 1);                                  // (S+T-1, D)
+  t.Q = qh.narrow(1, i0, T);                                                      // (B, T, D)
+  t.Kt = kh.narrow(1, i0 + s.W - S, S + T - 1);                                   // (B, S+T-1, D)
+  t.Vt = vh.narrow(1, i0 + s.W - S, S + T - 1);                                   // (B, S+T-1, D)
   t.pe = key_pe.narrow(1, s.L - S, S);                                            // (D, S)
-  auto scores = (tile_unskew(at::mm(t.Q, t.Kt.t()), T, S) + at::mm(t.Q, t.pe)) / std::sqrt(double(s.D));  // (T, S)
-  t.p = at::softmax(scores, 1);                                                   // (T, S)
+  auto content = tile_unskew(at::bmm(t.Q, t.Kt.transpose(1, 2)), T, S);           // (B, T, S)
+  auto scores = (content + at::matmul(t.Q, t.pe)) / std::sqrt(double(s.D));       // (B, T, S)
+  t.p = at::softmax(scores, 2);                                                   // (B, T, S)
   t.m = mask;                                                                     // (S)
-  auto w = t.p * t.m;                                                             // (T, S)
-  t.N = w.sum(1, /*keepdim=*/true) + 1e-8;                                        // (T, 1)
-  t.a_tilde = w / t.N;                                                            // (T, S)
-  t.scale = dropout_scale(o, b, h, i0, T, S, qbh.options());
-  t.a = t.scale.defined() ? t.a_tilde * t.scale : t.a_tilde;                      // (T, S)
+  auto w = t.p * t.m;                                                             // (B, T, S)
+  t.N = w.sum(2, /*keepdim=*/true) + 1e-8;                                        // (B, T, 1)
+  t.a_tilde = w / t.N;                                                            // (B, T, S)
+  t.scale = dropout_scale(o, s, h, i0, T, S, qh.options());
+  t.a = t.scale.defined() ? t.a_tilde * t.scale : t.a_tilde;                      // (B, T, S)
   return t;
 }
 
@@ -98,70 +104,70 @@ at::Tensor span_attention_forward(const at::Tensor& q, const at::Tensor& k, cons
   const auto& visited = o.visited;  // resolved by the entry point
   std::vector<at::Tensor> masks;
   for (int64_t h = 0; h < s.K; ++h) masks.push_back(unclamped_mask(span_ratio, h, visited[h], o).clamp(0.0, 1.0));
-  auto out = at::empty_like(q);                                                   // (B, K, M, D)
-  at::parallel_for(0, s.B * s.K, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / s.K, h = bh % s.K, S = visited[h];
-      auto qbh = q[b][h], kbh = k[b][h], vbh = v[b][h], obh = out[b][h];
+  auto out = at::empty({s.K, s.B, s.M, s.D}, q.options());                        // head-major while filling
+  at::parallel_for(0, s.K, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      const int64_t S = visited[h];
+      auto qh = q.select(1, h), kh = k.select(1, h), vh = v.select(1, h), oh = out[h];
       for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
         const int64_t T = std::min(kTile, s.M - i0);
-        auto t = compute_tile(qbh, kbh, vbh, key_pe, masks[h], s, S, b, h, i0, T, o);
-        obh.narrow(0, i0, T).copy_(at::mm(tile_skew(t.a, T, S), t.Vt));          // (T, D)
+        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o);
+        oh.narrow(1, i0, T).copy_(at::bmm(tile_skew(t.a, T, S), t.Vt));          // (B, T, D)
       }
     }
   });
-  return out;
+  return out.transpose(0, 1).contiguous();                                        // (B, K, M, D)
 }
 
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& key_pe,
                                            const at::Tensor& span_ratio, const SpanAttentionOptions& o) {
   const Shape s = shape_of(q, k, o);
-  const auto& visited = o.visited;  // resolved by the entry point
+  const auto& visited = o.visited;
   std::vector<at::Tensor> masks, mask_grad;  // clamped mask, and d m / d ratio = L / R inside [0, 1]
   for (int64_t h = 0; h < s.K; ++h) {
     auto x = unclamped_mask(span_ratio, h, visited[h], o);
     masks.push_back(x.clamp(0.0, 1.0));
     mask_grad.push_back(((x >= 0) & (x <= 1)).to(x.options()) * (static_cast<double>(s.L) / o.ramp));
   }
-  SpanAttentionGrads g;
-  g.q = at::empty_like(q);
-  g.k = at::zeros_like(k);
-  g.v = at::zeros_like(v);
-  // Shared by every (b, h): one accumulator per thread, summed at the end (static schedule: deterministic).
-  const int64_t threads = at::get_num_threads();
-  auto pe_parts = at::zeros({threads, s.D, s.L}, key_pe.options());
-  auto ratio_parts = at::zeros({threads, s.K}, span_ratio.options());
+  // Head-major gradients: each head is written by one thread only.
+  auto dq = at::empty({s.K, s.B, s.M, s.D}, q.options());
+  auto dk = at::zeros({s.K, s.B, s.W + s.M, s.D}, k.options());
+  auto dv = at::zeros({s.K, s.B, s.W + s.M, s.D}, v.options());
+  auto pe_parts = at::zeros({s.K, s.D, s.L}, key_pe.options());  // summed over heads at the end
+  auto dratio = at::zeros({s.K}, span_ratio.options());
   const double sqrt_d = std::sqrt(double(s.D));
-  at::parallel_for(0, s.B * s.K, 1, [&](int64_t begin, int64_t end) {
-    const int64_t thread = at::get_thread_num();
-    auto dpe = pe_parts[thread];
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / s.K, h = bh % s.K, S = visited[h];
-      auto qbh = q[b][h], kbh = k[b][h], vbh = v[b][h];
-      auto dq = g.q[b][h], dk = g.k[b][h], dv = g.v[b][h], go = grad_out[b][h];
-      at::Tensor dratio = at::zeros({}, span_ratio.options());
+  at::parallel_for(0, s.K, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      const int64_t S = visited[h];
+      auto qh = q.select(1, h), kh = k.select(1, h), vh = v.select(1, h), go = grad_out.select(1, h);
+      auto dpe = pe_parts[h].narrow(1, s.L - S, S);                               // (D, S)
+      auto dratio_h = at::zeros({}, span_ratio.options());
       for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
         const int64_t T = std::min(kTile, s.M - i0);
-        auto t = compute_tile(qbh, kbh, vbh, key_pe, masks[h], s, S, b, h, i0, T, o);
-        auto dO = go.narrow(0, i0, T);                                            // (T, D)
-        dv.narrow(0, i0 + s.W - S, S + T - 1).add_(at::mm(tile_skew(t.a, T, S).t(), dO));
-        auto dA = tile_unskew(at::mm(dO, t.Vt.t()), T, S);                        // (T, S)
+        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o);
+        auto dO = go.narrow(1, i0, T);                                            // (B, T, D)
+        dv[h].narrow(1, i0 + s.W - S, S + T - 1).add_(at::bmm(tile_skew(t.a, T, S).transpose(1, 2), dO));
+        auto dA = tile_unskew(at::bmm(dO, t.Vt.transpose(1, 2)), T, S);           // (B, T, S)
         auto da_tilde = t.scale.defined() ? dA * t.scale : dA;
-        auto dw = (da_tilde - (da_tilde * t.a_tilde).sum(1, true)) / t.N;        // (T, S)
+        auto dw = (da_tilde - (da_tilde * t.a_tilde).sum(2, true)) / t.N;        // (B, T, S)
         auto dp = dw * t.m;
-        dratio = dratio + ((dw * t.p).sum(0) * mask_grad[h]).sum();
-        auto ds = t.p * (dp - (dp * t.p).sum(1, true)) / sqrt_d;                  // (T, S)
-        auto ds_skew = tile_skew(ds, T, S);                                       // (T, S+T-1)
-        dq.narrow(0, i0, T).copy_(at::mm(ds_skew, t.Kt) + at::mm(ds, t.pe.t()));
-        dk.narrow(0, i0 + s.W - S, S + T - 1).add_(at::mm(ds_skew.t(), t.Q));
-        dpe.narrow(1, s.L - S, S).add_(at::mm(t.Q.t(), ds));                     // (D, S)
+        dratio_h = dratio_h + ((dw * t.p).sum(at::IntArrayRef{0, 1}) * mask_grad[h]).sum();
+        auto ds = t.p * (dp - (dp * t.p).sum(2, true)) / sqrt_d;                  // (B, T, S)
+        auto ds_skew = tile_skew(ds, T, S);                                       // (B, T, S+T-1)
+        dq[h].narrow(1, i0, T).copy_(at::bmm(ds_skew, t.Kt) + at::matmul(ds, t.pe.t()));
+        dk[h].narrow(1, i0 + s.W - S, S + T - 1).add_(at::bmm(ds_skew.transpose(1, 2), t.Q));
+        dpe.add_(at::mm(t.Q.reshape({-1, s.D}).t(), ds.reshape({-1, S})));       // (D, S)
       }
-      ratio_parts[thread][h].add_(dratio);
+      dratio[h] = dratio_h;
     }
   });
+  SpanAttentionGrads g;
+  g.q = dq.transpose(0, 1).contiguous();
+  g.k = dk.transpose(0, 1).contiguous();
+  g.v = dv.transpose(0, 1).contiguous();
   g.key_pe = pe_parts.sum(0);
-  g.span_ratio = ratio_parts.sum(0);
+  g.span_ratio = dratio;
   return g;
 }
 
