@@ -13,6 +13,12 @@
 
 namespace spanformer::ops {
 
+#ifdef SPANFORMER_WITH_CUDA
+at::Tensor adaptive_span_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                        const SpanAttentionOptions& o, std::vector<int64_t> visited);
+#endif
+
 std::vector<int64_t> visited_distances(const at::Tensor& span_ratio, int64_t attn_span, double ramp, int64_t window) {
   auto z = span_ratio.detach().to(at::kCPU, at::kDouble) * static_cast<double>(attn_span);
   std::vector<int64_t> visited;
@@ -111,7 +117,13 @@ at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, con
                                            options.dropout, options.training, static_cast<int64_t>(options.seed),
                                            resolve_visited(span_ratio, k.size(2) - q.size(2), options));
   }
-  // No CUDA kernel yet: the reference composition runs on any device.
+#ifdef SPANFORMER_WITH_CUDA
+  if (q.device().is_cuda() && q.size(3) % 32 == 0 && q.size(3) <= 256) {
+    return adaptive_span_attention_cuda(q, k, v, key_pe, span_ratio, options,
+                                        resolve_visited(span_ratio, k.size(2) - q.size(2), options));
+  }
+#endif
+  // Other devices and shapes: the reference composition.
   return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, options);
 }
 

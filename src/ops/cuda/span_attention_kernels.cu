@@ -1,0 +1,202 @@
+// CUDA kernels of adaptive-span attention (semantics: include/spanformer/ops/adaptive_span_attention.h).
+//
+// Version 0 (this file): correctness first. One warp per query row; lanes take 32 distances at a time
+// (a lane computes one score with a length-D dot product), an online softmax keeps the row's running
+// max, Z = sum e and N = sum e*m; each lane owns D/32 output components. Only the S_h visited
+// distances of the row's head are read. Backward recomputes each row from the saved (max, Z, N), uses
+//   G1 = dO . out,  dw_d = (da~_d - G1) / (N/Z + 1e-8),  G2 = sum dp p = 1e-8 G1 / (N/Z + 1e-8),
+//   ds_d = p_d (dw_d m_d - G2) / sqrt(D),
+// and accumulates dk, dv, dkey_pe and dspan_ratio with fp32 atomics. Not yet run on a GPU: no device
+// was lent to this work; the next version is the tiled tensor-core kernel (docs/kernels.md).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "params.h"
+
+namespace spanformer::ops::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kMaxPerLane = 8;  // D <= 256
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Same counter-based stream as the CPU path (ops::dropout_keep).
+__device__ __forceinline__ bool keep(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t d, float p) {
+  uint64_t x = seed ^ (static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL) ^ (static_cast<uint64_t>(h) << 48) ^
+               (static_cast<uint64_t>(i) << 24) ^ static_cast<uint64_t>(d);
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  x ^= x >> 31;
+  return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0) >= static_cast<double>(p);
+}
+
+struct Row {
+  int64_t b, h, i, S;
+  float z;  // span in tokens
+};
+
+__device__ Row locate_row(const SpanAttentionParams& p, int64_t row) {
+  Row r;
+  r.i = row % p.M;
+  r.h = (row / p.M) % p.K;
+  r.b = row / (p.M * p.K);
+  r.S = p.visited[r.h];
+  r.z = p.span_ratio[r.h] * static_cast<float>(p.L);
+  return r;
+}
+
+// Score of query row r at distance d (1-based), q held in registers by lanes (component lane + 32 c).
+template <typename T>
+__device__ float score(const SpanAttentionParams& p, const Row& r, const float* qreg, int64_t d, float inv_sqrt_d) {
+  const T* k = static_cast<const T*>(p.k) + ((r.b * p.K + r.h) * (p.W + p.M) + (r.i + p.W - d)) * p.D;
+  const T* pe = static_cast<const T*>(p.key_pe);
+  float partial = 0.f;
+  const int lane = threadIdx.x % kWarp;
+  for (int c = 0; c < p.D / kWarp; ++c) {
+    const int64_t e = lane + kWarp * c;
+    partial += qreg[c] * (to_float(k[e]) + to_float(pe[e * p.L + (p.L - d)]));
+  }
+  return warp_sum(partial) * inv_sqrt_d;
+}
+
+__device__ __forceinline__ float mask_value(float z, float ramp, int64_t d) {
+  return fminf(fmaxf((z - static_cast<float>(d - 1)) / ramp + 1.f, 0.f), 1.f);
+}
+
+template <typename T>
+__global__ void forward_kernel(SpanAttentionParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (row >= p.B * p.K * p.M) return;
+  const int lane = threadIdx.x % kWarp;
+  const Row r = locate_row(p, row);
+  const int per_lane = static_cast<int>(p.D / kWarp);
+  const float inv_sqrt_d = rsqrtf(static_cast<float>(p.D));
+  const float drop_scale = p.training && p.dropout > 0 ? 1.f / (1.f - p.dropout) : 1.f;
+  float qreg[kMaxPerLane], acc[kMaxPerLane];
+  const T* q = static_cast<const T*>(p.q) + row * p.D;
+  for (int c = 0; c < per_lane; ++c) {
+    qreg[c] = to_float(q[lane + kWarp * c]);
+    acc[c] = 0.f;
+  }
+  float mx = -INFINITY, z_sum = 0.f, n_sum = 0.f;
+  const T* v = static_cast<const T*>(p.v) + (r.b * p.K + r.h) * (p.W + p.M) * p.D;
+  for (int64_t d = 1; d <= r.S; ++d) {
+    // One distance per iteration, whole warp: simple and coalesced over D.
+    const float s = score<T>(p, r, qreg, d, inv_sqrt_d);
+    const float new_mx = fmaxf(mx, s);
+    const float rescale = __expf(mx - new_mx);
+    const float e = __expf(s - new_mx);
+    const float m = mask_value(r.z, p.ramp, d);
+    const bool kept = !(p.training && p.dropout > 0) || keep(p.seed, r.b, r.h, r.i, d, p.dropout);
+    const float w = e * m * (kept ? drop_scale : 0.f);
+    z_sum = z_sum * rescale + e;
+    n_sum = n_sum * rescale + e * m;
+    const T* vrow = v + (r.i + p.W - d) * p.D;
+    for (int c = 0; c < per_lane; ++c) acc[c] = acc[c] * rescale + w * to_float(vrow[lane + kWarp * c]);
+    mx = new_mx;
+  }
+  const float denom = n_sum + 1e-8f * z_sum;
+  T* out = static_cast<T*>(p.out) + row * p.D;
+  for (int c = 0; c < per_lane; ++c) out[lane + kWarp * c] = from_float<T>(acc[c] / denom);
+  if (lane == 0) {
+    p.row_max[row] = mx;
+    p.row_z[row] = z_sum;
+    p.row_n[row] = n_sum;
+  }
+}
+
+template <typename T>
+__global__ void backward_kernel(SpanAttentionParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (row >= p.B * p.K * p.M) return;
+  const int lane = threadIdx.x % kWarp;
+  const Row r = locate_row(p, row);
+  const int per_lane = static_cast<int>(p.D / kWarp);
+  const float inv_sqrt_d = rsqrtf(static_cast<float>(p.D));
+  const float drop_scale = p.training && p.dropout > 0 ? 1.f / (1.f - p.dropout) : 1.f;
+  float qreg[kMaxPerLane], go[kMaxPerLane], dq[kMaxPerLane];
+  const T* q = static_cast<const T*>(p.q) + row * p.D;
+  const T* g = static_cast<const T*>(p.grad_out) + row * p.D;
+  const T* o = static_cast<const T*>(p.out) + row * p.D;
+  float g1 = 0.f;
+  for (int c = 0; c < per_lane; ++c) {
+    qreg[c] = to_float(q[lane + kWarp * c]);
+    go[c] = to_float(g[lane + kWarp * c]);
+    dq[c] = 0.f;
+    g1 += go[c] * to_float(o[lane + kWarp * c]);
+  }
+  g1 = warp_sum(g1);                                          // G1 = dO . out
+  const float mx = p.row_max[row], z_sum = p.row_z[row], n_sum = p.row_n[row];
+  const float n_p = n_sum / z_sum;                            // sum_d p_d m_d
+  const float g2 = 1e-8f * g1 / (n_p + 1e-8f);                // sum_d dp_d p_d
+  const int64_t base = (r.b * p.K + r.h) * (p.W + p.M);
+  const T* k = static_cast<const T*>(p.k) + base * p.D;
+  const T* v = static_cast<const T*>(p.v) + base * p.D;
+  const T* pe = static_cast<const T*>(p.key_pe);
+  float dz = 0.f;
+  for (int64_t d = 1; d <= r.S; ++d) {
+    const int64_t j = r.i + p.W - d;
+    const float s = score<T>(p, r, qreg, d, inv_sqrt_d);
+    const float prob = __expf(s - mx) / z_sum;
+    const float m = mask_value(r.z, p.ramp, d);
+    const bool kept = !(p.training && p.dropout > 0) || keep(p.seed, r.b, r.h, r.i, d, p.dropout);
+    const float scale = kept ? drop_scale : 0.f;
+    const float a_tilde = prob * m / (n_p + 1e-8f);
+    float da = 0.f;
+    for (int c = 0; c < per_lane; ++c) da += go[c] * to_float(v[j * p.D + lane + kWarp * c]);
+    da = warp_sum(da) * scale;                                // da~_d
+    const float dw = (da - g1) / (n_p + 1e-8f);
+    const float ds = prob * (dw * m - g2) * inv_sqrt_d;
+    const float x = (r.z - static_cast<float>(d - 1)) / p.ramp + 1.f;
+    if (x >= 0.f && x <= 1.f) dz += dw * prob;                // dm_d, inside the ramp (clamp's gradient)
+    for (int c = 0; c < per_lane; ++c) {
+      const int64_t e = lane + kWarp * c;
+      dq[c] += ds * (to_float(k[j * p.D + e]) + to_float(pe[e * p.L + (p.L - d)]));
+      atomicAdd(&p.grad_k[(base + j) * p.D + e], ds * qreg[c]);
+      atomicAdd(&p.grad_v[(base + j) * p.D + e], a_tilde * scale * go[c]);
+      atomicAdd(&p.grad_key_pe[e * p.L + (p.L - d)], ds * qreg[c]);
+    }
+  }
+  for (int c = 0; c < per_lane; ++c) p.grad_q[row * p.D + lane + kWarp * c] = dq[c];
+  if (lane == 0) atomicAdd(&p.grad_span_ratio[r.h], dz * static_cast<float>(p.L) / p.ramp);
+}
+
+cudaError_t launch(const SpanAttentionParams& p, cudaStream_t stream, void (*f32)(SpanAttentionParams),
+                   void (*bf16)(SpanAttentionParams), void (*f16)(SpanAttentionParams)) {
+  if (p.D % kWarp != 0 || p.D > kWarp * kMaxPerLane) return cudaErrorInvalidValue;
+  const int warps_per_block = 4;
+  const int64_t rows = p.B * p.K * p.M;
+  const dim3 grid(static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block));
+  const dim3 block(warps_per_block * kWarp);
+  switch (p.dtype) {
+    case DType::kFloat32: f32<<<grid, block, 0, stream>>>(p); break;
+    case DType::kBFloat16: bf16<<<grid, block, 0, stream>>>(p); break;
+    case DType::kFloat16: f16<<<grid, block, 0, stream>>>(p); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t span_attention_forward(const SpanAttentionParams& p, cudaStream_t stream) {
+  return launch(p, stream, forward_kernel<float>, forward_kernel<__nv_bfloat16>, forward_kernel<__half>);
+}
+
+cudaError_t span_attention_backward(const SpanAttentionParams& p, cudaStream_t stream) {
+  return launch(p, stream, backward_kernel<float>, backward_kernel<__nv_bfloat16>, backward_kernel<__half>);
+}
+
+}  // namespace spanformer::ops::cuda
