@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "spanformer/attention/seq_attention.h"
+#include "util.h"
 
 using namespace spanformer::attention;
 
@@ -161,27 +162,6 @@ TEST(Attention, FiniteDifferenceGradients) {
   auto key_pe = torch::randn({3, 10}, torch::dtype(torch::kDouble).requires_grad(true));
   auto weights = torch::randn({1, 4, 6}, torch::kDouble);
   auto f = [&] { return (a->forward(h, cache, key_pe) * weights).sum(); };
-  std::vector<torch::Tensor> inputs = {h, key_pe, a->span->span_ratio, a->proj_query->weight, a->proj_key->weight,
-                                       a->proj_val->weight, a->pers_key, a->pers_val};
-  auto grads = torch::autograd::grad({f()}, inputs);
-  const double eps = 1e-6;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto flat = inputs[i].view({-1});
-    for (int64_t j = 0; j < flat.numel(); j += std::max<int64_t>(1, flat.numel() / 7)) {
-      double numeric;
-      {
-        torch::NoGradGuard g;
-        const double orig = flat[j].item<double>();
-        flat[j] = orig + eps;
-        const double up = f().item<double>();
-        flat[j] = orig - eps;
-        const double down = f().item<double>();
-        flat[j] = orig;
-        numeric = (up - down) / (2 * eps);
-      }
-      // Central differences in double: truncation O(eps^2) + rounding O(1e-16 / eps) ~ 1e-9.
-      EXPECT_NEAR(grads[i].view({-1})[j].item<double>(), numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
-          << "input " << i << " element " << j;
-    }
-  }
+  spanformer::tu::expect_finite_differences(f, {h, key_pe, a->span->span_ratio, a->proj_query->weight, a->proj_key->weight,
+                                                a->proj_val->weight, a->pers_key, a->pers_val});
 }

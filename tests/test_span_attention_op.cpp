@@ -8,6 +8,7 @@
 
 #include "spanformer/attention/seq_attention.h"
 #include "spanformer/ops/adaptive_span_attention.h"
+#include "util.h"
 
 using namespace spanformer;
 using ops::SpanAttentionOptions;
@@ -105,27 +106,7 @@ TEST(SpanAttentionOpTest, FiniteDifferencesOfTheHandWrittenBackward) {
   auto o = options_of(c);
   auto weights = at::randn({1, 2, 67, 4}, at::kDouble);
   auto f = [&] { return (ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o) * weights).sum(); };
-  auto grads = torch::autograd::grad({f()}, in.all());
-  const double eps = 1e-6;
-  auto inputs = in.all();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto flat = inputs[i].view({-1});
-    for (int64_t j = 0; j < flat.numel(); j += std::max<int64_t>(1, flat.numel() / 6)) {
-      double numeric;
-      {
-        at::NoGradGuard guard;
-        const double orig = flat[j].item<double>();
-        flat[j] = orig + eps;
-        const double up = f().item<double>();
-        flat[j] = orig - eps;
-        const double down = f().item<double>();
-        flat[j] = orig;
-        numeric = (up - down) / (2 * eps);
-      }
-      EXPECT_NEAR(grads[i].view({-1})[j].item<double>(), numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
-          << "input " << i << " element " << j;
-    }
-  }
+  tu::expect_finite_differences(f, in.all());
 }
 
 TEST(SpanAttentionOpTest, ReferenceIsTheModelsAttentionWhenEveryDistanceIsVisited) {

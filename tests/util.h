@@ -1,6 +1,7 @@
 // Shared helpers for the test suite: temporary directories and small real corpora.
 #pragma once
 #include <gtest/gtest.h>
+#include <torch/autograd.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -45,6 +46,33 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// Checks autograd gradients of the scalar f() against central differences in double precision, at about
+// seven elements of each input. Truncation O(eps^2) + rounding O(1e-16 / eps) ~ 1e-9 with eps = 1e-6,
+// so 1e-6 relative (or absolute below 1) is a safe bound that still catches a wrong formula.
+template <typename F>
+void expect_finite_differences(const F& f, const std::vector<at::Tensor>& inputs) {
+  auto grads = torch::autograd::grad({f()}, inputs);
+  const double eps = 1e-6;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto flat = inputs[i].view({-1});
+    for (int64_t j = 0; j < flat.numel(); j += std::max<int64_t>(1, flat.numel() / 7)) {
+      double numeric;
+      {
+        at::NoGradGuard guard;
+        const double orig = flat[j].item<double>();
+        flat[j] = orig + eps;
+        const double up = f().template item<double>();
+        flat[j] = orig - eps;
+        const double down = f().template item<double>();
+        flat[j] = orig;
+        numeric = (up - down) / (2 * eps);
+      }
+      EXPECT_NEAR(grads[i].view({-1})[j].template item<double>(), numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+          << "input " << i << " element " << j;
+    }
+  }
 }
 
 inline void write_text(const std::string& path, const std::string& text) {

@@ -10,6 +10,7 @@
 #include "spanformer/attention/seq_attention.h"
 #include "spanformer/util/error.h"
 #include "cpu/span_attention_cpu.h"
+#include "dropout_hash.h"
 
 namespace spanformer::ops {
 
@@ -30,14 +31,7 @@ std::vector<int64_t> visited_distances(const at::Tensor& span_ratio, int64_t att
 }
 
 bool dropout_keep(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t d, double p) {
-  // splitmix64 over the position: a counter-based stream, identical in forward, backward and reference.
-  uint64_t x = seed ^ (static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL) ^ (static_cast<uint64_t>(h) << 48) ^
-               (static_cast<uint64_t>(i) << 24) ^ static_cast<uint64_t>(d);
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  x ^= x >> 31;
-  return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0) >= p;
+  return dropout_keep_hash(seed, b, h, i, d, p);
 }
 
 uint64_t draw_dropout_seed() {

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "../dropout_hash.h"
 #include "params.h"
 
 namespace spanformer::ops::cuda {
@@ -32,15 +33,9 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// Same counter-based stream as the CPU path (ops::dropout_keep).
+// Same counter-based stream as the CPU path and the reference.
 __device__ __forceinline__ bool keep(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t d, float p) {
-  uint64_t x = seed ^ (static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL) ^ (static_cast<uint64_t>(h) << 48) ^
-               (static_cast<uint64_t>(i) << 24) ^ static_cast<uint64_t>(d);
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  x ^= x >> 31;
-  return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0) >= static_cast<double>(p);
+  return dropout_keep_hash(seed, b, h, i, d, static_cast<double>(p));
 }
 
 struct Row {
