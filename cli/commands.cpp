@@ -117,7 +117,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
 
   // ---- eval --------------------------------------------------------------------------------------
   {
-    static std::string checkpoint, data_dir, split = "test", unit = "bpc", ids;
+    static std::string checkpoint, data_dir, split = "test", unit = "bpc", ids, vocab_path;
     static int64_t batch = -1;
     auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the reference's protocol)");
     cmd->add_option("checkpoint", checkpoint, "checkpoint file or run directory")->required();
@@ -127,6 +127,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     cmd->add_option("--unit", unit, "bpc (characters) or ppl (words)")->capture_default_str();
     cmd->add_option("--ids", ids, "evaluate a headerless file of one-byte token ids of the checkpoint's vocabulary "
                                   "(e.g. the reference's valid.ids.u8) instead of a data split");
+    cmd->add_option("--vocab", vocab_path, "vocab.txt the ids were made with; must be the checkpoint's vocabulary");
     cmd->callback([&run] {
       run = [] {
         if (unit != "bpc" && unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", unit);
@@ -135,6 +136,9 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         const bool tty = isatty(STDERR_FILENO);
         train::CheckpointReader reader(checkpoint_file(checkpoint));
         if (batch < 0) batch = reader.config().train.eval_batch_size;
+        if (!vocab_path.empty() &&
+            data::vocab_to_text(data::read_vocab(vocab_path)) != data::vocab_to_text(reader.vocab()))
+          fail("{} is not the vocabulary of {}: the ids would mean other characters", vocab_path, checkpoint);
         std::unique_ptr<data::TokenFile> raw;
         data::Corpus corpus;
         if (!ids.empty()) {

@@ -11,7 +11,7 @@ cfg="$src/tests/data/adaptive_span_tiny.json"
 "$bin" import adaptive-span "$ref/model.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/tiny.pt"
 check() {  # check SPLIT EXPECTED
   local got
-  got=$("$bin" eval "$tmp/tiny.pt" --ids "$ref/$1.ids.u8" --batch 8 | awk '{print $3}')
+  got=$("$bin" eval "$tmp/tiny.pt" --ids "$ref/$1.ids.u8" --vocab "$ref/vocab.txt" --batch 8 | awk '{print $3}')
   awk -v g="$got" -v w="$2" -v s="$1" 'BEGIN { d = g - w; if (d < 0) d = -d;
     if (d > 1e-4) { print "FAIL: " s " bpc " g " expected " w; exit 1 } print s " bpc " g " (reference " w ")" }'
 }
@@ -33,6 +33,12 @@ test "$a" = "$b"
 cmp "$tmp/dickens/vocab.txt" "$ref/vocab.txt"
 "$bin" train -c "$cfg" --data "$tmp/dickens" --init "$tmp/tiny.pt" --out "$tmp/ft" --nb_steps=3 --eval_interval=3 \
   --eval_blocks=2 --quiet | grep -q "trained 3 steps"
+
+# Ids made with another vocabulary are refused.
+"$bin" data prepare "$src/../shared/data/wikitext-2/wiki.valid.tokens" --out "$tmp/wiki" > /dev/null
+if "$bin" eval "$tmp/tiny.pt" --ids "$ref/valid.ids.u8" --vocab "$tmp/wiki/vocab.txt" 2> "$tmp/err"; then
+  echo "FAIL: wrong vocabulary accepted"; exit 1; fi
+grep -q "is not the vocabulary of" "$tmp/err"
 
 # A config that does not fit: one line naming the tensor.
 if "$bin" import adaptive-span "$ref/model.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/bad.pt" \
