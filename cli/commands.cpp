@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "spanformer/config/config.h"
 #include "spanformer/data/corpus.h"
 #include "spanformer/data/download.h"
+#include "spanformer/dist/group.h"
 #include "spanformer/io/reference_import.h"
 #include "spanformer/models/generate.h"
 #include "spanformer/models/transformer_seq.h"
@@ -69,9 +71,29 @@ void set_bimodal_spans(models::TransformerSeq& model) {
   model->sync_spans();
 }
 
+// With --nproc-per-node N > 1 outside a launched job: start N workers with the same arguments (minus
+// the flag), wait for them and return true (exiting with their failure status if any).
+bool launch_workers(int nproc, const std::vector<std::string>& program_args) {
+  if (nproc < 1) fail("--nproc-per-node must be at least 1 (got {})", nproc);
+  if (nproc == 1 || std::getenv("RANK")) return false;
+  std::vector<std::string> args;
+  for (size_t i = 0; i < program_args.size(); ++i) {
+    if (program_args[i] == "--nproc-per-node") {
+      ++i;
+      continue;
+    }
+    if (program_args[i].rfind("--nproc-per-node=", 0) == 0) continue;
+    args.push_back(program_args[i]);
+  }
+  const int status = dist::spawn_local_workers(nproc, args);
+  if (status != 0) std::exit(status);
+  return true;
+}
+
 }  // namespace
 
-void add_commands(CLI::App& app, std::function<void()>& run) {
+void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** argv) {
+  static std::vector<std::string> program_args(argv, argv + argc);
   static int threads = 0;
   static std::string device = "cpu";
   app.add_option("--threads", threads, "CPU threads for LibTorch (default: all cores)");
@@ -84,7 +106,10 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     static std::string config_path, data_dir, out_dir = "runs/default", init;
     static bool resume = false, quiet = false;
     static int64_t stop_after = -1;
+    static int nproc = 1;
     auto* cmd = app.add_subcommand("train", "train a model (config file + --key=value overrides)");
+    cmd->add_option("--nproc-per-node", nproc, "data-parallel: start N local worker processes (Gloo on loopback); "
+                                               "multi-node jobs use torchrun/SLURM variables instead");
     cmd->add_option("--config,-c", config_path, "JSON config (configs/*.json)")->required();
     cmd->add_option("--data", data_dir, "prepared data directory (overrides train.data)");
     cmd->add_option("--out,-o", out_dir, "run directory: config.json, log.jsonl, checkpoint.pt")->capture_default_str();
@@ -96,20 +121,31 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     cmd->callback([cmd, &run] {
       auto overrides = cmd->remaining();
       run = [overrides] {
+        if (launch_workers(nproc, program_args)) return;
         Config config = resolve_config(config_path, overrides);
         if (!data_dir.empty()) config.train.data = data_dir;
         if (threads > 0) config.train.threads = threads;
         validate(config);
-        fmt::print("spanformer: config {}\n", to_json(config).dump());
+        dist::GroupOptions group_options;
+        group_options.timeout_seconds = config.train.dist_timeout;
+        auto group = dist::Group::from_env(group_options);
+        if (group && config.train.threads == 0 && std::getenv("LOCAL_WORLD_SIZE")) {
+          // Share the cores among the local workers.
+          const int local_world = std::max(1, std::atoi(std::getenv("LOCAL_WORLD_SIZE")));
+          config.train.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_world);
+        }
+        if (!group || group->is_main()) fmt::print("spanformer: config {}\n", to_json(config).dump());
         train::RunOptions options;
         options.out_dir = out_dir;
         options.resume = resume;
         options.progress = !quiet;
         options.stop_after = stop_after;
         options.init_from = init;
+        options.group = group;
         auto result = train::run_training(config, options);
-        fmt::print("trained {} steps: train {:.4f} bpc, valid {:.4f} bpc; checkpoint {}/checkpoint.pt\n", result.steps,
-                   result.last_train_bpc, result.last_valid_bpc, out_dir);
+        if (!group || group->is_main())
+          fmt::print("trained {} steps: train {:.4f} bpc, valid {:.4f} bpc; checkpoint {}/checkpoint.pt\n", result.steps,
+                     result.last_train_bpc, result.last_valid_bpc, out_dir);
         if (result.interrupted) std::exit(130);
       };
     });
@@ -119,6 +155,7 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
   {
     static std::string checkpoint, data_dir, split = "test", unit = "bpc", ids, vocab_path;
     static int64_t batch = -1;
+    static int eval_nproc = 1;
     auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the reference's protocol)");
     cmd->add_option("checkpoint", checkpoint, "checkpoint file or run directory")->required();
     cmd->add_option("--data", data_dir, "prepared data directory (default: the one the model was trained on)");
@@ -128,9 +165,12 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
     cmd->add_option("--ids", ids, "evaluate a headerless file of one-byte token ids of the checkpoint's vocabulary "
                                   "(e.g. the reference's valid.ids.u8) instead of a data split");
     cmd->add_option("--vocab", vocab_path, "vocab.txt the ids were made with; must be the checkpoint's vocabulary");
+    cmd->add_option("--nproc-per-node", eval_nproc, "split the streams over N local processes (or use torchrun/SLURM variables)");
     cmd->callback([&run] {
       run = [] {
         if (unit != "bpc" && unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", unit);
+        if (launch_workers(eval_nproc, program_args)) return;
+        auto group = dist::Group::from_env(dist::GroupOptions{});
         if (batch == 0 || batch < -1) fail("--batch must be positive (got {})", batch);
         set_threads(threads);
         const bool tty = isatty(STDERR_FILENO);
@@ -156,7 +196,8 @@ void add_commands(CLI::App& app, std::function<void()>& run) {
         const double start = now_seconds();
         auto result = train::evaluate(model, tokens, batch, [&](int64_t done, int64_t total) {
           if (tty && done % 20 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
-        });
+        }, group.get());
+        if (group && !group->is_main()) return;
         if (tty) fmt::print(stderr, "\r{:40}\r", "");
         const double value = unit == "bpc" ? result.bpc() : result.ppl();
         fmt::print("{} {} {:.7f} ({} blocks, {} tokens, {:.1f} s)\n", label, unit, value, result.blocks, result.tokens,

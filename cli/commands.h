@@ -4,7 +4,8 @@
 
 namespace spanformer::cli {
 
-// Adds every subcommand to `app`; each one sets `run` to its action.
-void add_commands(CLI::App& app, std::function<void()>& run);
+// Adds every subcommand to `app`; each one sets `run` to its action. argv is kept for launchers
+// that start copies of this program (train --nproc-per-node).
+void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** argv);
 
 }  // namespace spanformer::cli

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   CLI::App app{"spanformer: adaptive-span and long-context attention models on LibTorch"};
   app.require_subcommand(1);
   std::function<void()> run;
-  spanformer::cli::add_commands(app, run);
+  spanformer::cli::add_commands(app, run, argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

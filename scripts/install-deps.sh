@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev            # LibTorch 1.13 (CPU), headers + CMake config
+  libgloo-dev             # headers of Gloo, the CPU backend of torch.distributed (c10d) in libtorch
   libopenblas0-pthread    # fast BLAS for LibTorch's matrix products (the reference BLAS is many times slower)
   libcli11-dev            # command-line parsing
   nlohmann-json3-dev      # configs, logs, metadata

@@ -26,6 +26,11 @@ grep -q "layer  1" "$tmp/spans.out"
 head -c 8 "$tmp/spans.png" | od -An -c | grep -q "P   N   G"
 "$bin" bench -c "$tmp/c.json" --steps 2 --warmup 1 | grep -q "tokens/s"
 
+# Distributed evaluation over two local processes gives the same figure.
+one=$("$bin" eval "$tmp/run" --split test --batch 4 | awk '{print $3}')
+two=$("$bin" eval "$tmp/run" --split test --batch 4 --nproc-per-node 2 | awk '{print $3}')
+test "$one" = "$two"
+
 # Fine-tuning: resume with a new learning rate and more steps (the optimizer state is kept).
 "$bin" train -c "$tmp/c.json" --data "$tmp/data" --out "$tmp/run" --resume --lr=0.007 --nb_steps=60 --quiet \
   | grep -q "trained 60 steps"

@@ -75,6 +75,11 @@ void expect_finite_differences(const F& f, const std::vector<at::Tensor>& inputs
   }
 }
 
+inline std::string read_file_or_empty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }

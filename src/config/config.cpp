@@ -88,6 +88,7 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("threads", &TrainConfig::threads),
       field("eval_batch_size", &TrainConfig::eval_batch_size),
       field("device", &TrainConfig::device),
+      field("dist_timeout", &TrainConfig::dist_timeout),
   };
   return fields;
 }
@@ -239,6 +240,7 @@ void validate(const Config& config) {
   if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
   if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
     fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
+  if (!(t.dist_timeout > 0)) fail("config: dist_timeout must be positive (got {})", t.dist_timeout);
   if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
 }
 

@@ -13,10 +13,11 @@ double EvalResult::bpc() const { return nll / std::log(2.0); }
 double EvalResult::ppl() const { return std::exp(nll); }
 
 std::pair<torch::Tensor, torch::Tensor> make_block(const data::Streams& streams, int64_t pos, int64_t M,
-                                                   torch::Device device) {
-  auto x = torch::empty({streams.batch(), M}, torch::kLong);
-  auto y = torch::empty({streams.batch(), M}, torch::kLong);
-  streams.block(pos, M, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+                                                   torch::Device device, int64_t first, int64_t count) {
+  if (count < 0) count = streams.batch() - first;
+  auto x = torch::empty({count, M}, torch::kLong);
+  auto y = torch::empty({count, M}, torch::kLong);
+  streams.block(pos, M, x.data_ptr<int64_t>(), y.data_ptr<int64_t>(), first, count);
   return {x.to(device), y.to(device)};
 }
 
@@ -28,7 +29,10 @@ torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, 
 }
 
 EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens, int64_t batch,
-                    const std::function<void(int64_t, int64_t)>& progress) {
+                    const std::function<void(int64_t, int64_t)>& progress, dist::Group* group) {
+  const int64_t world = group ? group->world() : 1, rank = group ? group->rank() : 0;
+  if (batch % world != 0) fail("the evaluation batch ({}) must divide by the number of processes ({})", batch, world);
+  const int64_t local = batch / world, first = rank * local;
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
@@ -38,11 +42,11 @@ EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens
     fail("{}: streams of {} tokens are too short for blocks of {} (lower the eval batch size)", tokens.path(),
          streams.length(), M);
   const auto device = model->key_pe.device();
-  auto caches = model->initial_caches(batch);
+  auto caches = model->initial_caches(local);
   const int64_t total = (streams.length() - 1 + M - 1) / M;  // upper bound, for progress only
   std::vector<torch::Tensor> losses;
   for (int64_t pos = 0;; pos += M) {
-    auto [x, y] = make_block(streams, pos, M, device);
+    auto [x, y] = make_block(streams, pos, M, device, first, local);
     losses.push_back(eval_block(model, x, y, caches));
     if (progress) progress(static_cast<int64_t>(losses.size()), total);
     if (pos + M >= streams.length() - M) break;  // the next block would be incomplete
@@ -52,6 +56,7 @@ EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens
   result.blocks = static_cast<int64_t>(losses.size());
   result.tokens = result.blocks * M * batch;
   result.nll = torch::stack(losses).to(torch::kDouble).mean().item<double>();
+  if (group) result.nll = group->all_reduce_sum(result.nll) / static_cast<double>(world);  // equal shares
   return result;
 }
 

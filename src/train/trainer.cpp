@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "spanformer/train/evaluate.h"
+#include "spanformer/dist/group.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
@@ -28,7 +29,8 @@ OptimizerOptions optimizer_options(const TrainConfig& c) {
 }
 
 torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, const torch::Tensor& x,
-                         const torch::Tensor& y, std::vector<torch::Tensor>& caches, int64_t batch_split, double lr) {
+                         const torch::Tensor& y, std::vector<torch::Tensor>& caches, int64_t batch_split, double lr,
+                         dist::Group* group) {
   model->train();
   optimizer.zero_grad();
   const int64_t B = x.size(0), part = B / batch_split;
@@ -45,6 +47,14 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
     for (size_t l = 0; l < caches.size(); ++l) next[l].push_back(part_caches[l]);
   }
   for (size_t l = 0; l < caches.size(); ++l) caches[l] = batch_split == 1 ? next[l][0] : torch::cat(next[l], 0);
+  if (group) {
+    // Every rank's loss is a mean over its equal share of the streams: the mean of the ranks'
+    // gradients is the gradient of the global batch. One bucket, one all-reduce.
+    std::vector<torch::Tensor> grads;
+    for (auto& p : model->parameters())
+      if (p.grad().defined()) grads.push_back(p.mutable_grad());
+    group->all_reduce_mean(grads);
+  }
   optimizer.step(lr);
   model->clamp_spans();
   return loss_sum;
@@ -86,6 +96,20 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
          config.model.vocab_size, corpus.vocab.size(), tc.data);
   validate(config);
   set_threads(static_cast<int>(tc.threads));
+  dist::Group* group = options.group.get();
+  const int64_t world = group ? group->world() : 1, rank = group ? group->rank() : 0;
+  const bool main_rank = rank == 0;
+  if (tc.batch_size % world != 0 || (tc.batch_size / world) % tc.batch_split != 0)
+    fail("batch_size {} must divide by the number of processes ({}) times batch_split ({})", tc.batch_size, world,
+         tc.batch_split);
+  if (group) {
+    // Same model, optimisation and code on every rank (paths and thread counts may differ).
+    auto shared = to_json(config);
+    shared["train"].erase("data");
+    shared["train"].erase("threads");
+    group->check_same_as_main("config", shared.dump());
+    group->check_same_as_main("code version", std::string(SPANFORMER_VERSION) + " torch " + compat::torch_version());
+  }
 
   const std::string checkpoint_path = options.out_dir + "/checkpoint.pt";
   const std::string log_path = options.out_dir + "/log.jsonl";
@@ -97,6 +121,7 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
   model->to(device);
   Optimizer optimizer(named_params(model), optimizer_options(tc));
   const int64_t B = tc.batch_size, M = config.model.block_size;
+  const int64_t local = B / world, first = rank * local;  // this rank's streams [first, first + local)
   data::Streams train_streams(*corpus.train, B), valid_streams(*corpus.valid, B);
   if (train_streams.length() <= 2 * M) fail("{}/train.bin is too short for {} streams of blocks of {}", tc.data, B, M);
   if (valid_streams.length() <= 2 * M) fail("{}/valid.bin is too short for {} streams of blocks of {}", tc.data, B, M);
@@ -115,7 +140,11 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
     compat::set_generator_state(c10::DeviceType::CPU, state.rng_state);
     if (device.is_cuda() && state.cuda_rng_state.defined())
       compat::set_generator_state(c10::DeviceType::CUDA, state.cuda_rng_state);
-    fmt::print(stderr, "spanformer: resumed {} at step {}\n", checkpoint_path, state.step);
+    // Caches are saved for all B streams: each rank takes its own, whatever W was before.
+    for (auto& c : state.train_caches) c = c.narrow(0, first, local).contiguous();
+    for (auto& c : state.valid_caches) c = c.narrow(0, first, local).contiguous();
+    if (main_rank) fmt::print(stderr, "spanformer: resumed {} at step {} ({} process{})\n", checkpoint_path, state.step,
+                              world, world > 1 ? "es" : "");
   } else {
     if (options.resume) fmt::print(stderr, "spanformer: no checkpoint in {}, starting a new run\n", options.out_dir);
     if (!options.init_from.empty()) {
@@ -125,42 +154,49 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
       init.load_model_into(model);
       fmt::print(stderr, "spanformer: starting from the weights of {}\n", options.init_from);
     }
-    state.train_caches = model->initial_caches(B);
-    state.valid_caches = model->initial_caches(B);
-    std::ofstream(log_path, std::ios::trunc);  // a new run starts a new log
+    state.train_caches = model->initial_caches(local);
+    state.valid_caches = model->initial_caches(local);
+    if (main_rank) std::ofstream(log_path, std::ios::trunc);  // a new run starts a new log
   }
-  write_file_atomic(options.out_dir + "/config.json", to_json(config).dump(2) + "\n");
+  if (main_rank) write_file_atomic(options.out_dir + "/config.json", to_json(config).dump(2) + "\n");
 
   install_interrupt_handler();
-  std::ofstream log(log_path, std::ios::app);
-  const bool tty = options.progress && isatty(STDERR_FILENO);
+  std::ofstream log;
+  if (main_rank) log.open(log_path, std::ios::app);
+  const bool tty = main_rank && options.progress && isatty(STDERR_FILENO);
   const int64_t first_step = state.step;
   const int64_t last_step = options.stop_after >= 0 ? std::min(tc.nb_steps, first_step + options.stop_after) : tc.nb_steps;
   const int64_t checkpoint_every = tc.checkpoint_interval > 0 ? tc.checkpoint_interval : tc.eval_interval;
   const double session_start = now_seconds();
 
-  auto save = [&] {
+  auto save = [&] {  // collective: every rank calls it at the same steps
     state.rng_state = compat::generator_state(c10::DeviceType::CPU);
     if (device.is_cuda()) state.cuda_rng_state = compat::generator_state(c10::DeviceType::CUDA);
     TrainState to_save = state;
     to_save.elapsed_seconds = state.elapsed_seconds + (now_seconds() - session_start);
-    save_checkpoint(checkpoint_path, config, corpus.vocab, model, &optimizer, &to_save);
+    if (group) {
+      for (auto& c : to_save.train_caches) c = group->all_gather_cat(c.cpu());  // (B, C_l, H)
+      for (auto& c : to_save.valid_caches) c = group->all_gather_cat(c.cpu());
+    }
+    if (main_rank) save_checkpoint(checkpoint_path, config, corpus.vocab, model, &optimizer, &to_save);
   };
 
   RunResult result;
-  double interval_loss = 0, interval_start = now_seconds();
+  double interval_loss = 0, interval_start = now_seconds(), interval_collective = 0;
   int64_t interval_steps = 0;
   while (state.step < last_step) {
-    if (interrupted()) {
+    const bool stop = group ? group->all_reduce_sum(interrupted() ? 1.0 : 0.0) > 0 : interrupted();
+    if (stop) {
       save();
-      fmt::print(stderr, "spanformer: checkpoint saved at step {} in {}\n", state.step, checkpoint_path);
+      if (main_rank) fmt::print(stderr, "spanformer: checkpoint saved at step {} in {}\n", state.step, checkpoint_path);
       result.interrupted = true;
       break;
     }
-    auto [x, y] = make_block(train_streams, state.train_pos, M, device);
+    auto [x, y] = make_block(train_streams, state.train_pos, M, device, first, local);
     const double lr = warmup_lr(tc.lr, state.step + 1, tc.lr_warmup);
-    auto loss = train_step(model, optimizer, x, y, state.train_caches, tc.batch_split, lr);
-    const double loss_value = loss.item<double>();  // the one host read of the step
+    auto loss = train_step(model, optimizer, x, y, state.train_caches, tc.batch_split, lr, group);
+    double loss_value = loss.item<double>();  // the one host read of the step
+    if (group) loss_value = group->all_reduce_sum(loss_value) / static_cast<double>(world);
     if (!std::isfinite(loss_value)) {
       fail("training diverged at step {}: the loss is {} (lower lr or grad_clip; the last checkpoint is kept)",
            state.step + 1, loss_value);
@@ -194,7 +230,7 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
         torch::NoGradGuard no_grad;
         model->eval();
         for (int64_t i = 0; i < tc.eval_blocks; ++i) {
-          auto [vx, vy] = make_block(valid_streams, state.valid_pos, M, device);
+          auto [vx, vy] = make_block(valid_streams, state.valid_pos, M, device, first, local);
           valid_sum = valid_sum + eval_block(model, vx, vy, state.valid_caches).to(torch::kCPU, torch::kDouble);
           state.valid_pos += M;
           if (state.valid_pos >= valid_streams.length() - M) {
@@ -205,7 +241,9 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
         model->train();
       }
       result.last_train_bpc = interval_loss / interval_steps / std::log(2.0);
-      result.last_valid_bpc = valid_sum.item<double>() / tc.eval_blocks / std::log(2.0);
+      double valid_nll = valid_sum.item<double>();
+      if (group) valid_nll = group->all_reduce_sum(valid_nll) / static_cast<double>(world);
+      result.last_valid_bpc = valid_nll / tc.eval_blocks / std::log(2.0);
       const double ms_per_step = interval_seconds * 1e3 / interval_steps;
       nlohmann::json record = {
           {"step", state.step},
@@ -216,7 +254,12 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
           {"tokens_per_s", B * M * 1e3 / ms_per_step},
           {"elapsed_s", state.elapsed_seconds + elapsed},
           {"eta_s", per_step * static_cast<double>(tc.nb_steps - state.step)},
+          {"processes", world},
       };
+      if (group) {
+        record["allreduce_ms_per_step"] = (group->collective_seconds() - interval_collective) * 1e3 / interval_steps;
+        interval_collective = group->collective_seconds();
+      }
       std::vector<double> span_mean, span_max;
       for (const auto& z : model->spans()) {
         double sum = 0, mx = 0;
@@ -226,8 +269,8 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
       }
       record["span_mean"] = span_mean;
       record["span_max"] = span_max;
-      log << record.dump() << std::endl;
-      if (options.progress) {
+      if (main_rank) log << record.dump() << std::endl;
+      if (main_rank && options.progress) {
         fmt::print(stderr, "{}step {:>7} | train {:.3f} bpc | valid {:.3f} bpc | {:.0f} ms/step | {:.0f} tok/s | spans {:.0f} | left {}\n",
                    tty ? "\r" : "", state.step, result.last_train_bpc, result.last_valid_bpc, ms_per_step,
                    B * M * 1e3 / ms_per_step, fmt::join(span_mean, " "),

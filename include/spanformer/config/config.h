@@ -56,6 +56,7 @@ struct TrainConfig {
   int64_t threads = 0;            // 0 = all cores
   int64_t eval_batch_size = 8;    // streams of the full evaluation
   std::string device = "cpu";     // cpu | cuda | cuda:N
+  double dist_timeout = 300;      // seconds a rank waits for the others before failing (multi-process runs)
 };
 
 struct Config {

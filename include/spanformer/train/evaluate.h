@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "spanformer/data/corpus.h"
+#include "spanformer/dist/group.h"
 #include "spanformer/models/transformer_seq.h"
 
 namespace spanformer::train {
@@ -22,16 +23,19 @@ struct EvalResult {
   double ppl() const;
 };
 
-// inputs/targets for block `pos` of `streams` as int64 (B, M) tensors on `device`.
+// inputs/targets for block `pos` of streams [first, first + count) (all when count < 0) as int64
+// (count, M) tensors on `device`.
 std::pair<torch::Tensor, torch::Tensor> make_block(const data::Streams& streams, int64_t pos, int64_t M,
-                                                   torch::Device device);
+                                                   torch::Device device, int64_t first = 0, int64_t count = -1);
 
 // Mean NLL (nats) of one block with the model in eval mode; updates caches. Returns a 0-dim tensor.
 torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, const torch::Tensor& y,
                          std::vector<torch::Tensor>& caches);
 
 // Full evaluation of a token file. `progress(done, total)` is called after each block when given.
+// With a process group, rank r evaluates streams [r * batch / W, (r + 1) * batch / W) and the result
+// is reduced (batch must divide by W); every rank returns the same figure.
 EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens, int64_t batch,
-                    const std::function<void(int64_t, int64_t)>& progress = nullptr);
+                    const std::function<void(int64_t, int64_t)>& progress = nullptr, dist::Group* group = nullptr);
 
 }  // namespace spanformer::train

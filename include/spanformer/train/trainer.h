@@ -14,6 +14,7 @@
 
 #include "spanformer/config/config.h"
 #include "spanformer/data/corpus.h"
+#include "spanformer/dist/group.h"
 #include "spanformer/models/transformer_seq.h"
 #include "spanformer/train/checkpoint.h"
 #include "spanformer/train/optim.h"
@@ -22,8 +23,10 @@ namespace spanformer::train {
 
 // One optimizer step over inputs/targets (B, M); caches (B, C_l, H) are replaced by the next block's.
 // Returns the mean NLL in nats (0-dim tensor, no host synchronisation).
+// With a process group, gradients are averaged over the ranks (each rank passes its share of streams).
 torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, const torch::Tensor& x,
-                         const torch::Tensor& y, std::vector<torch::Tensor>& caches, int64_t batch_split, double lr);
+                         const torch::Tensor& y, std::vector<torch::Tensor>& caches, int64_t batch_split, double lr,
+                         dist::Group* group = nullptr);
 
 OptimizerOptions optimizer_options(const TrainConfig& config);
 
@@ -36,6 +39,7 @@ struct RunOptions {
   bool progress = true;        // live progress line on stderr
   int64_t stop_after = -1;     // stop (with a checkpoint) after this many steps of this session; -1 = run to nb_steps
   std::string init_from;       // new run only: start from this checkpoint's weights (same model config)
+  std::shared_ptr<dist::Group> group;  // data-parallel run: this process's group (null = one process)
 };
 
 struct RunResult {

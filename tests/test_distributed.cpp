@@ -1,0 +1,157 @@
+// Data-parallel training through the real command line on Gloo over loopback: W processes give the
+// parameters one process gives, checkpoints resume across W, a dead rank stops the others with a
+// message, and ranks with different configs are refused.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "spanformer/train/checkpoint.h"
+#include "util.h"
+
+using namespace spanformer;
+
+namespace {
+
+struct Proc {
+  pid_t pid;
+  std::string err;
+};
+
+// Starts the CLI with args and extra environment; stderr goes to err_path.
+Proc start(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
+           const std::string& err_path) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    FILE* err = freopen(err_path.c_str(), "w", stderr);
+    FILE* out = freopen("/dev/null", "w", stdout);
+    (void)err;
+    (void)out;
+    std::vector<char*> argv = {const_cast<char*>(SPANFORMER_CLI)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(SPANFORMER_CLI, argv.data());
+    _exit(127);
+  }
+  return {pid, err_path};
+}
+
+// Exit status, or -1 when still running after `seconds` (the process is then killed).
+int wait_for(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+int run(const std::vector<std::string>& args, const std::string& err_path, double seconds = 120) {
+  return wait_for(start(args, {}, err_path).pid, seconds);
+}
+
+class Distributed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tu::prepare_dickens_slice(tmp_.path(), 200000);
+    tu::write_text(tmp_.file("c.json"), R"({
+      "model": {"nb_layers": 2, "hidden_size": 32, "inner_hidden_size": 64, "nb_heads": 2, "attn_span": 64,
+                "block_size": 32, "adapt_span_init": 0.2, "adapt_span_loss": 0.5},
+      "train": {"batch_size": 4, "batch_split": 2, "nb_steps": 6, "eval_interval": 3, "eval_blocks": 2,
+                "lr_warmup": 2, "dist_timeout": 20, "threads": 1}})");
+  }
+  std::vector<std::string> train_args(const std::string& out) {
+    return {"train", "-c", tmp_.file("c.json"), "--data", tmp_.path(), "--out", tmp_.file(out), "--quiet"};
+  }
+  static std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  // Largest parameter difference between two checkpoints.
+  static double max_param_diff(const std::string& a, const std::string& b) {
+    train::CheckpointReader ra(a), rb(b);
+    auto ma = ra.load_model(), mb = rb.load_model();
+    auto pb = mb->named_parameters();
+    double diff = 0;
+    for (auto& item : ma->named_parameters())
+      diff = std::max(diff, (item.value() - *pb.find(item.key())).abs().max().item<double>());
+    return diff;
+  }
+  tu::TempDir tmp_;
+};
+
+// float32 gradients summed in another order (per rank, then across ranks), through 6 Adagrad steps
+// whose per-element normalisation magnifies differences of nearly cancelling gradients: measured
+// 4.2e-6 here; 1e-4 leaves room for other machines while a wrong gradient average (2x) fails.
+constexpr double kTolerance = 1e-4;
+
+}  // namespace
+
+TEST_F(Distributed, TwoProcessesGiveTheParametersOfOne) {
+  ASSERT_EQ(run(train_args("one"), tmp_.file("one.err")), 0) << tu::read_file_or_empty(tmp_.file("one.err"));
+  ASSERT_EQ(run(plus(train_args("two"), {"--nproc-per-node", "2"}), tmp_.file("two.err")), 0)
+      << tu::read_file_or_empty(tmp_.file("two.err"));
+  EXPECT_LT(max_param_diff(tmp_.file("one/checkpoint.pt"), tmp_.file("two/checkpoint.pt")), kTolerance);
+  // The span clamp acts the same everywhere: the strong span loss drives spans to the bound.
+  train::CheckpointReader reader(tmp_.file("two/checkpoint.pt"));
+  for (const auto& layer : reader.load_model()->spans())
+    for (double z : layer) EXPECT_GE(z, 0.0);
+}
+
+TEST_F(Distributed, CheckpointsResumeWithAnotherNumberOfProcesses) {
+  ASSERT_EQ(run(train_args("ref"), tmp_.file("ref.err")), 0);
+  for (const char* resume_procs : {"1", "2"}) {
+    const std::string dir = std::string("run") + resume_procs;
+    ASSERT_EQ(run(plus(train_args(dir), {"--nproc-per-node", "2", "--stop-after", "3"}), tmp_.file("a.err")), 0)
+        << tu::read_file_or_empty(tmp_.file("a.err"));
+    ASSERT_EQ(run(plus(train_args(dir), {"--nproc-per-node", resume_procs, "--resume"}), tmp_.file("b.err")), 0)
+        << tu::read_file_or_empty(tmp_.file("b.err"));
+    EXPECT_LT(max_param_diff(tmp_.file("ref/checkpoint.pt"), tmp_.file(dir + "/checkpoint.pt")), kTolerance) << resume_procs;
+  }
+}
+
+TEST_F(Distributed, ADeadRankStopsTheOthersWithAMessage) {
+  const std::string port = std::to_string(20000 + getpid() % 20000);
+  auto env = [&](int rank) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+  };
+  auto args = plus(train_args("killed"), {"--nb_steps=100000", "--eval_interval=100000", "--checkpoint_interval=2",
+                                          "--dist_timeout=5"});
+  Proc r0 = start(args, env(0), tmp_.file("r0.err"));
+  Proc r1 = start(args, env(1), tmp_.file("r1.err"));
+  // Wait for a complete checkpoint, then kill rank 1 as a crash would.
+  for (int i = 0; i < 600 && !file_exists(tmp_.file("killed/checkpoint.pt")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(file_exists(tmp_.file("killed/checkpoint.pt")));
+  kill(r1.pid, SIGKILL);
+  waitpid(r1.pid, nullptr, 0);
+  const int status = wait_for(r0.pid, 30);  // the timeout is 5 s
+  EXPECT_GT(status, 0) << "rank 0 did not stop";
+  auto message = tu::read_file_or_empty(r0.err);
+  EXPECT_NE(message.find("another rank died or hung"), std::string::npos) << message;
+  train::CheckpointReader reader(tmp_.file("killed/checkpoint.pt"));  // intact and loadable
+  EXPECT_TRUE(reader.has_train_state());
+}
+
+TEST_F(Distributed, RanksWithDifferentConfigsAreRefused) {
+  const std::string port = std::to_string(20000 + (getpid() + 7) % 20000);
+  auto env = [&](int rank) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+  };
+  Proc r0 = start(train_args("mismatch"), env(0), tmp_.file("m0.err"));
+  Proc r1 = start(plus(train_args("mismatch"), {"--lr=0.5"}), env(1), tmp_.file("m1.err"));
+  EXPECT_GT(wait_for(r0.pid, 60), 0);
+  EXPECT_GT(wait_for(r1.pid, 60), 0);
+  EXPECT_NE(tu::read_file_or_empty(r1.err).find("started with another config than rank 0"), std::string::npos)
+      << tu::read_file_or_empty(r1.err);
+  EXPECT_FALSE(file_exists(tmp_.file("mismatch/checkpoint.pt")));
+}
