@@ -128,6 +128,8 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
         validate(config);
         dist::GroupOptions group_options;
         group_options.timeout_seconds = config.train.dist_timeout;
+        group_options.backend = config.train.dist_backend;
+        group_options.cuda = config.train.device.rfind("cuda", 0) == 0;
         auto group = dist::Group::from_env(group_options);
         if (group && config.train.threads == 0 && std::getenv("LOCAL_WORLD_SIZE")) {
           // Share the cores among the local workers.

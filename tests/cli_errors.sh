@@ -55,6 +55,10 @@ expect_error "diverged" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --ou
 expect_error "temperature must be positive" "$bin" generate "$tmp/run" --temperature=0
 expect_error "--unit must be bpc or ppl" "$bin" eval "$tmp/run" --unit=bits
 expect_error "unknown dataset" "$bin" data get enwik9 --out "$tmp/d3"
+expect_error "nccl backend is not built" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11" --dist_backend=nccl
+expect_error "MASTER_ADDR is not set" env RANK=0 WORLD_SIZE=2 MASTER_ADDR= \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r12"
 
 # No partial outputs were left behind by the failures.
 leftovers=$(find "$tmp" -name '*.tmp.*' | wc -l)

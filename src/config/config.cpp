@@ -89,6 +89,7 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("eval_batch_size", &TrainConfig::eval_batch_size),
       field("device", &TrainConfig::device),
       field("dist_timeout", &TrainConfig::dist_timeout),
+      field("dist_backend", &TrainConfig::dist_backend),
   };
   return fields;
 }
@@ -185,7 +186,7 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides) 
       if (key == "attn_impl") value = text;
       find_field(model_fields(), key)->set(config.model, value);
     } else if ((section.empty() || section == "train") && find_field(train_fields(), key)) {
-      if (key == "data" || key == "optim" || key == "device") value = text;
+      if (key == "data" || key == "optim" || key == "device" || key == "dist_backend") value = text;
       find_field(train_fields(), key)->set(config.train, value);
     } else {
       fail("unknown config key '{}' in override '{}'", key, item);
@@ -240,6 +241,8 @@ void validate(const Config& config) {
   if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
   if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
     fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
+  if (t.dist_backend != "auto" && t.dist_backend != "gloo" && t.dist_backend != "nccl")
+    fail("config: dist_backend must be auto, gloo or nccl (got '{}')", t.dist_backend);
   if (!(t.dist_timeout > 0)) fail("config: dist_timeout must be positive (got {})", t.dist_timeout);
   if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
 }

@@ -56,8 +56,9 @@ Group::~Group() = default;
 std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
   const char* world_text = env("WORLD_SIZE") ? env("WORLD_SIZE") : env("SLURM_NTASKS");
   if (!world_text || std::string(world_text) == "1") return nullptr;
-  if (options.backend != "auto" && options.backend != "gloo")
-    fail("backend '{}' is not available in this build (gloo; nccl needs LibTorch with CUDA)", options.backend);
+  const std::string backend = options.backend == "auto" ? (options.cuda ? "nccl" : "gloo") : options.backend;
+  if (backend != "gloo")
+    fail("the {} backend is not built into spanformer yet (gloo is; set train.dist_backend=gloo)", backend);
   std::shared_ptr<Group> group(new Group());
   group->world_ = env_int("WORLD_SIZE", "SLURM_NTASKS");
   group->rank_ = env_int("RANK", "SLURM_PROCID");

@@ -57,6 +57,7 @@ struct TrainConfig {
   int64_t eval_batch_size = 8;    // streams of the full evaluation
   std::string device = "cpu";     // cpu | cuda | cuda:N
   double dist_timeout = 300;      // seconds a rank waits for the others before failing (multi-process runs)
+  std::string dist_backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
 };
 
 struct Config {

@@ -18,7 +18,8 @@ namespace spanformer::dist {
 
 struct GroupOptions {
   double timeout_seconds = 300;  // for rendezvous and every collective
-  std::string backend = "auto";  // auto | gloo (nccl needs a CUDA LibTorch)
+  std::string backend = "auto";  // auto | gloo | nccl
+  bool cuda = false;             // the model runs on CUDA: auto means nccl
 };
 
 class Group {
