@@ -38,19 +38,29 @@ __device__ __forceinline__ bool keep(uint64_t seed, int64_t b, int64_t h, int64_
   return dropout_keep_hash(seed, b, h, i, d, static_cast<double>(p));
 }
 
+// What a warp knows about its query row.
 struct Row {
+  int64_t index;     // flat (b, h, i)
   int64_t b, h, i, S;
-  float z;  // span in tokens
+  float z;           // span in tokens
+  int lane, per_lane;
+  float inv_sqrt_d, drop_scale;
 };
 
-__device__ Row locate_row(const SpanAttentionParams& p, int64_t row) {
-  Row r;
-  r.i = row % p.M;
-  r.h = (row / p.M) % p.K;
-  r.b = row / (p.M * p.K);
+// The warp's row; false when the warp has none (past the last row).
+__device__ bool locate_row(const SpanAttentionParams& p, Row& r) {
+  r.index = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (r.index >= p.B * p.K * p.M) return false;
+  r.i = r.index % p.M;
+  r.h = (r.index / p.M) % p.K;
+  r.b = r.index / (p.M * p.K);
   r.S = p.visited[r.h];
   r.z = p.span_ratio[r.h] * static_cast<float>(p.L);
-  return r;
+  r.lane = threadIdx.x % kWarp;
+  r.per_lane = static_cast<int>(p.D / kWarp);
+  r.inv_sqrt_d = rsqrtf(static_cast<float>(p.D));
+  r.drop_scale = p.training && p.dropout > 0 ? 1.f / (1.f - p.dropout) : 1.f;
+  return true;
 }
 
 // Score of query row r at distance d (1-based), q held in registers by lanes (component lane + 32 c).
@@ -73,13 +83,11 @@ __device__ __forceinline__ float mask_value(float z, float ramp, int64_t d) {
 
 template <typename T>
 __global__ void forward_kernel(SpanAttentionParams p) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (row >= p.B * p.K * p.M) return;
-  const int lane = threadIdx.x % kWarp;
-  const Row r = locate_row(p, row);
-  const int per_lane = static_cast<int>(p.D / kWarp);
-  const float inv_sqrt_d = rsqrtf(static_cast<float>(p.D));
-  const float drop_scale = p.training && p.dropout > 0 ? 1.f / (1.f - p.dropout) : 1.f;
+  Row r;
+  if (!locate_row(p, r)) return;
+  const int64_t row = r.index;
+  const int lane = r.lane, per_lane = r.per_lane;
+  const float inv_sqrt_d = r.inv_sqrt_d, drop_scale = r.drop_scale;
   float qreg[kMaxPerLane], acc[kMaxPerLane];
   const T* q = static_cast<const T*>(p.q) + row * p.D;
   for (int c = 0; c < per_lane; ++c) {
@@ -115,13 +123,11 @@ __global__ void forward_kernel(SpanAttentionParams p) {
 
 template <typename T>
 __global__ void backward_kernel(SpanAttentionParams p) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (row >= p.B * p.K * p.M) return;
-  const int lane = threadIdx.x % kWarp;
-  const Row r = locate_row(p, row);
-  const int per_lane = static_cast<int>(p.D / kWarp);
-  const float inv_sqrt_d = rsqrtf(static_cast<float>(p.D));
-  const float drop_scale = p.training && p.dropout > 0 ? 1.f / (1.f - p.dropout) : 1.f;
+  Row r;
+  if (!locate_row(p, r)) return;
+  const int64_t row = r.index;
+  const int lane = r.lane, per_lane = r.per_lane;
+  const float inv_sqrt_d = r.inv_sqrt_d, drop_scale = r.drop_scale;
   float qreg[kMaxPerLane], go[kMaxPerLane], dq[kMaxPerLane];
   const T* q = static_cast<const T*>(p.q) + row * p.D;
   const T* g = static_cast<const T*>(p.grad_out) + row * p.D;
