@@ -13,6 +13,7 @@
 
 #include "spanformer/train/evaluate.h"
 #include "spanformer/dist/group.h"
+#include "spanformer/version.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
@@ -108,7 +109,7 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
     shared["train"].erase("data");
     shared["train"].erase("threads");
     group->check_same_as_main("config", shared.dump());
-    group->check_same_as_main("code version", std::string(SPANFORMER_VERSION) + " torch " + compat::torch_version());
+    group->check_same_as_main("code version", std::string(kVersion) + " torch " + compat::torch_version());
   }
 
   const std::string checkpoint_path = options.out_dir + "/checkpoint.pt";
