@@ -145,7 +145,10 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
         options.init_from = init;
         options.group = group;
         auto result = train::run_training(config, options);
-        if (!group || group->is_main())
+        if ((!group || group->is_main()) && result.session_steps == 0)
+          fmt::print("{}/checkpoint.pt is already at step {}: nothing to train (raise nb_steps to continue)\n", out_dir,
+                     result.steps);
+        else if (!group || group->is_main())
           fmt::print("trained {} steps: train {:.4f} bpc, valid {:.4f} bpc; checkpoint {}/checkpoint.pt\n", result.steps,
                      result.last_train_bpc, result.last_valid_bpc, out_dir);
         if (result.interrupted) std::exit(130);

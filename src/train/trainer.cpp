@@ -284,6 +284,7 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
     if (state.step % checkpoint_every == 0 || state.step == last_step) save();
   }
   result.steps = state.step;
+  result.session_steps = state.step - first_step;
   return result;
 }
 

@@ -43,7 +43,8 @@ struct RunOptions {
 };
 
 struct RunResult {
-  int64_t steps = 0;
+  int64_t steps = 0;          // the run's step count at the end
+  int64_t session_steps = 0;  // steps done by this call
   double last_train_bpc = 0, last_valid_bpc = 0;
   bool interrupted = false;
 };
