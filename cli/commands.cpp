@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "xl_commands.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -121,6 +122,11 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
     cmd->callback([cmd, &run] {
       auto overrides = cmd->remaining();
       run = [overrides] {
+        if (xl::is_xl_config(config_path)) {
+          if (nproc != 1) fail("--nproc-per-node: Transformer-XL/PAR training runs in one process for now");
+          xl::train({config_path, data_dir, out_dir, overrides, resume, quiet, stop_after, threads});
+          return;
+        }
         if (launch_workers(nproc, program_args)) return;
         Config config = resolve_config(config_path, overrides);
         if (!data_dir.empty()) config.train.data = data_dir;
@@ -159,6 +165,7 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
   // ---- eval --------------------------------------------------------------------------------------
   {
     static std::string checkpoint, data_dir, split = "test", unit = "bpc", ids, vocab_path;
+    static bool unit_given = false;
     static int64_t batch = -1;
     static int eval_nproc = 1;
     auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the reference's protocol)");
@@ -166,13 +173,32 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
     cmd->add_option("--data", data_dir, "prepared data directory (default: the one the model was trained on)");
     cmd->add_option("--split", split, "train | valid | test")->capture_default_str();
     cmd->add_option("--batch", batch, "evaluation streams (default: the config's eval_batch_size, 8)");
-    cmd->add_option("--unit", unit, "bpc (characters) or ppl (words)")->capture_default_str();
+    cmd->add_option("--unit", unit, "bpc (characters) or ppl (words); Transformer-XL/PAR: the data's unit by default")
+        ->capture_default_str()
+        ->each([](const std::string&) { unit_given = true; });
     cmd->add_option("--ids", ids, "evaluate a headerless file of one-byte token ids of the checkpoint's vocabulary "
                                   "(e.g. the reference's valid.ids.u8) instead of a data split");
     cmd->add_option("--vocab", vocab_path, "vocab.txt the ids were made with; must be the checkpoint's vocabulary");
     cmd->add_option("--nproc-per-node", eval_nproc, "split the streams over N local processes (or use torchrun/SLURM variables)");
-    cmd->callback([&run] {
-      run = [] {
+    cmd->allow_extras();  // Transformer-XL/PAR: --eval_mem_len=1600 etc.
+    cmd->callback([cmd, &run] {
+      auto overrides = cmd->remaining();
+      run = [overrides] {
+        if (xl::is_xl_checkpoint(checkpoint)) {
+          if (eval_nproc != 1) fail("--nproc-per-node: Transformer-XL/PAR evaluation runs in one process for now");
+          xl::EvalArgs args;
+          args.checkpoint = checkpoint;
+          args.data_dir = data_dir;
+          args.split = split;
+          args.unit = unit_given ? unit : "";
+          args.overrides = overrides;
+          args.batch = batch;
+          args.threads = threads;
+          args.device = device;
+          xl::eval(args);
+          return;
+        }
+        if (!overrides.empty()) fail("unexpected arguments for an adaptive-span checkpoint: {}", fmt::join(overrides, " "));
         if (unit != "bpc" && unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", unit);
         if (launch_workers(eval_nproc, program_args)) return;
         auto group = dist::Group::from_env(dist::GroupOptions{});
@@ -289,7 +315,9 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
     get->callback([&run] {
       run = [] { data::get_dataset(name, out_dir.empty() ? "data/" + name : out_dir, url); };
     });
+    xl::add_data_commands(data_cmd, run);
   }
+  xl::add_par_commands(app, run);
 
   // ---- import / export (the Python reference's checkpoints) -------------------------------------
   {
@@ -338,8 +366,13 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
     static std::string config_path;
     static int64_t steps = 5, warmup = 2;
     static double span = -1;
-    static std::string span_dist;
+    static std::string span_dist, mode = "train";
+    static int64_t mem_len = -1, tgt_len = 0;
     auto* cmd = app.add_subcommand("bench", "training-step speed and memory on random tokens");
+    cmd->add_option("--mode", mode, "Transformer-XL/PAR: train (step time) or eval (time per token with a full memory)")
+        ->capture_default_str();
+    cmd->add_option("--mem-len", mem_len, "Transformer-XL/PAR eval mode: memory length (default: the config's eval_mem_len)");
+    cmd->add_option("--tgt-len", tgt_len, "Transformer-XL/PAR eval mode: segment length (default: the config's eval_tgt_len)");
     cmd->add_option("--config,-c", config_path, "JSON config")->required();
     cmd->add_option("--steps", steps, "timed steps")->capture_default_str();
     cmd->add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
@@ -351,6 +384,20 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
     cmd->callback([cmd, &run] {
       auto overrides = cmd->remaining();
       run = [overrides] {
+        if (xl::is_xl_config(config_path)) {
+          xl::BenchArgs args;
+          args.config_path = config_path;
+          args.mode = mode;
+          args.overrides = overrides;
+          args.steps = steps;
+          args.warmup = warmup;
+          args.mem_len = mem_len;
+          args.tgt_len = tgt_len;
+          args.threads = threads;
+          args.device = device;
+          xl::bench(args);
+          return;
+        }
         Config config = resolve_config(config_path, overrides);
         if (config.model.vocab_size == 0) config.model.vocab_size = 256;
         if (span >= 0) config.model.adapt_span_init = std::min(1.0, span / static_cast<double>(config.model.attn_span));

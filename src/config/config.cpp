@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "fields.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -9,44 +10,11 @@ namespace spanformer {
 namespace {
 
 using nlohmann::json;
-
-// One table per struct: name, and how to read/write the field. Keeps JSON, overrides and the
-// unknown-key check in sync.
-template <typename T>
-struct Field {
-  const char* name;
-  std::function<json(const T&)> get;
-  std::function<void(T&, const json&)> set;
-};
-
-template <typename T, typename V>
-Field<T> field(const char* name, V T::*member) {
-  return {name, [member](const T& t) { return json(t.*member); },
-          [member, name](T& t, const json& j) {
-            try {
-              if constexpr (std::is_same_v<V, bool>) {
-                if (!j.is_boolean()) throw std::invalid_argument("expected true or false");
-              } else if constexpr (std::is_integral_v<V>) {
-                if (!j.is_number_integer() && !(j.is_number_float() && std::floor(j.get<double>()) == j.get<double>()))
-                  throw std::invalid_argument("expected an integer");
-                if constexpr (std::is_unsigned_v<V>) {
-                  if (j.get<double>() < 0) throw std::invalid_argument("expected a non-negative integer");
-                }
-              } else if constexpr (std::is_floating_point_v<V>) {
-                if (!j.is_number()) throw std::invalid_argument("expected a number");
-              } else {
-                if (!j.is_string()) throw std::invalid_argument("expected a string");
-              }
-              if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
-                t.*member = j.is_number_integer() ? j.get<V>() : static_cast<V>(j.get<double>());
-              } else {
-                t.*member = j.get<V>();
-              }
-            } catch (const std::exception& e) {
-              fail("config key '{}': {} (got {})", name, e.what(), j.dump());
-            }
-          }};
-}
+using config_detail::Field;
+using config_detail::field;
+using config_detail::struct_to_json;
+using config_detail::find_field;
+using config_detail::read_section;
 
 const std::vector<Field<ModelConfig>>& model_fields() {
   static const std::vector<Field<ModelConfig>> fields = {
@@ -92,31 +60,6 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("dist_backend", &TrainConfig::dist_backend),
   };
   return fields;
-}
-
-template <typename T>
-json struct_to_json(const T& t, const std::vector<Field<T>>& fields) {
-  json j = json::object();
-  for (const auto& f : fields) j[f.name] = f.get(t);
-  return j;
-}
-
-template <typename T>
-const Field<T>* find_field(const std::vector<Field<T>>& fields, const std::string& name) {
-  for (const auto& f : fields)
-    if (name == f.name) return &f;
-  return nullptr;
-}
-
-template <typename T>
-void read_section(T& t, const json& j, const std::vector<Field<T>>& fields, const std::string& section,
-                  const std::string& origin) {
-  if (!j.is_object()) fail("{}: '{}' must be a JSON object", origin, section);
-  for (const auto& [key, value] : j.items()) {
-    const auto* f = find_field(fields, key);
-    if (!f) fail("{}: unknown config key '{}.{}'", origin, section, key);
-    f->set(t, value);
-  }
 }
 
 }  // namespace

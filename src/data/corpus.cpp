@@ -27,8 +27,7 @@ class TokenWriter {
  public:
   TokenWriter(const std::string& path, int64_t vocab_size) : path_(path), out_(path, std::ios::binary) {
     if (!out_) fail("cannot write {}", path);
-    header_.bytes_per_token = vocab_size <= 256 ? 1 : 2;
-    if (vocab_size > 65536) fail("vocabulary of {} tokens is too large for a token file", vocab_size);
+    header_.bytes_per_token = vocab_size <= 256 ? 1 : vocab_size <= 65536 ? 2 : 4;
     std::memcpy(header_.magic, kMagic, 8);
     header_.vocab_size = static_cast<uint32_t>(vocab_size);
     header_.count = 0;
@@ -38,9 +37,12 @@ class TokenWriter {
   void put(int64_t id) {
     if (header_.bytes_per_token == 1) {
       buffer_.push_back(static_cast<char>(id));
-    } else {
+    } else if (header_.bytes_per_token == 2) {
       auto v = static_cast<uint16_t>(id);
       buffer_.append(reinterpret_cast<const char*>(&v), 2);
+    } else {
+      auto v = static_cast<uint32_t>(id);
+      buffer_.append(reinterpret_cast<const char*>(&v), 4);
     }
     ++header_.count;
     if (buffer_.size() >= (1 << 20)) flush();
@@ -78,6 +80,7 @@ void for_each_byte(const uint8_t* data, int64_t begin, int64_t end, bool crlf_to
 std::string Vocab::decode(int64_t id) const {
   if (id < 0 || id >= size()) return "?";
   const auto& t = tokens[id];
+  if (word_level) return t == kEos ? "\n" : t + " ";
   if (t == kEos) return "\n";
   return std::string(1, static_cast<char>(std::stoi(t)));
 }
@@ -215,7 +218,7 @@ TokenFile::TokenFile(const std::string& path) : map_(path) {
     fail("{} is not a spanformer token file (bad header)", path);
   Header header;
   std::memcpy(&header, map_.data(), sizeof(header));
-  if (header.bytes_per_token != 1 && header.bytes_per_token != 2)
+  if (header.bytes_per_token != 1 && header.bytes_per_token != 2 && header.bytes_per_token != 4)
     fail("{} is corrupt: {} bytes per token", path, header.bytes_per_token);
   bytes_per_token_ = header.bytes_per_token;
   count_ = static_cast<int64_t>(header.count);
@@ -251,14 +254,18 @@ const TokenFile& Corpus::split(const std::string& name) const {
 Corpus load_corpus(const std::string& dir, const std::string& only_split) {
   Corpus corpus;
   corpus.dir = dir;
-  if (!file_exists(dir + "/vocab.txt"))
+  if (!file_exists(dir + "/vocab.txt") && file_exists(dir + "/words.txt")) {
+    corpus.vocab = read_word_vocab(dir + "/words.txt");
+  } else if (!file_exists(dir + "/vocab.txt"))
     fail("{}/vocab.txt not found: is '{}' a prepared data directory? (spanformer data prepare FILE --out DIR)", dir, dir);
-  corpus.vocab = read_vocab(dir + "/vocab.txt");
+  else
+    corpus.vocab = read_vocab(dir + "/vocab.txt");
   auto load = [&](const char* name, std::unique_ptr<TokenFile>& slot) {
     if (!only_split.empty() && only_split != name) return;
     slot = std::make_unique<TokenFile>(dir + "/" + name + ".bin");
     if (slot->vocab_size() != corpus.vocab.size())
-      fail("{}/{}.bin was prepared with {} tokens but vocab.txt has {}", dir, name, slot->vocab_size(), corpus.vocab.size());
+      fail("{}/{}.bin was prepared with {} tokens but {} has {}", dir, name, slot->vocab_size(),
+           corpus.vocab.word_level ? "words.txt" : "vocab.txt", corpus.vocab.size());
   };
   if (!only_split.empty() && only_split != "train" && only_split != "valid" && only_split != "test")
     fail("unknown split '{}' (train, valid or test)", only_split);

@@ -39,6 +39,8 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
     fail("{} is not a readable spanformer checkpoint (truncated, corrupt, or another format)", path);
   }
   c10::IValue format, config_text, vocab_text;
+  if (archive_.try_read("format", format) && format.isString() && format.toStringRef() == "spanformer-xl-checkpoint-v1")
+    fail("{} is a Transformer-XL/PAR checkpoint: this command works with adaptive-span checkpoints", path);
   if (!archive_.try_read("format", format) || !format.isString() || format.toStringRef() != kCheckpointFormat)
     fail("{} is not a spanformer checkpoint (no '{}' marker; reference models need `spanformer import`)", path,
          kCheckpointFormat);

@@ -67,7 +67,8 @@ void Optimizer::step(double lr) {
   }
   for (auto& s : slots_) {
     if (!s.param.grad().defined()) continue;
-    const auto& g = s.param.grad();
+    torch::Tensor g = s.param.grad();
+    if (options_.weight_decay > 0 && options_.kind == "adam") g = g + s.param * options_.weight_decay;
     if (options_.kind == "sgd") {
       if (options_.momentum > 0) {
         if (steps_ == 1) s.state1.copy_(g); else s.state1.mul_(options_.momentum).add_(g);

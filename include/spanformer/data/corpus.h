@@ -9,7 +9,7 @@
 // exactly the standard 90M / 5M / 5M split for enwik8 and text8 (n = 100M), and 90/5/5 for any file.
 //
 // Token file (train.bin, valid.bin, test.bin): a 24-byte header
-//     "SPFTOK01" | uint32 bytes_per_token (1 or 2) | uint32 vocab_size | uint64 count
+//     "SPFTOK01" | uint32 bytes_per_token (1, 2 or 4) | uint32 vocab_size | uint64 count
 // then `count` little-endian token ids. Memory-mapped at train time, never loaded whole.
 #pragma once
 #include <cstdint>
@@ -22,16 +22,20 @@ namespace spanformer::data {
 
 inline constexpr const char* kEos = "<eos>";
 
-// Token strings: "<eos>" or the decimal value of a byte ("97" is 'a'). Saved as vocab.txt.
+// Token strings: "<eos>" or the decimal value of a byte ("97" is 'a'), saved as vocab.txt; or, for
+// word-level data (data/words.h), words saved as words.txt.
 struct Vocab {
   std::vector<std::string> tokens;  // id -> token
+  bool word_level = false;
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
-  // Bytes of a token ("<eos>" -> "\n").
+  // Bytes of a token ("<eos>" -> "\n"; a word -> the word and a space).
   std::string decode(int64_t id) const;
   // Token id of a byte, or -1 when the byte is not in the vocabulary.
   std::vector<int64_t> byte_to_id() const;
 };
 Vocab read_vocab(const std::string& path);
+// words.txt: one word per line (no spaces), in id order; clear errors for empty files and repeats.
+Vocab read_word_vocab(const std::string& path);
 std::string vocab_to_text(const Vocab& vocab);
 
 struct PrepareOptions {
@@ -62,7 +66,9 @@ class TokenFile {
   int64_t size() const { return count_; }
   int64_t vocab_size() const { return vocab_size_; }
   int64_t at(int64_t i) const {
-    return bytes_per_token_ == 1 ? tokens_[i] : reinterpret_cast<const uint16_t*>(tokens_)[i];
+    return bytes_per_token_ == 1   ? tokens_[i]
+           : bytes_per_token_ == 2 ? reinterpret_cast<const uint16_t*>(tokens_)[i]
+                                   : static_cast<int64_t>(reinterpret_cast<const uint32_t*>(tokens_)[i]);
   }
   const std::string& path() const { return map_.path(); }
 

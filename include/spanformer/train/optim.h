@@ -6,7 +6,7 @@
 //     sum += g * g                      (the UNCLIPPED gradient)
 //     p  -= lr_t * g / (sqrt(sum) + 1e-10)
 // sgd: PyTorch SGD with momentum (buf = momentum * buf + g; p -= lr * buf), adam: PyTorch Adam
-// (betas 0.9, 0.999, eps 1e-8); both after global-norm clipping: g *= min(1, c / (||all g|| + 1e-6)).
+// (betas 0.9, 0.999, eps 1e-8, optional L2 weight_decay added to the gradient); both after global-norm clipping: g *= min(1, c / (||all g|| + 1e-6)).
 //
 // Every scale factor stays on the device: no host synchronisation per tensor.
 #pragma once
@@ -21,6 +21,7 @@ struct OptimizerOptions {
   std::string kind = "adagrad";  // adagrad | sgd | adam
   double momentum = 0.0;
   double grad_clip = 0.0;        // 0 = no clipping
+  double weight_decay = 0.0;     // adam only: g += weight_decay * p (PyTorch Adam's L2 term)
 };
 
 class Optimizer {

@@ -1,0 +1,121 @@
+// Configuration of the Transformer-XL family: Transformer-XL (Dai et al., ACL 2019), the PAR
+// Transformer (Mandava et al., 2020, arXiv 2009.04534) and its architecture search.
+//
+// A config file of this family says `"arch": "xl"` at the top level and has three sections:
+//   "model"  the network (names follow kimiyoung/transformer-xl's train.py flags),
+//   "search" the PAR super-network's schedule (only read when model.search is true),
+//   "train"  optimisation, data, evaluation protocol.
+// `--key=value` overrides work as for adaptive-span configs (bare or "section.key").
+//
+// Dims legend: B batch (streams), M segment length (tgt_len), Mm memory length (mem_len),
+// H = d_model, K = n_head, D = d_head, I = d_inner, E = d_embed, V vocabulary, N blocks.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spanformer {
+
+struct XlModelConfig {
+  int64_t vocab_size = 0;       // V; taken from the prepared data when 0
+  std::string layers;           // block string, 'a' attention / 'f' feed-forward ("" = "af" x n_layer)
+  int64_t n_layer = 4;          // Transformer-XL layers; the super-network has 2 x n_layer blocks
+  int64_t d_model = 256;        // H
+  int64_t n_head = 4;           // K
+  int64_t d_head = 64;          // D (K x D need not equal H)
+  int64_t d_inner = 1024;       // I
+  int64_t d_embed = 0;          // E, embedding width (0 = d_model)
+  double dropout = 0.1;         // embeddings, positions, attention output, feed-forward, last hidden
+  double dropatt = 0.0;         // attention probabilities
+  int64_t tgt_len = 128;        // M, segment length for training
+  int64_t mem_len = 128;        // Mm, hidden states kept per block
+  int64_t ext_len = 0;          // extended context: tokens re-read before each segment (not scored)
+  int64_t clamp_len = 0;        // distances above this use the same position vector (0 = no clamp)
+  bool same_length = false;     // every query sees the same number of keys
+  bool pre_lnorm = false;       // LayerNorm before each block instead of after the residual
+  bool untie_r = false;         // a separate (u, v) per attention block instead of one pair for all
+  bool adaptive = false;        // adaptive input and adaptive softmax with `cutoffs`
+  std::vector<int64_t> cutoffs;  // cluster boundaries in the frequency-sorted vocabulary
+  int64_t div_val = 1;          // cluster i has width E / div_val^i
+  bool tie_weight = true;       // output cluster weights = input embeddings
+  bool tie_projs = true;        // output projections of clusters 1.. = input projections
+  double init_std = 0.02;       // N(0, init_std) weights; LayerNorm weight N(1, init_std)
+  double proj_init_std = 0.01;  // N(0, proj_init_std) for adaptive projections
+  // PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}.
+  bool search = false;
+  bool search_hard = false;            // straight-through one-hot samples instead of soft ones
+  std::string search_eval = "softmax";  // weights without noise at evaluation: softmax | argmax
+  // Adaptive span (Sukhbaatar et al. 2019) inside every attention block.
+  bool adapt_span = false;
+  int64_t attn_span = 0;               // L, the largest span (0 = mem_len + tgt_len)
+  int64_t adapt_span_ramp = 32;        // R
+  double adapt_span_init = 1.0;        // initial z / L
+  double adapt_span_loss = 2e-6;       // span-loss coefficient
+
+  int64_t embed_dim() const { return d_embed > 0 ? d_embed : d_model; }
+  int64_t span_limit() const { return attn_span > 0 ? attn_span : mem_len + tgt_len; }
+  // The block string of a plain model ("af" x n_layer when `layers` is empty); 2 x n_layer blocks
+  // for a super-network.
+  std::string block_string() const;
+  int64_t nb_blocks() const;
+};
+
+struct XlSearchConfig {
+  double arch_lr = 1e-2;             // Adam on the architecture logits alpha
+  double arch_weight_decay = 5e-4;   // L2 term added to alpha's gradient (PyTorch Adam weight_decay)
+  int64_t arch_freeze_steps = 0;     // alpha stays fixed for the first N steps (weights warm up)
+  double tau0 = 1.0, tau1 = 0.1;     // Gumbel-softmax temperature from tau0 to tau1 over the run
+  std::string tau_schedule = "exp";  // exp | linear | constant
+};
+
+struct XlTrainConfig {
+  std::string data;               // prepared directory: words (data words) or bytes (data prepare)
+  int64_t batch_size = 22;        // B streams
+  int64_t batch_split = 1;        // gradient accumulation over B / batch_split streams
+  std::string optim = "adam";     // adam | sgd
+  double lr = 2.5e-4;
+  double lr_min = 0.0;            // eta_min of the cosine schedule
+  std::string scheduler = "cosine";  // cosine | constant
+  int64_t warmup_steps = 0;       // linear warmup
+  double grad_clip = 0.25;        // global gradient norm (0 = none)
+  int64_t nb_steps = 400000;
+  int64_t eval_interval = 4000;   // steps between validations, log records, checkpoints
+  int64_t eval_segments = 0;      // validation segments per interval (0 = the whole valid split)
+  int64_t checkpoint_interval = 0;  // 0 = at every eval_interval
+  uint64_t seed = 1111;
+  int64_t threads = 0;            // 0 = all cores
+  std::string device = "cpu";
+  // Evaluation protocol (full evaluation with `spanformer eval`; validation during training uses
+  // the training lengths).
+  int64_t eval_batch_size = 10;
+  int64_t eval_tgt_len = 0;       // 0 = tgt_len
+  int64_t eval_mem_len = -1;      // -1 = mem_len
+  int64_t eval_clamp_len = -1;    // -1 = clamp_len
+  bool eval_same_length = false;
+};
+
+struct XlConfig {
+  XlModelConfig model;
+  XlSearchConfig search;
+  XlTrainConfig train;
+};
+
+nlohmann::json to_json(const XlConfig& config);
+nlohmann::json to_json(const XlModelConfig& config);
+XlConfig xl_config_from_json(const nlohmann::json& j, const std::string& origin);
+XlConfig load_xl_config(const std::string& path);
+void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides);
+
+// The "arch" of a config file: "xl" or "adaptive-span" (no "arch" key). Clear errors for unreadable files.
+std::string config_arch(const std::string& path);
+
+// Throws Error naming the first invalid value.
+void validate(const XlModelConfig& config);
+void validate(const XlConfig& config);
+
+// Names the first difference between two model configs ("" when equal).
+std::string xl_model_difference(const XlModelConfig& a, const XlModelConfig& b);
+
+}  // namespace spanformer

@@ -1,0 +1,144 @@
+// Transformer-XL (Dai et al., ACL 2019; kimiyoung/transformer-xl, mem_transformer.py, attn_type 0)
+// written as a sequence of blocks, which makes it also the PAR Transformer and its super-network
+// (Mandava et al. 2020):
+//
+//   x (B, Q) token ids                              Q = e + M: e re-read tokens (ext_len), M scored
+//   h = drop(AdaptiveEmbedding(x))                  (B, Q, H)   scaled by sqrt(H)
+//   r = drop(sinusoid(Kl-1, ..., 1, 0))             (Kl, H)     Kl = Mm + Q; distances clamped at clamp_len
+//   for each block b (kinds from the layer string):
+//     'a' attention:     h = LN(h + drop(RelAttn(h, mem_b, r)))       (post-norm; pre-norm by flag)
+//     'f' feed-forward:  h = LN(h + drop(W2 drop(relu(W1 h))))
+//     's' stochastic:    h = w_a * attention(h) + w_f * feed_forward(h) + w_i * h
+//                        w = GumbelSoftmax(alpha_b, tau) in training, softmax(alpha_b) or
+//                        one_hot(argmax alpha_b) at evaluation (no noise)
+//   h = drop(h)                                     (B, Q, H)
+//   nll = AdaptiveLogSoftmax(h, targets)            (B, Q)
+//
+// A Transformer-XL layer is "af"; the classic model is "af" x n_layer. Memory: every block that can
+// attend keeps its own INPUT hidden states of the previous segments, (B, Mm, H), detached; after a
+// segment it holds the last min(mem_len, Mm + Q - ext_len) of [mem, h_in] (the reference's _update_mems).
+//
+// RelAttn (the four terms of the paper, sec. 3.3), heads K of width D:
+//   q, k, v = split(W_qkv [mem; h])          q (B, K, M, D) from the last M rows, k, v (B, K, Kl, D)
+//   r_k = W_r r                              (K, Kl, D)
+//   score = ((q + u) k^T + rel_shift((q + v) r_k^T)) / sqrt(D)      (B, K, M, Kl)
+//   masked (future keys, and with same_length keys beyond the common window) -> -inf, softmax,
+//   [adaptive span: multiply by m_z(distance), renormalise], dropatt, @ v, W_o.
+// u, v (K, D) are shared by all blocks, or per block with untie_r.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <vector>
+
+#include "spanformer/config/xl_config.h"
+#include "spanformer/nn/adaptive_softmax.h"
+#include "spanformer/nn/adaptive_span.h"
+
+namespace spanformer::models::xl {
+
+// Shifts row i of x (..., Q, R) left by Q - 1 - i, as the reference's _rel_shift (pad a zero column,
+// view as (R + 1, Q), drop the first row): for R = Mm + Q and r ordered by decreasing distance,
+// out[i][j] = x[i][j + Q - 1 - i], the term of distance Mm + i - j, for every unmasked j <= Mm + i.
+torch::Tensor rel_shift(const torch::Tensor& x);
+
+// pos (R) distances -> (R, H): [sin(pos * f) | cos(pos * f)], f_k = 1 / 10000^(2k / H) (concatenated,
+// not interleaved, as the reference).
+torch::Tensor sinusoid(const torch::Tensor& pos, int64_t d_model);
+
+// (Q, Mm + Q) bool, true where query i may NOT see key j: j > Mm + i, and with same_length also
+// j <= i - s where s = Q - (Mm + Q - mem_len) if that is positive, else Q (the reference's dec_attn_mask).
+torch::Tensor attention_mask(int64_t qlen, int64_t mlen, bool same_length, int64_t mem_len, torch::Device device);
+
+// Run-time lengths (training and evaluation use different ones).
+struct Lengths {
+  int64_t mem_len = 0, ext_len = 0, clamp_len = 0;
+  bool same_length = false;
+  static Lengths of(const XlModelConfig& c) { return {c.mem_len, c.ext_len, c.clamp_len, c.same_length}; }
+};
+
+class RelAttentionImpl : public torch::nn::Module {
+ public:
+  explicit RelAttentionImpl(const XlModelConfig& config);
+  // h (B, M, H), mem (B, Mm, H), r (Mm + M, H), u, v (K, D), mask (M, Mm + M) -> (B, M, H)
+  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& mem, const torch::Tensor& r,
+                        const torch::Tensor& u, const torch::Tensor& v, const torch::Tensor& mask);
+
+  torch::nn::Linear qkv{nullptr}, r_net{nullptr}, o_net{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Dropout drop{nullptr}, dropatt{nullptr};
+  torch::Tensor r_w_bias, r_r_bias;  // (K, D), only with untie_r
+  nn::AdaptiveSpan span{nullptr};    // only with adapt_span
+
+ private:
+  int64_t K_, D_;
+  bool pre_lnorm_;
+};
+TORCH_MODULE(RelAttention);
+
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  explicit FeedForwardImpl(const XlModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& h);  // (B, M, H) -> (B, M, H)
+
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Dropout drop{nullptr};
+
+ private:
+  bool pre_lnorm_;
+};
+TORCH_MODULE(FeedForward);
+
+inline constexpr int64_t kAttention = 0, kFeedForward = 1, kIdentity = 2;  // columns of block weights
+
+class XlModelImpl : public torch::nn::Module {
+ public:
+  explicit XlModelImpl(const XlModelConfig& config);
+
+  // x (B, Q) int64; mems: one (B, Mm, H) per block ((B, 0, H) for blocks that never attend), replaced
+  // by the next segment's. weights (N, 3): the super-network's block weights (undefined for a plain
+  // model). Returns the last hidden state (B, Q, H).
+  torch::Tensor forward(const torch::Tensor& x, std::vector<torch::Tensor>& mems, const Lengths& lengths,
+                        const torch::Tensor& weights = {});
+  // hidden (B, M, H), targets (B, M) -> per-token NLL (B, M), nats.
+  torch::Tensor nll(const torch::Tensor& hidden, const torch::Tensor& targets) const;
+  // hidden (B, M, H) -> (B, M, V) log-probabilities.
+  torch::Tensor log_prob(const torch::Tensor& hidden) const;
+
+  std::vector<torch::Tensor> initial_mems(int64_t batch) const;  // (B, 0, H) each
+
+  // Super-network: block weights for a training step (Gumbel-softmax) and for evaluation (no noise).
+  torch::Tensor sample_weights(double tau, bool hard) const;
+  torch::Tensor eval_weights() const;
+  torch::Tensor probs() const;  // softmax(alpha) (N, 3), detached
+
+  torch::Tensor span_loss() const;  // 0-dim; 0 without adaptive span
+  void clamp_spans();
+  std::vector<std::vector<double>> spans() const;  // per attention block, z per head
+
+  // Parameters trained by the main optimizer (everything but alpha) and by the architecture optimizer.
+  std::vector<std::pair<std::string, torch::Tensor>> weight_parameters() const;
+  std::vector<std::pair<std::string, torch::Tensor>> arch_parameters() const;
+
+  const XlModelConfig& config() const { return config_; }
+  const std::string& blocks() const { return blocks_; }
+
+  nn::AdaptiveEmbedding word_emb{nullptr};
+  nn::AdaptiveLogSoftmax crit{nullptr};
+  torch::Tensor r_w_bias, r_r_bias;        // (K, D) shared (without untie_r)
+  std::vector<RelAttention> attn;           // per block; null for 'f' blocks
+  std::vector<FeedForward> ff;              // per block; null for 'a' blocks
+  torch::Tensor alpha;                      // (N, 3) architecture logits (super-network only)
+  torch::nn::Dropout drop{nullptr};
+
+ private:
+  XlModelConfig config_;
+  std::string blocks_;  // 'a', 'f' or 's' per block
+};
+TORCH_MODULE(XlModel);
+
+}  // namespace spanformer::models::xl

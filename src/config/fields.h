@@ -1,0 +1,90 @@
+// Config tables shared by every config type (internal to the library).
+//
+// One table per struct: each entry names a key and says how to read and write the field, so JSON
+// output, JSON input, `--key=value` overrides and the unknown-key check stay in sync.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "spanformer/util/error.h"
+
+namespace spanformer::config_detail {
+
+using nlohmann::json;
+
+template <typename V>
+struct is_int_vector : std::false_type {};
+template <>
+struct is_int_vector<std::vector<int64_t>> : std::true_type {};
+
+template <typename T>
+struct Field {
+  const char* name;
+  std::function<json(const T&)> get;
+  std::function<void(T&, const json&)> set;
+};
+
+template <typename T, typename V>
+Field<T> field(const char* name, V T::*member) {
+  return {name, [member](const T& t) { return json(t.*member); },
+          [member, name](T& t, const json& j) {
+            try {
+              if constexpr (std::is_same_v<V, bool>) {
+                if (!j.is_boolean()) throw std::invalid_argument("expected true or false");
+              } else if constexpr (std::is_integral_v<V>) {
+                if (!j.is_number_integer() && !(j.is_number_float() && std::floor(j.get<double>()) == j.get<double>()))
+                  throw std::invalid_argument("expected an integer");
+                if constexpr (std::is_unsigned_v<V>) {
+                  if (j.get<double>() < 0) throw std::invalid_argument("expected a non-negative integer");
+                }
+              } else if constexpr (is_int_vector<V>::value) {
+                if (!j.is_array()) throw std::invalid_argument("expected a list of integers");
+                for (const auto& e : j)
+                  if (!e.is_number_integer()) throw std::invalid_argument("expected a list of integers");
+              } else if constexpr (std::is_floating_point_v<V>) {
+                if (!j.is_number()) throw std::invalid_argument("expected a number");
+              } else {
+                if (!j.is_string()) throw std::invalid_argument("expected a string");
+              }
+              if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
+                t.*member = j.is_number_integer() ? j.get<V>() : static_cast<V>(j.get<double>());
+              } else {
+                t.*member = j.get<V>();
+              }
+            } catch (const std::exception& e) {
+              fail("config key '{}': {} (got {})", name, e.what(), j.dump());
+            }
+          }};
+}
+
+template <typename T>
+json struct_to_json(const T& t, const std::vector<Field<T>>& fields) {
+  json j = json::object();
+  for (const auto& f : fields) j[f.name] = f.get(t);
+  return j;
+}
+
+template <typename T>
+const Field<T>* find_field(const std::vector<Field<T>>& fields, const std::string& name) {
+  for (const auto& f : fields)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+template <typename T>
+void read_section(T& t, const json& j, const std::vector<Field<T>>& fields, const std::string& section,
+                  const std::string& origin) {
+  if (!j.is_object()) fail("{}: '{}' must be a JSON object", origin, section);
+  for (const auto& [key, value] : j.items()) {
+    const auto* f = find_field(fields, key);
+    if (!f) fail("{}: unknown config key '{}.{}'", origin, section, key);
+    f->set(t, value);
+  }
+}
+
+}  // namespace spanformer::config_detail

@@ -1,0 +1,266 @@
+#include "spanformer/config/xl_config.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fields.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
+
+namespace spanformer {
+namespace {
+
+using nlohmann::json;
+using config_detail::Field;
+using config_detail::field;
+using config_detail::find_field;
+using config_detail::read_section;
+using config_detail::struct_to_json;
+
+const std::vector<Field<XlModelConfig>>& model_fields() {
+  using C = XlModelConfig;
+  static const std::vector<Field<C>> fields = {
+      field("vocab_size", &C::vocab_size),       field("layers", &C::layers),
+      field("n_layer", &C::n_layer),             field("d_model", &C::d_model),
+      field("n_head", &C::n_head),               field("d_head", &C::d_head),
+      field("d_inner", &C::d_inner),             field("d_embed", &C::d_embed),
+      field("dropout", &C::dropout),             field("dropatt", &C::dropatt),
+      field("tgt_len", &C::tgt_len),             field("mem_len", &C::mem_len),
+      field("ext_len", &C::ext_len),             field("clamp_len", &C::clamp_len),
+      field("same_length", &C::same_length),     field("pre_lnorm", &C::pre_lnorm),
+      field("untie_r", &C::untie_r),             field("adaptive", &C::adaptive),
+      field("cutoffs", &C::cutoffs),             field("div_val", &C::div_val),
+      field("tie_weight", &C::tie_weight),       field("tie_projs", &C::tie_projs),
+      field("init_std", &C::init_std),           field("proj_init_std", &C::proj_init_std),
+      field("search", &C::search),               field("search_hard", &C::search_hard),
+      field("search_eval", &C::search_eval),     field("adapt_span", &C::adapt_span),
+      field("attn_span", &C::attn_span),         field("adapt_span_ramp", &C::adapt_span_ramp),
+      field("adapt_span_init", &C::adapt_span_init), field("adapt_span_loss", &C::adapt_span_loss),
+  };
+  return fields;
+}
+
+const std::vector<Field<XlSearchConfig>>& search_fields() {
+  using C = XlSearchConfig;
+  static const std::vector<Field<C>> fields = {
+      field("arch_lr", &C::arch_lr),         field("arch_weight_decay", &C::arch_weight_decay),
+      field("arch_freeze_steps", &C::arch_freeze_steps), field("tau0", &C::tau0),
+      field("tau1", &C::tau1),               field("tau_schedule", &C::tau_schedule),
+  };
+  return fields;
+}
+
+const std::vector<Field<XlTrainConfig>>& train_fields() {
+  using C = XlTrainConfig;
+  static const std::vector<Field<C>> fields = {
+      field("data", &C::data),                 field("batch_size", &C::batch_size),
+      field("batch_split", &C::batch_split),   field("optim", &C::optim),
+      field("lr", &C::lr),                     field("lr_min", &C::lr_min),
+      field("scheduler", &C::scheduler),       field("warmup_steps", &C::warmup_steps),
+      field("grad_clip", &C::grad_clip),       field("nb_steps", &C::nb_steps),
+      field("eval_interval", &C::eval_interval), field("eval_segments", &C::eval_segments),
+      field("checkpoint_interval", &C::checkpoint_interval), field("seed", &C::seed),
+      field("threads", &C::threads),           field("device", &C::device),
+      field("eval_batch_size", &C::eval_batch_size), field("eval_tgt_len", &C::eval_tgt_len),
+      field("eval_mem_len", &C::eval_mem_len), field("eval_clamp_len", &C::eval_clamp_len),
+      field("eval_same_length", &C::eval_same_length),
+  };
+  return fields;
+}
+
+json parse_json_file(const std::string& path) {
+  std::string text = read_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail("{} is not valid JSON: {}", path, e.what());
+  }
+}
+
+}  // namespace
+
+std::string XlModelConfig::block_string() const {
+  if (search) return std::string(static_cast<size_t>(2 * std::max<int64_t>(n_layer, 0)), 's');
+  if (!layers.empty()) return layers;
+  std::string s;
+  for (int64_t i = 0; i < n_layer; ++i) s += "af";
+  return s;
+}
+
+int64_t XlModelConfig::nb_blocks() const { return static_cast<int64_t>(block_string().size()); }
+
+json to_json(const XlModelConfig& config) { return struct_to_json(config, model_fields()); }
+
+json to_json(const XlConfig& config) {
+  return json{{"arch", "xl"},
+              {"model", to_json(config.model)},
+              {"search", struct_to_json(config.search, search_fields())},
+              {"train", struct_to_json(config.train, train_fields())}};
+}
+
+XlConfig xl_config_from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
+  if (!j.contains("arch") || j["arch"] != "xl") fail("{}: not a Transformer-XL/PAR config (\"arch\": \"xl\" missing)", origin);
+  XlConfig config;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      read_section(config.model, value, model_fields(), "model", origin);
+    } else if (key == "search") {
+      read_section(config.search, value, search_fields(), "search", origin);
+    } else if (key == "train") {
+      read_section(config.train, value, train_fields(), "train", origin);
+    } else if (key != "arch" && key != "description") {
+      fail("{}: unknown config section '{}' (expected 'model', 'search' and 'train')", origin, key);
+    }
+  }
+  return config;
+}
+
+XlConfig load_xl_config(const std::string& path) { return xl_config_from_json(parse_json_file(path), path); }
+
+std::string config_arch(const std::string& path) {
+  json j = parse_json_file(path);
+  if (!j.is_object()) fail("{}: a config must be a JSON object", path);
+  if (!j.contains("arch")) return "adaptive-span";
+  if (!j["arch"].is_string() || (j["arch"] != "xl" && j["arch"] != "adaptive-span"))
+    fail("{}: unknown arch {} (xl or adaptive-span)", path, j["arch"].dump());
+  return j["arch"].get<std::string>();
+}
+
+void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides) {
+  for (std::string item : overrides) {
+    if (item.rfind("--", 0) == 0) item = item.substr(2);
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) fail("override '{}' must look like --key=value", item);
+    std::string key = item.substr(0, eq), text = item.substr(eq + 1), section;
+    for (auto& c : key)
+      if (c == '-') c = '_';
+    if (auto dot = key.find('.'); dot != std::string::npos) {
+      section = key.substr(0, dot);
+      key = key.substr(dot + 1);
+    }
+    json value;
+    try {
+      value = json::parse(text);
+    } catch (const json::parse_error&) {
+      value = text;
+    }
+    // A string-valued key takes the text as it is ("1e-3" stays a string only where strings belong).
+    auto set = [&](auto& target, const auto& fields) {
+      const auto* f = find_field(fields, key);
+      if (!f) return false;
+      f->set(target, f->get(target).is_string() ? json(text) : value);
+      return true;
+    };
+    if ((section.empty() || section == "model") && set(config.model, model_fields())) continue;
+    if ((section.empty() || section == "search") && set(config.search, search_fields())) continue;
+    if ((section.empty() || section == "train") && set(config.train, train_fields())) continue;
+    fail("unknown config key '{}' in override '{}'", key, item);
+  }
+}
+
+void validate(const XlModelConfig& c) {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
+  };
+  positive("d_model", c.d_model);
+  positive("n_head", c.n_head);
+  positive("d_head", c.d_head);
+  positive("d_inner", c.d_inner);
+  positive("tgt_len", c.tgt_len);
+  if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
+  if (c.d_embed < 0) fail("config: d_embed must be >= 0 (got {})", c.d_embed);
+  if (c.mem_len < 0) fail("config: mem_len must be >= 0 (got {})", c.mem_len);
+  if (c.ext_len < 0) fail("config: ext_len must be >= 0 (got {})", c.ext_len);
+  if (c.clamp_len < -1) fail("config: clamp_len must be >= 0 (0 or -1: no clamp; got {})", c.clamp_len);
+  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
+  if (!(c.dropatt >= 0 && c.dropatt < 1)) fail("config: dropatt must be in [0, 1) (got {})", c.dropatt);
+  if (!(c.init_std > 0) || !(c.proj_init_std > 0)) fail("config: init_std and proj_init_std must be positive");
+  if (c.search) {
+    positive("n_layer", c.n_layer);
+    if (!c.layers.empty()) fail("config: a super-network (search: true) has 2 x n_layer mixed blocks; leave 'layers' empty");
+  } else if (c.layers.empty()) {
+    positive("n_layer", c.n_layer);
+  } else {
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      const char ch = c.layers[i];
+      if (ch != 'a' && ch != 'f')
+        fail("config: layers \"{}\": unknown block '{}' at position {} (a = attention, f = feed-forward)", c.layers,
+             std::string(1, ch), i);
+    }
+  }
+  if (c.search_eval != "softmax" && c.search_eval != "argmax")
+    fail("config: search_eval must be softmax or argmax (got '{}')", c.search_eval);
+  if (c.adaptive) {
+    if (c.div_val < 1) fail("config: div_val must be >= 1 (got {})", c.div_val);
+    for (size_t i = 0; i < c.cutoffs.size(); ++i) {
+      if (c.cutoffs[i] <= 0) fail("config: cutoffs must be positive (got {} at position {})", c.cutoffs[i], i);
+      if (i > 0 && c.cutoffs[i] <= c.cutoffs[i - 1])
+        fail("config: cutoffs must be strictly increasing (got {} after {})", c.cutoffs[i], c.cutoffs[i - 1]);
+      if (c.vocab_size > 0 && c.cutoffs[i] >= c.vocab_size)
+        fail("config: cutoff {} is out of range: it must be below the vocabulary size {}", c.cutoffs[i], c.vocab_size);
+    }
+    int64_t width = c.embed_dim();
+    for (size_t i = 0; i <= c.cutoffs.size(); ++i) {
+      if (width < 1) fail("config: d_embed {} / div_val^{} is below 1: fewer clusters or a smaller div_val", c.embed_dim(), i);
+      width /= c.div_val;
+    }
+  }
+  if (c.adapt_span) {
+    positive("adapt_span_ramp", c.adapt_span_ramp);
+    if (c.attn_span < 0) fail("config: attn_span must be >= 0 (got {})", c.attn_span);
+    if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
+      fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
+    if (!(c.adapt_span_loss >= 0)) fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
+  }
+}
+
+void validate(const XlConfig& config) {
+  validate(config.model);
+  const auto& s = config.search;
+  if (config.model.search) {
+    if (!(s.arch_lr > 0)) fail("config: arch_lr must be positive (got {})", s.arch_lr);
+    if (!(s.arch_weight_decay >= 0)) fail("config: arch_weight_decay must be >= 0 (got {})", s.arch_weight_decay);
+    if (s.arch_freeze_steps < 0) fail("config: arch_freeze_steps must be >= 0 (got {})", s.arch_freeze_steps);
+    if (!(s.tau0 > 0) || !(s.tau1 > 0) || !std::isfinite(s.tau0) || !std::isfinite(s.tau1))
+      fail("config: tau0 and tau1 must be positive (got {} and {}); tau = 0 is not a distribution", s.tau0, s.tau1);
+    if (s.tau_schedule != "exp" && s.tau_schedule != "linear" && s.tau_schedule != "constant")
+      fail("config: tau_schedule must be exp, linear or constant (got '{}')", s.tau_schedule);
+  }
+  const auto& t = config.train;
+  if (t.batch_size <= 0) fail("config: batch_size must be positive (got {})", t.batch_size);
+  if (t.batch_split <= 0 || t.batch_size % t.batch_split != 0)
+    fail("config: batch_split ({}) must be positive and divide batch_size ({})", t.batch_split, t.batch_size);
+  if (t.optim != "adam" && t.optim != "sgd") fail("config: optim must be adam or sgd (got '{}')", t.optim);
+  if (t.scheduler != "cosine" && t.scheduler != "constant")
+    fail("config: scheduler must be cosine or constant (got '{}')", t.scheduler);
+  if (!(t.lr > 0 && std::isfinite(t.lr))) fail("config: lr must be positive (got {})", t.lr);
+  if (!(t.lr_min >= 0 && t.lr_min <= t.lr)) fail("config: lr_min must be in [0, lr] (got {})", t.lr_min);
+  if (t.warmup_steps < 0) fail("config: warmup_steps must be >= 0 (got {})", t.warmup_steps);
+  if (!(t.grad_clip >= 0)) fail("config: grad_clip must be >= 0 (got {})", t.grad_clip);
+  if (t.nb_steps <= 0) fail("config: nb_steps must be positive (got {})", t.nb_steps);
+  if (t.eval_interval <= 0) fail("config: eval_interval must be positive (got {})", t.eval_interval);
+  if (t.eval_segments < 0) fail("config: eval_segments must be >= 0 (got {})", t.eval_segments);
+  if (t.checkpoint_interval < 0) fail("config: checkpoint_interval must be >= 0 (got {})", t.checkpoint_interval);
+  if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
+  if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
+    fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
+  if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
+  if (t.eval_tgt_len < 0) fail("config: eval_tgt_len must be >= 0 (got {})", t.eval_tgt_len);
+  if (t.eval_mem_len < -1) fail("config: eval_mem_len must be >= 0 (-1: mem_len; got {})", t.eval_mem_len);
+  if (t.eval_clamp_len < -1) fail("config: eval_clamp_len must be >= 0 (-1: clamp_len; got {})", t.eval_clamp_len);
+}
+
+std::string xl_model_difference(const XlModelConfig& a, const XlModelConfig& b) {
+  auto ja = to_json(a), jb = to_json(b);
+  for (const auto& [key, value] : ja.items()) {
+    // Lengths and the evaluation mode of the super-network are run-time choices, not the model.
+    if (key == "tgt_len" || key == "mem_len" || key == "ext_len" || key == "clamp_len" || key == "same_length" ||
+        key == "search_eval" || key == "dropout" || key == "dropatt")
+      continue;
+    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
+  }
+  return "";
+}
+
+}  // namespace spanformer

@@ -1,0 +1,271 @@
+#include "spanformer/models/xl.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+#include "spanformer/nn/gumbel.h"
+#include "spanformer/util/error.h"
+
+namespace spanformer::models::xl {
+
+torch::Tensor rel_shift(const torch::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  const int64_t Q = sizes[sizes.size() - 2], R = sizes.back();
+  auto pad_sizes = sizes;
+  pad_sizes.back() = 1;
+  auto padded = torch::cat({torch::zeros(pad_sizes, x.options()), x}, -1);  // (..., Q, R + 1)
+  auto view_sizes = sizes;
+  view_sizes[view_sizes.size() - 2] = R + 1;
+  view_sizes.back() = Q;
+  padded = padded.view(view_sizes);                                          // (..., R + 1, Q)
+  return padded.narrow(-2, 1, R).reshape(sizes);                             // (..., Q, R)
+}
+
+torch::Tensor sinusoid(const torch::Tensor& pos, int64_t d_model) {
+  auto inv_freq = 1.0 / torch::pow(10000.0, torch::arange(0, d_model, 2, pos.options()) / static_cast<double>(d_model));
+  auto angles = torch::outer(pos, inv_freq);                  // (R, H / 2)
+  return torch::cat({torch::sin(angles), torch::cos(angles)}, -1);  // (R, H)
+}
+
+torch::Tensor attention_mask(int64_t qlen, int64_t mlen, bool same_length, int64_t mem_len, torch::Device device) {
+  const int64_t klen = mlen + qlen;
+  auto ones = torch::ones({qlen, klen}, torch::TensorOptions().dtype(torch::kBool).device(device));
+  auto mask = torch::triu(ones, 1 + mlen);  // future keys
+  if (same_length) {
+    const int64_t mask_len = klen - mem_len;
+    const int64_t shift = mask_len > 0 ? qlen - mask_len : qlen;
+    mask = mask | torch::tril(ones, -shift);
+  }
+  return mask;
+}
+
+// ---- blocks ------------------------------------------------------------------------------------
+
+RelAttentionImpl::RelAttentionImpl(const XlModelConfig& c) : K_(c.n_head), D_(c.d_head), pre_lnorm_(c.pre_lnorm) {
+  const int64_t H = c.d_model, KD = c.n_head * c.d_head;
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(H, 3 * KD).bias(false)));
+  r_net = register_module("r_net", torch::nn::Linear(torch::nn::LinearOptions(H, KD).bias(false)));
+  o_net = register_module("o_net", torch::nn::Linear(torch::nn::LinearOptions(KD, H).bias(false)));
+  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  dropatt = register_module("dropatt", torch::nn::Dropout(c.dropatt));
+  if (c.untie_r) {
+    r_w_bias = register_parameter("r_w_bias", torch::randn({K_, D_}) * c.init_std);
+    r_r_bias = register_parameter("r_r_bias", torch::randn({K_, D_}) * c.init_std);
+  }
+  if (c.adapt_span) {
+    span = register_module("span", nn::AdaptiveSpan(nn::AdaptiveSpanOptions(c.span_limit(), c.n_head)
+                                                        .ramp(c.adapt_span_ramp)
+                                                        .init(c.adapt_span_init)
+                                                        .loss_coeff(c.adapt_span_loss)
+                                                        .adapt_cache(false)));
+  }
+}
+
+torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Tensor& mem, const torch::Tensor& r,
+                                        const torch::Tensor& u_shared, const torch::Tensor& v_shared,
+                                        const torch::Tensor& mask) {
+  const int64_t B = h.size(0), M = h.size(1), Mm = mem.size(1), Kl = Mm + M;
+  const auto& u = r_w_bias.defined() ? r_w_bias : u_shared;
+  const auto& v = r_r_bias.defined() ? r_r_bias : v_shared;
+  auto cat = Mm > 0 ? torch::cat({mem, h}, 1) : h;                           // (B, Kl, H)
+  auto heads = qkv(pre_lnorm_ ? norm(cat) : cat);                           // (B, Kl, 3KD)
+  auto parts = heads.chunk(3, -1);
+  auto q = parts[0].narrow(1, Mm, M).view({B, M, K_, D_}).transpose(1, 2);  // (B, K, M, D)
+  auto k = parts[1].view({B, Kl, K_, D_}).permute({0, 2, 3, 1});            // (B, K, D, Kl)
+  auto val = parts[2].view({B, Kl, K_, D_}).transpose(1, 2);                // (B, K, Kl, D)
+  auto rk = r_net(r).view({Kl, K_, D_}).permute({1, 2, 0});                 // (K, D, Kl)
+  auto ac = torch::matmul(q + u.view({1, K_, 1, D_}), k);                   // (B, K, M, Kl) content
+  auto bd = rel_shift(torch::matmul(q + v.view({1, K_, 1, D_}), rk));       // (B, K, M, Kl) position
+  auto score = (ac + bd) * (1.0 / std::sqrt(static_cast<double>(D_)));
+  score = score.masked_fill(mask.view({1, 1, M, Kl}), -std::numeric_limits<float>::infinity());
+  auto prob = torch::softmax(score, -1);                                    // (B, K, M, Kl)
+  if (span) {
+    // m_z(d) = clamp((R + z - d) / R, 0, 1) at distance d = Mm + i - j (0: the query itself).
+    const double L = static_cast<double>(span->options().attn_span()), R = static_cast<double>(span->options().ramp());
+    auto i = torch::arange(M, h.options()).view({M, 1});
+    auto j = torch::arange(Kl, h.options()).view({1, Kl});
+    auto d = (static_cast<double>(Mm) + i - j).view({1, M, Kl});            // (1, M, Kl)
+    auto z = (span->span_ratio * L).view({K_, 1, 1});                       // (K, 1, 1)
+    auto m = ((R + z - d) / R).clamp(0, 1);                                 // (K, M, Kl)
+    prob = prob * m.unsqueeze(0);
+    prob = prob / (prob.sum(-1, true) + 1e-8);
+  }
+  prob = dropatt(prob);
+  auto out = torch::matmul(prob, val).transpose(1, 2).reshape({B, M, K_ * D_});  // (B, M, KD)
+  out = drop(o_net(out));                                                        // (B, M, H)
+  return pre_lnorm_ ? h + out : norm(h + out);
+}
+
+FeedForwardImpl::FeedForwardImpl(const XlModelConfig& c) : pre_lnorm_(c.pre_lnorm) {
+  fc1 = register_module("fc1", torch::nn::Linear(c.d_model, c.d_inner));
+  fc2 = register_module("fc2", torch::nn::Linear(c.d_inner, c.d_model));
+  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& h) {
+  auto core = [&](const torch::Tensor& x) { return drop(fc2(drop(torch::relu(fc1(x))))); };  // (B, M, H)
+  return pre_lnorm_ ? h + core(norm(h)) : norm(h + core(h));
+}
+
+// ---- the model ---------------------------------------------------------------------------------
+
+XlModelImpl::XlModelImpl(const XlModelConfig& c) : config_(c), blocks_(c.block_string()) {
+  validate(c);
+  if (c.vocab_size <= 0) fail("model: vocab_size must be known (prepare the data first)");
+  if (blocks_.empty()) fail("model: no blocks");
+  nn::AdaptiveOptions ao;
+  ao.vocab_size = c.vocab_size;
+  ao.d_embed = c.embed_dim();
+  ao.d_proj = c.d_model;
+  if (c.adaptive) ao.cutoffs = c.cutoffs;
+  ao.div_val = c.adaptive ? c.div_val : 1;
+  ao.init_std = c.init_std;
+  ao.proj_init_std = c.proj_init_std;
+  word_emb = register_module("word_emb", nn::AdaptiveEmbedding(ao));
+  crit = register_module("crit", nn::AdaptiveLogSoftmax(ao, word_emb.get(), c.tie_weight, c.tie_projs));
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  if (!c.untie_r) {
+    r_w_bias = register_parameter("r_w_bias", torch::randn({c.n_head, c.d_head}) * c.init_std);
+    r_r_bias = register_parameter("r_r_bias", torch::randn({c.n_head, c.d_head}) * c.init_std);
+  }
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const char kind = blocks_[b];
+    attn.push_back(kind == 'f' ? RelAttention(nullptr)
+                               : register_module("attn_" + std::to_string(b), RelAttention(c)));
+    ff.push_back(kind == 'a' ? FeedForward(nullptr)
+                             : register_module("ff_" + std::to_string(b), FeedForward(c)));
+  }
+  if (c.search) alpha = register_parameter("alpha", torch::zeros({static_cast<int64_t>(blocks_.size()), 3}));
+  // The reference's weights_init: N(0, init_std) weights, zero biases, LayerNorm weight N(1, init_std).
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0, c.init_std);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
+      ln->weight.normal_(1.0, c.init_std);
+      ln->bias.zero_();
+    }
+  }
+}
+
+std::vector<torch::Tensor> XlModelImpl::initial_mems(int64_t batch) const {
+  auto options = word_emb->tables[0].options();
+  return std::vector<torch::Tensor>(blocks_.size(), torch::zeros({batch, 0, config_.d_model}, options));
+}
+
+torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Tensor>& mems, const Lengths& len,
+                                   const torch::Tensor& weights) {
+  const auto N = static_cast<int64_t>(blocks_.size());
+  if (static_cast<int64_t>(mems.size()) != N) fail("model: {} memories given for {} blocks", mems.size(), N);
+  if (config_.search && !weights.defined()) fail("model: a super-network needs block weights");
+  const int64_t B = x.size(0), Q = x.size(1);
+  int64_t mlen = 0;
+  for (int64_t b = 0; b < N; ++b)
+    if (blocks_[b] != 'f') mlen = std::max(mlen, mems[b].size(1));
+  const int64_t klen = mlen + Q;
+  auto h = drop(word_emb(x));                                                  // (B, Q, H)
+  auto mask = attention_mask(Q, mlen, len.same_length, len.mem_len, x.device());  // (Q, Kl)
+  auto pos = torch::arange(klen - 1, -1, -1.0, h.options());                  // (Kl) distances
+  if (len.clamp_len > 0) pos = pos.clamp_max(static_cast<double>(len.clamp_len));
+  auto r = drop(sinusoid(pos, config_.d_model));                               // (Kl, H)
+  // Host copy of the block weights: candidates with an exact zero weight (argmax evaluation) are skipped.
+  torch::Tensor w_host;
+  if (weights.defined() && !weights.requires_grad()) w_host = weights.to(torch::kCPU, torch::kDouble);
+  std::vector<torch::Tensor> inputs(N);
+  for (int64_t b = 0; b < N; ++b) {
+    inputs[b] = h;
+    torch::Tensor mem;  // (B, mlen, H)
+    if (blocks_[b] != 'f') {
+      if (mems[b].size(1) != mlen) fail("model: block {} has a memory of {} states, the others {}", b, mems[b].size(1), mlen);
+      mem = mems[b];
+    }
+    if (blocks_[b] == 'a') {
+      h = attn[b](h, mem, r, r_w_bias, r_r_bias, mask);
+    } else if (blocks_[b] == 'f') {
+      h = ff[b](h);
+    } else {
+      auto w = weights[b];  // (3)
+      auto skip = [&](int64_t k) { return w_host.defined() && w_host[b][k].item<double>() == 0.0; };
+      torch::Tensor out = torch::zeros_like(h);
+      if (!skip(kAttention)) out = out + w[kAttention] * attn[b](h, mem, r, r_w_bias, r_r_bias, mask);
+      if (!skip(kFeedForward)) out = out + w[kFeedForward] * ff[b](h);
+      if (!skip(kIdentity)) out = out + w[kIdentity] * h;
+      h = out;
+    }
+  }
+  h = drop(h);
+  // New memories: the last min(mem_len, end) rows of [mem; input], end = mlen + max(0, Q - ext_len).
+  torch::NoGradGuard no_grad;
+  const int64_t end = mlen + std::max<int64_t>(0, Q - len.ext_len), begin = std::max<int64_t>(0, end - len.mem_len);
+  for (int64_t b = 0; b < N; ++b) {
+    if (blocks_[b] == 'f') {
+      mems[b] = torch::zeros({B, 0, config_.d_model}, h.options());
+      continue;
+    }
+    auto cat = mlen > 0 ? torch::cat({mems[b], inputs[b].detach()}, 1) : inputs[b].detach();  // (B, mlen + Q, H)
+    mems[b] = cat.narrow(1, begin, end - begin).contiguous();                               // (B, Mm', H)
+  }
+  return h;
+}
+
+torch::Tensor XlModelImpl::nll(const torch::Tensor& hidden, const torch::Tensor& targets) const {
+  const int64_t B = hidden.size(0), M = hidden.size(1);
+  return crit->nll(hidden.reshape({B * M, -1}), targets.reshape({B * M})).view({B, M});
+}
+
+torch::Tensor XlModelImpl::log_prob(const torch::Tensor& hidden) const {
+  const int64_t B = hidden.size(0), M = hidden.size(1);
+  return crit->log_prob(hidden.reshape({B * M, -1})).view({B, M, -1});
+}
+
+torch::Tensor XlModelImpl::sample_weights(double tau, bool hard) const {
+  return nn::gumbel_softmax(alpha, tau, hard);
+}
+
+torch::Tensor XlModelImpl::eval_weights() const {
+  torch::NoGradGuard no_grad;
+  return config_.search_eval == "argmax" ? nn::one_hot_argmax(alpha) : torch::softmax(alpha, -1);
+}
+
+torch::Tensor XlModelImpl::probs() const { return torch::softmax(alpha.detach(), -1); }
+
+torch::Tensor XlModelImpl::span_loss() const {
+  auto total = torch::zeros({}, word_emb->tables[0].options());
+  for (const auto& a : attn)
+    if (a && a->span) total = total + a->span->loss();
+  return total;
+}
+
+void XlModelImpl::clamp_spans() {
+  for (auto& a : attn)
+    if (a && a->span) a->span->clamp_();
+}
+
+std::vector<std::vector<double>> XlModelImpl::spans() const {
+  std::vector<std::vector<double>> out;
+  for (const auto& a : attn) {
+    if (!a || !a->span) continue;
+    auto z = (a->span->span_ratio.detach() * static_cast<double>(a->span->options().attn_span())).to(torch::kCPU, torch::kDouble);
+    out.emplace_back(z.data_ptr<double>(), z.data_ptr<double>() + z.numel());
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> XlModelImpl::weight_parameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : named_parameters())
+    if (item.key() != "alpha") out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> XlModelImpl::arch_parameters() const {
+  if (!alpha.defined()) return {};
+  return {{"alpha", alpha}};
+}
+
+}  // namespace spanformer::models::xl
