@@ -112,6 +112,7 @@ void bench(const BenchArgs& a) {
   if (config.model.vocab_size == 0) config.model.vocab_size = 10000;
   if (a.threads > 0) config.train.threads = a.threads;
   validate(config);
+  if (a.steps < 1 || a.warmup < 0) fail("--steps must be >= 1 and --warmup >= 0");
   if (a.mode != "train" && a.mode != "eval") fail("--mode must be train or eval (got '{}')", a.mode);
   const int used_threads = set_threads(static_cast<int>(config.train.threads));
   torch::manual_seed(config.train.seed);

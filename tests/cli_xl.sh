@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The Transformer-XL / PAR path on real words (WikiText-2): prepare, train, resume, evaluate, search,
+# draw, derive, train the derived model; and the family's user mistakes (one line, non-zero exit).
+set -euo pipefail
+bin="$1"; src="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+wt2="$src/../shared/data/wikitext-2"
+head -n 600 "$wt2/wiki.valid.tokens" > "$tmp/train.tokens"
+head -n 150 "$wt2/wiki.test.tokens" > "$tmp/test.tokens"
+"$bin" data words --train "$tmp/train.tokens" --valid "$tmp/test.tokens" --test "$tmp/test.tokens" --out "$tmp/wt" \
+  | tee "$tmp/prep.out"
+grep -q "vocabulary" "$tmp/prep.out"
+"$bin" data cutoffs "$tmp/wt" --coverage 0.6 --coverage 0.85 --round 100 | tee "$tmp/cut.out"
+cutoffs=$(sed -n 's/^cutoffs \[\([^]]*\)\].*/\1/p' "$tmp/cut.out")
+test -n "$cutoffs"
+cat > "$tmp/xl.json" <<JSON
+{"arch": "xl",
+ "model": {"n_layer": 2, "d_model": 32, "n_head": 2, "d_head": 16, "d_inner": 64, "tgt_len": 16, "mem_len": 16,
+           "adaptive": true, "cutoffs": [$cutoffs], "div_val": 2, "dropout": 0.1},
+ "search": {"arch_freeze_steps": 4},
+ "train": {"batch_size": 4, "nb_steps": 20, "eval_interval": 10, "eval_segments": 5, "lr": 0.003,
+           "warmup_steps": 5, "eval_tgt_len": 8, "eval_mem_len": 24, "eval_same_length": true, "eval_batch_size": 4}}
+JSON
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/txl" --stop-after 10 --quiet
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/txl" --resume --quiet | tee "$tmp/train.out"
+grep -q "trained 20 steps" "$tmp/train.out"
+test "$(wc -l < "$tmp/txl/log.jsonl")" -eq 2
+"$bin" eval "$tmp/txl" --split test | tee "$tmp/eval.out"
+grep -qE "^test ppl [0-9]+\.[0-9]+ .*mem_len 24, clamp_len 0, same_length true" "$tmp/eval.out"
+"$bin" eval "$tmp/txl" --split test --eval_mem_len=8 | grep -q "mem_len 8"
+"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --steps 1 --warmup 1 | grep -q "ms/step"
+"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --mode eval --mem-len 32 --steps 1 --warmup 0 | grep -q "ms/token"
+
+# The PAR search, its picture, the derived model.
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/par" --search=true --quiet | grep -q "trained 20 steps"
+grep -q '"probs"' "$tmp/par/log.jsonl"
+"$bin" par plot "$tmp/par" --out "$tmp/search.png" | grep -q "2 records, 4 blocks"
+head -c 8 "$tmp/search.png" | od -An -c | grep -q "P   N   G"
+"$bin" par derive "$tmp/par" --rule argmax --out "$tmp/derived_argmax.json" | grep -q "derived layers"
+"$bin" par derive "$tmp/par" --ratio 2 --out "$tmp/derived.json" | tee "$tmp/derive.out"
+grep -q '"search": false' "$tmp/derived.json"
+"$bin" train -c "$tmp/derived.json" --data "$tmp/wt" --out "$tmp/derived" --nb_steps=10 --quiet | grep -q "trained 10 steps"
+"$bin" eval "$tmp/derived" --split test | grep -q "^test ppl"
+
+# Mistakes.
+expect_error() {  # expect_error "message part" command...
+  local want="$1"; shift
+  local rc=0
+  "$@" > "$tmp/out" 2> "$tmp/err" || rc=$?
+  if [ "$rc" -eq 0 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: .*$want" "$tmp/err"; then
+    echo "FAIL: $* (rc $rc) -> $(cat "$tmp/err")"; exit 1
+  fi
+}
+expect_error "unknown block 'x'" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e1" --layers=afxf
+expect_error "strictly increasing" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e2" '--cutoffs=[200,100]'
+expect_error "out of range" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e3" '--cutoffs=[100,1000000]'
+expect_error "tau0 and tau1 must be positive" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e4" --search=true --tau1=0
+expect_error "not a super-network" "$bin" par derive "$tmp/txl" --out "$tmp/e5.json"
+expect_error "Transformer-XL/PAR checkpoint" "$bin" generate "$tmp/txl"
+expect_error "another model" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/txl" --resume --d_inner=48
+expect_error "evaluation protocol only" "$bin" eval "$tmp/txl" --d_model=8
+expect_error "train split is not on this machine" "$bin" data words "$wt2" --out "$tmp/e6"
+expect_error "no search records" "$bin" par plot "$tmp/txl" --out "$tmp/e7.png"
+test ! -e "$tmp/e5.json" && test ! -e "$tmp/e7.png"
+test "$(find "$tmp" -name '*.tmp.*' | wc -l)" -eq 0
+echo "cli xl: passed"
