@@ -100,6 +100,15 @@ TEST_F(Distributed, TwoProcessesGiveTheParametersOfOne) {
   ASSERT_EQ(run(plus(train_args("two"), {"--nproc-per-node", "2"}), tmp_.file("two.err")), 0)
       << tu::read_file_or_empty(tmp_.file("two.err"));
   EXPECT_LT(max_param_diff(tmp_.file("one/checkpoint.pt"), tmp_.file("two/checkpoint.pt")), kTolerance);
+  // The same with many small buckets all-reduced while backward runs (1 KB: about 40 buckets, started
+  // from hooks in backward's order), and with one bucket after backward.
+  for (const char* kb : {"1", "0"}) {
+    const std::string out = std::string("two_kb") + kb;
+    ASSERT_EQ(run(plus(train_args(out), {"--nproc-per-node", "2", std::string("--dist_bucket_kb=") + kb}),
+                  tmp_.file(out + ".err")), 0)
+        << tu::read_file_or_empty(tmp_.file(out + ".err"));
+    EXPECT_LT(max_param_diff(tmp_.file("one/checkpoint.pt"), tmp_.file(out + "/checkpoint.pt")), kTolerance) << kb;
+  }
   // The strong span loss drives every span below 0 within the first steps: the clamp must have put
   // them back at exactly 0 on every rank (a missing or rank-local clamp leaves them negative or apart).
   for (const char* run : {"one", "two"}) {

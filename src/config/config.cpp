@@ -58,6 +58,7 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("device", &TrainConfig::device),
       field("dist_timeout", &TrainConfig::dist_timeout),
       field("dist_backend", &TrainConfig::dist_backend),
+      field("dist_bucket_kb", &TrainConfig::dist_bucket_kb),
   };
   return fields;
 }
@@ -186,6 +187,7 @@ void validate(const Config& config) {
     fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
   if (t.dist_backend != "auto" && t.dist_backend != "gloo" && t.dist_backend != "nccl")
     fail("config: dist_backend must be auto, gloo or nccl (got '{}')", t.dist_backend);
+  if (t.dist_bucket_kb < 0) fail("config: dist_bucket_kb must be >= 0 (got {})", t.dist_bucket_kb);
   if (!(t.dist_timeout > 0)) fail("config: dist_timeout must be positive (got {})", t.dist_timeout);
   if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
 }

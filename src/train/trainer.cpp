@@ -31,7 +31,7 @@ OptimizerOptions optimizer_options(const TrainConfig& c) {
 
 torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, const torch::Tensor& x,
                          const torch::Tensor& y, std::vector<torch::Tensor>& caches, int64_t batch_split, double lr,
-                         dist::Group* group) {
+                         dist::Group* group, dist::GradientReducer* reducer) {
   model->train();
   optimizer.zero_grad();
   const int64_t B = x.size(0), part = B / batch_split;
@@ -43,12 +43,15 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
     auto xs = x.narrow(0, s * part, part), ys = y.narrow(0, s * part, part);   // (B/split, M)
     auto logits = model->logits(model->forward(xs, part_caches));              // (B/split, M, V)
     auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), ys.reshape({-1}));
+    if (reducer && s == batch_split - 1) reducer->arm();  // this backward completes the gradients
     ((nll + model->span_loss()) / static_cast<double>(batch_split)).backward();
     loss_sum = loss_sum + nll.detach() / static_cast<double>(batch_split);
     for (size_t l = 0; l < caches.size(); ++l) next[l].push_back(part_caches[l]);
   }
   for (size_t l = 0; l < caches.size(); ++l) caches[l] = batch_split == 1 ? next[l][0] : torch::cat(next[l], 0);
-  if (group) {
+  if (reducer) {
+    reducer->finish();  // buckets were all-reduced while backward ran
+  } else if (group) {
     // Every rank's loss is a mean over its equal share of the streams: the mean of the ranks'
     // gradients is the gradient of the global batch. One bucket, one all-reduce.
     std::vector<torch::Tensor> grads;
@@ -121,6 +124,12 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
   models::TransformerSeq model(config.model);
   model->to(device);
   Optimizer optimizer(named_params(model), optimizer_options(tc));
+  std::unique_ptr<dist::GradientReducer> reducer;
+  if (options.group && tc.dist_bucket_kb > 0)
+    reducer = std::make_unique<dist::GradientReducer>(options.group, model->parameters(), tc.dist_bucket_kb * 1024);
+  if (group && main_rank)
+    fmt::print(stderr, "spanformer: {} processes; gradients all-reduced in {}\n", world,
+               reducer ? fmt::format("{} bucket(s) during backward", reducer->nb_buckets()) : "one bucket after backward");
   const int64_t B = tc.batch_size, M = config.model.block_size;
   const int64_t local = B / world, first = rank * local;  // this rank's streams [first, first + local)
   data::Streams train_streams(*corpus.train, B), valid_streams(*corpus.valid, B);
@@ -195,7 +204,7 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
     }
     auto [x, y] = make_block(train_streams, state.train_pos, M, device, first, local);
     const double lr = warmup_lr(tc.lr, state.step + 1, tc.lr_warmup);
-    auto loss = train_step(model, optimizer, x, y, state.train_caches, tc.batch_split, lr, group);
+    auto loss = train_step(model, optimizer, x, y, state.train_caches, tc.batch_split, lr, group, reducer.get());
     double loss_value = loss.item<double>();  // the one host read of the step
     if (group) loss_value = group->all_reduce_sum(loss_value) / static_cast<double>(world);
     if (!std::isfinite(loss_value)) {

@@ -58,6 +58,7 @@ struct TrainConfig {
   std::string device = "cpu";     // cpu | cuda | cuda:N
   double dist_timeout = 300;      // seconds a rank waits for the others before failing (multi-process runs)
   std::string dist_backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
+  int64_t dist_bucket_kb = 1024;  // gradient buckets all-reduced during backward (0 = one bucket after it)
 };
 
 struct Config {

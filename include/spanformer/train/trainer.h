@@ -23,10 +23,11 @@ namespace spanformer::train {
 
 // One optimizer step over inputs/targets (B, M); caches (B, C_l, H) are replaced by the next block's.
 // Returns the mean NLL in nats (0-dim tensor, no host synchronisation).
-// With a process group, gradients are averaged over the ranks (each rank passes its share of streams).
+// With a process group, gradients are averaged over the ranks (each rank passes its share of streams):
+// by `reducer` during the last backward pass when given, else in one bucket after it.
 torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, const torch::Tensor& x,
                          const torch::Tensor& y, std::vector<torch::Tensor>& caches, int64_t batch_split, double lr,
-                         dist::Group* group = nullptr);
+                         dist::Group* group = nullptr, dist::GradientReducer* reducer = nullptr);
 
 OptimizerOptions optimizer_options(const TrainConfig& config);
 
