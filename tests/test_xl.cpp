@@ -178,6 +178,21 @@ TEST(XlModelTest, TwoSegmentsWithMemoryEqualOnePass) {
   }
 }
 
+TEST(XlModelTest, ClampLenOnlyActsOnDistancesAboveIt) {
+  auto c = tiny_config();
+  auto model = double_model(c);
+  auto x = torch::randint(c.vocab_size, {2, 6}, torch::kLong);
+  auto run = [&](int64_t clamp) {
+    auto mems = model->initial_mems(2);
+    return model->forward(x, mems, models::xl::Lengths{6, 0, clamp, false});
+  };
+  auto none = run(0), above = run(5), low = run(2);
+  EXPECT_LT((none - above).abs().max().item<double>(), 1e-14);  // largest distance in 6 tokens is 5
+  // With clamp 2, queries 0..2 see distances <= 2 only: unchanged; later queries see clamped vectors.
+  EXPECT_LT((none.narrow(1, 0, 3) - low.narrow(1, 0, 3)).abs().max().item<double>(), 1e-14);
+  EXPECT_GT((none.narrow(1, 3, 3) - low.narrow(1, 3, 3)).abs().max().item<double>(), 1e-6);
+}
+
 TEST(XlModelTest, MemoryKeepsTheLastMemLenInputsAndExtLenIsNotKept) {
   auto c = tiny_config();
   auto model = double_model(c);
