@@ -116,7 +116,12 @@ void eval(const EvalArgs& a) {
 void bench(const BenchArgs& a) {
   XlConfig config = load_xl_config(a.config_path);
   apply_overrides(config, a.overrides);
-  if (config.model.vocab_size == 0) config.model.vocab_size = 10000;
+  if (config.model.vocab_size == 0) {  // random tokens: any vocabulary the cutoffs fit in
+    config.model.vocab_size = config.model.adaptive && !config.model.cutoffs.empty()
+                                  ? config.model.cutoffs.back() * 4 / 3 + 1
+                                  : 10000;
+    fmt::print(stderr, "bench: vocab_size {} (set --vocab_size to the data's)\n", config.model.vocab_size);
+  }
   if (a.threads > 0) config.train.threads = a.threads;
   validate(config);
   if (a.steps < 1 || a.warmup < 0) fail("--steps must be >= 1 and --warmup >= 0");
