@@ -95,8 +95,7 @@ void eval(const EvalArgs& a) {
     fail("{}: its vocabulary differs from the checkpoint's: the model was trained on other data", dir);
   const std::string unit = a.unit.empty() ? (corpus.vocab.word_level ? "ppl" : "bpc") : a.unit;
   if (unit != "ppl" && unit != "bpc") fail("--unit must be bpc or ppl (got '{}')", unit);
-  XlConfig model_config = config;  // the evaluation mode of a super-network may be overridden
-  auto model = models::xl::XlModel(model_config.model);
+  models::xl::XlModel model(config.model);  // with the overridden evaluation mode of a super-network
   reader.load_model_into(model);
   model->to(train::parse_device(a.device));
   auto options = train::xl::eval_options(config);

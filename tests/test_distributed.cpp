@@ -100,7 +100,7 @@ TEST_F(Distributed, TwoProcessesGiveTheParametersOfOne) {
   ASSERT_EQ(run(plus(train_args("two"), {"--nproc-per-node", "2"}), tmp_.file("two.err")), 0)
       << tu::read_file_or_empty(tmp_.file("two.err"));
   EXPECT_LT(max_param_diff(tmp_.file("one/checkpoint.pt"), tmp_.file("two/checkpoint.pt")), kTolerance);
-  // The same with many small buckets all-reduced while backward runs (1 KB: about 40 buckets, started
+  // The same with many small buckets all-reduced while backward runs (1 KB: 15 buckets here, started
   // from hooks in backward's order), and with one bucket after backward.
   for (const char* kb : {"1", "0"}) {
     const std::string out = std::string("two_kb") + kb;

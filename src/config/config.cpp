@@ -95,46 +95,15 @@ Config config_from_json(const json& j, const std::string& origin) {
 }
 
 Config load_config(const std::string& path) {
-  std::string text = read_file(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail("{} is not valid JSON: {}", path, e.what());
-  }
-  return config_from_json(j, path);
+  return config_from_json(config_detail::read_json_file(path), path);
 }
 
 void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
-  for (std::string item : overrides) {
-    if (item.rfind("--", 0) == 0) item = item.substr(2);
-    auto eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) fail("override '{}' must look like --key=value", item);
-    std::string key = item.substr(0, eq);
-    std::string text = item.substr(eq + 1);
-    for (auto& c : key)
-      if (c == '-') c = '_';
-    json value;
-    try {
-      value = json::parse(text);
-    } catch (const json::parse_error&) {
-      value = text;  // a bare string such as adagrad or a path
-    }
-    // Keys may be qualified ("model.dropout") or bare ("dropout"); bare keys are unique across sections.
-    std::string section;
-    if (auto dot = key.find('.'); dot != std::string::npos) {
-      section = key.substr(0, dot);
-      key = key.substr(dot + 1);
-    }
-    if ((section.empty() || section == "model") && find_field(model_fields(), key)) {
-      if (key == "attn_impl") value = text;
-      find_field(model_fields(), key)->set(config.model, value);
-    } else if ((section.empty() || section == "train") && find_field(train_fields(), key)) {
-      if (key == "data" || key == "optim" || key == "device" || key == "dist_backend") value = text;
-      find_field(train_fields(), key)->set(config.train, value);
-    } else {
-      fail("unknown config key '{}' in override '{}'", key, item);
-    }
+  for (const auto& item : overrides) {
+    const auto o = config_detail::parse_override(item);
+    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+        !config_detail::set_override(config.train, train_fields(), "train", o))
+      fail("unknown config key '{}' in override '{}'", o.key, o.item);
   }
 }
 

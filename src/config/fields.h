@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
 
 namespace spanformer::config_detail {
 
@@ -85,6 +86,56 @@ void read_section(T& t, const json& j, const std::vector<Field<T>>& fields, cons
     if (!f) fail("{}: unknown config key '{}.{}'", origin, section, key);
     f->set(t, value);
   }
+}
+
+// A whole JSON file; clear errors for missing, unreadable or invalid files.
+inline json read_json_file(const std::string& path) {
+  std::string text = read_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail("{} is not valid JSON: {}", path, e.what());
+  }
+}
+
+// One `--key=value` override. Keys may be qualified ("model.dropout") or bare ("dropout", unique across
+// sections); '-' in keys reads as '_'. `value` is the text parsed as JSON, or the text itself.
+struct Override {
+  std::string item, section, key, text;
+  json value;
+};
+
+inline Override parse_override(std::string item) {
+  if (item.rfind("--", 0) == 0) item = item.substr(2);
+  auto eq = item.find('=');
+  if (eq == std::string::npos || eq == 0) fail("override '{}' must look like --key=value", item);
+  Override o;
+  o.item = item;
+  o.key = item.substr(0, eq);
+  o.text = item.substr(eq + 1);
+  for (auto& c : o.key)
+    if (c == '-') c = '_';
+  if (auto dot = o.key.find('.'); dot != std::string::npos) {
+    o.section = o.key.substr(0, dot);
+    o.key = o.key.substr(dot + 1);
+  }
+  try {
+    o.value = json::parse(o.text);
+  } catch (const json::parse_error&) {
+    o.value = o.text;  // a bare string such as adagrad or a path
+  }
+  return o;
+}
+
+// Sets t's field named by the override when the section fits and t has that key (returns false
+// otherwise). String-valued keys take the text as it is, so "1e-3" stays a string only where strings belong.
+template <typename T>
+bool set_override(T& t, const std::vector<Field<T>>& fields, const std::string& section, const Override& o) {
+  if (!o.section.empty() && o.section != section) return false;
+  const auto* f = find_field(fields, o.key);
+  if (!f) return false;
+  f->set(t, f->get(t).is_string() ? json(o.text) : o.value);
+  return true;
 }
 
 }  // namespace spanformer::config_detail

@@ -68,15 +68,6 @@ const std::vector<Field<XlTrainConfig>>& train_fields() {
   return fields;
 }
 
-json parse_json_file(const std::string& path) {
-  std::string text = read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail("{} is not valid JSON: {}", path, e.what());
-  }
-}
-
 }  // namespace
 
 std::string XlModelConfig::block_string() const {
@@ -116,10 +107,10 @@ XlConfig xl_config_from_json(const json& j, const std::string& origin) {
   return config;
 }
 
-XlConfig load_xl_config(const std::string& path) { return xl_config_from_json(parse_json_file(path), path); }
+XlConfig load_xl_config(const std::string& path) { return xl_config_from_json(config_detail::read_json_file(path), path); }
 
 std::string config_arch(const std::string& path) {
-  json j = parse_json_file(path);
+  json j = config_detail::read_json_file(path);
   if (!j.is_object()) fail("{}: a config must be a JSON object", path);
   if (!j.contains("arch")) return "adaptive-span";
   if (!j["arch"].is_string() || (j["arch"] != "xl" && j["arch"] != "adaptive-span"))
@@ -128,34 +119,12 @@ std::string config_arch(const std::string& path) {
 }
 
 void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides) {
-  for (std::string item : overrides) {
-    if (item.rfind("--", 0) == 0) item = item.substr(2);
-    auto eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) fail("override '{}' must look like --key=value", item);
-    std::string key = item.substr(0, eq), text = item.substr(eq + 1), section;
-    for (auto& c : key)
-      if (c == '-') c = '_';
-    if (auto dot = key.find('.'); dot != std::string::npos) {
-      section = key.substr(0, dot);
-      key = key.substr(dot + 1);
-    }
-    json value;
-    try {
-      value = json::parse(text);
-    } catch (const json::parse_error&) {
-      value = text;
-    }
-    // A string-valued key takes the text as it is ("1e-3" stays a string only where strings belong).
-    auto set = [&](auto& target, const auto& fields) {
-      const auto* f = find_field(fields, key);
-      if (!f) return false;
-      f->set(target, f->get(target).is_string() ? json(text) : value);
-      return true;
-    };
-    if ((section.empty() || section == "model") && set(config.model, model_fields())) continue;
-    if ((section.empty() || section == "search") && set(config.search, search_fields())) continue;
-    if ((section.empty() || section == "train") && set(config.train, train_fields())) continue;
-    fail("unknown config key '{}' in override '{}'", key, item);
+  for (const auto& item : overrides) {
+    const auto o = config_detail::parse_override(item);
+    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+        !config_detail::set_override(config.search, search_fields(), "search", o) &&
+        !config_detail::set_override(config.train, train_fields(), "train", o))
+      fail("unknown config key '{}' in override '{}'", o.key, o.item);
   }
 }
 

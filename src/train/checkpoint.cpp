@@ -47,17 +47,32 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   archive_.read("config", config_text);
   archive_.read("vocab", vocab_text);
   config_ = config_from_json(nlohmann::json::parse(config_text.toStringRef()), path);
-  std::string tmp_vocab = vocab_text.toStringRef();
-  // Parse the vocabulary with the same rules as vocab.txt.
-  data::Vocab vocab;
+  vocab_.tokens = vocab_lines(vocab_text.toStringRef());
+}
+
+std::vector<std::string> vocab_lines(const std::string& text) {
+  std::vector<std::string> lines;
   size_t start = 0;
-  while (start < tmp_vocab.size()) {
-    size_t end = tmp_vocab.find('\n', start);
-    if (end == std::string::npos) end = tmp_vocab.size();
-    vocab.tokens.push_back(tmp_vocab.substr(start, end - start));
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
     start = end + 1;
   }
-  vocab_ = std::move(vocab);
+  return lines;
+}
+
+void read_parameters(torch::serialize::InputArchive& archive, const std::string& path,
+                     const torch::OrderedDict<std::string, torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : params) {
+    torch::Tensor t;
+    if (!archive.try_read("model." + item.key(), t)) fail("checkpoint {} has no parameter '{}'", path, item.key());
+    if (t.sizes() != item.value().sizes())
+      fail("checkpoint {}: parameter '{}' has shape {}, the model expects {}", path, item.key(),
+           fmt::join(t.sizes(), "x"), fmt::join(item.value().sizes(), "x"));
+    item.value().copy_(t);
+  }
 }
 
 bool CheckpointReader::has_train_state() {
@@ -86,15 +101,7 @@ models::TransformerSeq CheckpointReader::load_model(const std::string& attn_impl
 void CheckpointReader::load_model_into(models::TransformerSeq& model) {
   auto diff = model_config_difference(model->config(), config_.model);
   if (!diff.empty()) fail("checkpoint {} is for another model: {} (checkpoint vs config)", path_, diff);
-  torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters()) {
-    torch::Tensor t;
-    if (!archive_.try_read("model." + item.key(), t)) fail("checkpoint {} has no parameter '{}'", path_, item.key());
-    if (t.sizes() != item.value().sizes())
-      fail("checkpoint {}: parameter '{}' has shape {}, the model expects {}", path_, item.key(),
-           fmt::join(t.sizes(), "x"), fmt::join(item.value().sizes(), "x"));
-    item.value().copy_(t);
-  }
+  read_parameters(archive_, path_, model->named_parameters());
   model->sync_spans();
 }
 

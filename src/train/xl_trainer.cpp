@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "spanformer/nn/gumbel.h"
+#include "spanformer/train/checkpoint.h"
 #include "spanformer/train/evaluate.h"
 #include "spanformer/train/trainer.h"
 #include "spanformer/util/error.h"
@@ -159,14 +160,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   archive_.read("vocab_level", level);
   config_ = xl_config_from_json(nlohmann::json::parse(config_text.toStringRef()), path);
   vocab_.word_level = level.toStringRef() == "word";
-  const std::string& text = vocab_text.toStringRef();
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    vocab_.tokens.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
+  vocab_.tokens = train::vocab_lines(vocab_text.toStringRef());
 }
 
 XlModel CheckpointReader::load_model() {
@@ -178,15 +172,7 @@ XlModel CheckpointReader::load_model() {
 void CheckpointReader::load_model_into(XlModel& model) {
   auto diff = xl_model_difference(model->config(), config_.model);
   if (!diff.empty()) fail("checkpoint {} is for another model: {} (model vs checkpoint)", path_, diff);
-  torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters()) {
-    torch::Tensor t;
-    if (!archive_.try_read("model." + item.key(), t)) fail("checkpoint {} has no parameter '{}'", path_, item.key());
-    if (t.sizes() != item.value().sizes())
-      fail("checkpoint {}: parameter '{}' has shape {}, the model expects {}", path_, item.key(),
-           fmt::join(t.sizes(), "x"), fmt::join(item.value().sizes(), "x"));
-    item.value().copy_(t);
-  }
+  train::read_parameters(archive_, path_, model->named_parameters());
 }
 
 void CheckpointReader::load_optimizers(Optimizer& optimizer, Optimizer* arch) {

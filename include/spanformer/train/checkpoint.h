@@ -57,6 +57,13 @@ class CheckpointReader {
   data::Vocab vocab_;
 };
 
+// Shared by every checkpoint format: copies the archive's "model.<name>" tensors into `params`, naming
+// the checkpoint and the tensor when one is missing or has another shape.
+void read_parameters(torch::serialize::InputArchive& archive, const std::string& path,
+                     const torch::OrderedDict<std::string, torch::Tensor>& params);
+// The lines of a vocabulary stored as text (one token per line).
+std::vector<std::string> vocab_lines(const std::string& text);
+
 // Names the first difference between two model configs ("" when they are equal).
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
 
