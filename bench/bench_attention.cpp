@@ -46,7 +46,7 @@ void run(benchmark::State& state, int64_t B, int64_t K, int64_t D, int64_t M, in
   spanformer::set_threads(0);
   torch::manual_seed(0);
   const int64_t R = 32;
-  SeqAttention attn(SeqAttentionOptions(K * D, K, L).fused(fused).adapt_span_ramp(R));
+  SeqAttention attn(SeqAttentionOptions(K * D, K, L).impl(fused ? spanformer::attention::AttnImpl::kFused : spanformer::attention::AttnImpl::kPlain).adapt_span_ramp(R));
   const auto z = spans_for(spread, K, L);
   {
     torch::NoGradGuard g;
@@ -89,6 +89,7 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spanformer::keep_freed_memory();  // as the CLI does (util/runtime.h)
   register_all();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -72,6 +72,21 @@ void set_bimodal_spans(models::TransformerSeq& model) {
   model->sync_spans();
 }
 
+// The learned spans of a checkpoint's model (same layers and heads), for benchmarking at them.
+void copy_spans(models::TransformerSeq& model, const std::string& path) {
+  train::CheckpointReader reader(path);
+  auto source = reader.load_model();
+  if (source->layers.size() != model->layers.size() || source->config().nb_heads != model->config().nb_heads)
+    fail("--spans-from {}: {} layers x {} heads, the benchmark model has {} x {}", path, source->layers.size(),
+         source->config().nb_heads, model->layers.size(), model->config().nb_heads);
+  if (!model->config().adapt_span || !source->config().adapt_span) fail("--spans-from needs adapt_span on both models");
+  torch::NoGradGuard no_grad;
+  const double scale = static_cast<double>(source->config().attn_span) / static_cast<double>(model->config().attn_span);
+  for (size_t l = 0; l < model->layers.size(); ++l)
+    model->layers[l]->attn->span->span_ratio.copy_((source->layers[l]->attn->span->span_ratio * scale).clamp(0.0, 1.0));
+  model->sync_spans();
+}
+
 // With --nproc-per-node N > 1 outside a launched job: start N workers with the same arguments (minus
 // the flag), wait for them and return true (exiting with their failure status if any).
 bool launch_workers(int nproc, const std::vector<std::string>& program_args) {
@@ -100,7 +115,7 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
   app.add_option("--threads", threads, "CPU threads for LibTorch (default: all cores)");
   app.add_option("--device", device, "cpu | cuda | cuda:N (eval, generate, bench; train uses train.device)");
   static std::string attn_impl;
-  app.add_option("--attn-impl", attn_impl, "fused | plain: how attention is computed (eval, generate; default: the checkpoint's)");
+  app.add_option("--attn-impl", attn_impl, "auto | fused | plain: how attention is computed (eval, generate; default: the checkpoint's)");
 
   // ---- train -------------------------------------------------------------------------------------
   {
@@ -369,8 +384,13 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
     static std::string span_dist, mode = "train";
     static int64_t mem_len = -1, tgt_len = 0;
     auto* cmd = app.add_subcommand("bench", "training-step speed and memory on random tokens");
-    cmd->add_option("--mode", mode, "Transformer-XL/PAR: train (step time) or eval (time per token with a full memory)")
-        ->capture_default_str();
+    cmd->add_option("--mode", mode, "train (step time) or eval (forward only, no gradients; Transformer-XL/PAR: "
+                                    "time per token with a full memory)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"train", "eval"}));
+    static std::string spans_from;
+    cmd->add_option("--spans-from", spans_from, "take every head's span from this checkpoint (same layers and heads), "
+                                                "e.g. an imported reference model's learned spans");
     cmd->add_option("--mem-len", mem_len, "Transformer-XL/PAR eval mode: memory length (default: the config's eval_mem_len)");
     cmd->add_option("--tgt-len", tgt_len, "Transformer-XL/PAR eval mode: segment length (default: the config's eval_tgt_len)");
     cmd->add_option("--config,-c", config_path, "JSON config")->required();
@@ -408,19 +428,26 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
         const torch::Device dev = train::parse_device(device);
         models::TransformerSeq model(config.model);
         if (span_dist == "bimodal") set_bimodal_spans(model);
+        if (!spans_from.empty()) copy_spans(model, checkpoint_file(spans_from));
         model->to(dev);
         std::vector<std::pair<std::string, torch::Tensor>> params;
         for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
         train::Optimizer optimizer(params, train::optimizer_options(config.train));
         const int64_t B = config.train.batch_size, M = config.model.block_size;
         auto caches = model->initial_caches(B);
+        const bool eval_mode = mode == "eval";
+        if (eval_mode) model->eval();
         double total = 0;
         for (int64_t i = 0; i < warmup + steps; ++i) {
           auto x = torch::randint(config.model.vocab_size, {B, M}, torch::kLong).to(dev);
           auto y = torch::randint(config.model.vocab_size, {B, M}, torch::kLong).to(dev);
           const double t0 = now_seconds();
-          auto loss = train::train_step(model, optimizer, x, y, caches, config.train.batch_split, 1e-9);
-          loss.item<double>();
+          if (eval_mode) {
+            torch::NoGradGuard no_grad;
+            train::eval_block(model, x, y, caches).item<double>();
+          } else {
+            train::train_step(model, optimizer, x, y, caches, config.train.batch_split, 1e-9).item<double>();
+          }
           const double dt = now_seconds() - t0;
           if (i >= warmup) total += dt;
           fmt::print(stderr, "  step {}/{}: {:.0f} ms{}\n", i + 1, warmup + steps, dt * 1e3, i < warmup ? " (warmup)" : "");
@@ -431,10 +458,12 @@ void add_commands(CLI::App& app, std::function<void()>& run, int argc, char** ar
         for (auto& l : model->layers) used += l->attn->used_span();
         for (auto& z : model->spans())
           for (double v : z) mean_span += v / static_cast<double>(z.size() * model->layers.size());
-        fmt::print("bench: {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, attention {}, mean span {:.0f}, "
-                   "keys/layer {:.0f}\n",
-                   config.model.nb_layers, config.model.hidden_size, config.model.nb_heads, config.model.attn_span, M, B,
-                   used_threads, config.model.attn_impl, mean_span,
+        std::string fused_layers;
+        for (auto& l : model->layers) fused_layers += l->attn->uses_fused_op(B, M) ? 'f' : 'p';
+        fmt::print("bench: {} {}, {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, attention {} (layers {}), "
+                   "mean span {:.0f}, keys/layer {:.0f}\n",
+                   mode, eval_mode ? "forward" : "step", config.model.nb_layers, config.model.hidden_size, config.model.nb_heads, config.model.attn_span, M, B,
+                   used_threads, attention::attn_impl_name(config.model.attn_impl), fused_layers, mean_span,
                    static_cast<double>(used) / static_cast<double>(model->layers.size()));
         fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
                    static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/runtime.h"
 
 namespace {
 // LibTorch's OpenMP threads spin for a long time after each parallel region, and on a small machine
@@ -26,6 +27,7 @@ void use_short_openmp_spin(char** argv) {
 
 int main(int argc, char** argv) {
   use_short_openmp_spin(argv);
+  spanformer::keep_freed_memory();
   CLI::App app{"spanformer: adaptive-span and long-context attention models on LibTorch"};
   app.require_subcommand(1);
   std::function<void()> run;

@@ -9,9 +9,11 @@
 #include <limits>
 
 #include "spanformer/attention/seq_attention.h"
+#include "spanformer/ops/skew.h"
 #include "util.h"
 
 using namespace spanformer::attention;
+namespace ops = spanformer::ops;
 
 namespace {
 
@@ -33,13 +35,10 @@ torch::Tensor direct_attention(SeqAttention& a, const torch::Tensor& h, const to
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hd = 0; hd < K; ++hd) {
       const double z = a->span ? a->span->span_ratio[hd].item<double>() * L : 0;
-      // The fused op's softmax runs over the distances where the mask is not yet 0 (see
-      // ops/adaptive_span_attention.h); the plain path over the whole window.
-      const bool fused = o.fused() && a->span && N == 0;
-      const int64_t visited = fused ? std::min<int64_t>(Lp, static_cast<int64_t>(std::floor(z + o.adapt_span_ramp())) + 1) : Lp;
+      // The reference: the softmax runs over the whole window (both paths must give this).
       for (int64_t i = 0; i < M; ++i) {
         std::vector<double> s(Lp + N, -INFINITY);
-        for (int64_t d = 1; d <= visited; ++d) {  // key at context index Lp + i - d
+        for (int64_t d = 1; d <= Lp; ++d) {  // key at context index Lp + i - d
           double dot = 0;
           for (int64_t e = 0; e < D; ++e)
             dot += qa[b][i][hd * D + e] * (ka[b][Lp + i - d][hd * D + e] + pe[e][L - d]);
@@ -83,7 +82,7 @@ void PrintTo(const Case& c, std::ostream* os) {
 }
 
 SeqAttention make_layer(const Case& c) {
-  SeqAttention a(SeqAttentionOptions(c.K * c.D, c.K, c.L).adapt_span_ramp(4).pers_mem_size(c.pers).fused(c.fused));
+  SeqAttention a(SeqAttentionOptions(c.K * c.D, c.K, c.L).adapt_span_ramp(4).pers_mem_size(c.pers).impl(c.fused ? AttnImpl::kFused : AttnImpl::kPlain));
   a->to(torch::kDouble);
   a->eval();
   torch::NoGradGuard g;
@@ -127,8 +126,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionVsLoop,
 
 TEST(Attention, SkewIsTheInverseOfUnskew) {
   auto x = torch::randn({2, 3, 5, 7}, torch::kDouble);   // (.., M=5, W=7)
-  auto skewed = skew(x);                                 // (.., 5, 12)
-  EXPECT_TRUE(torch::equal(unskew(skewed), x));
+  auto skewed = ops::skew(x);                                // (.., 5, 12)
+  EXPECT_TRUE(torch::equal(ops::unskew(skewed), x));
   // Row i of the skewed matrix holds x[i] at columns i .. i+W-1 and zeros elsewhere.
   EXPECT_TRUE(torch::equal(skewed[0][0][2].narrow(0, 2, 7), x[0][0][2]));
   EXPECT_EQ(skewed[0][0][2].narrow(0, 0, 2).abs().sum().item<double>(), 0.0);

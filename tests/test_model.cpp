@@ -100,11 +100,14 @@ TEST(Model, SpanTrimmingKeepsOutputsAndShrinksCaches) {
   EXPECT_LT((torch::cat(trimmed, 1) - torch::cat(full, 1)).abs().max().item<double>(), 1e-5);
 }
 
-// ../shared/reference/adaptive-span-tiny: a model trained by the Python reference on Dickens.
-class ReferenceModel : public ::testing::Test {
+// ../shared/reference: models trained by the Python reference on Dickens. adaptive-span-tiny (L 128)
+// never trims; adaptive-span-small4 (L 1024, learned spans below 40) trims every layer's keys and cache.
+// Both share the reference's valid/test token ids (in adaptive-span-tiny).
+class ReferenceModelTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = tu::shared_dir() + "/reference/adaptive-span-tiny";
+  void load(const std::string& name) {
+    dir_ = tu::shared_dir() + "/reference/" + name;
+    ids_dir_ = tu::shared_dir() + "/reference/adaptive-span-tiny";
     if (!file_exists(dir_ + "/model.pt")) GTEST_SKIP() << "no reference model in " << dir_;
     expected_ = nlohmann::json::parse(read_file(dir_ + "/expected.json"));
     const auto& c = expected_["config"];
@@ -120,63 +123,91 @@ class ReferenceModel : public ::testing::Test {
   }
   // The reference's token ids (one byte each) as a spanformer token file.
   std::string token_file(const std::string& name, const tu::TempDir& tmp) {
-    std::string raw = read_file(dir_ + "/" + name + ".ids.u8");
+    std::string raw = read_file(ids_dir_ + "/" + name + ".ids.u8");
     std::vector<int64_t> ids(raw.begin(), raw.end());
     for (auto& v : ids) v = static_cast<uint8_t>(v);
     std::string path = tmp.file(name + ".bin");
     data::write_tokens(path, ids, config_.vocab_size);
     return path;
   }
-  std::string dir_;
+
+  // fixed_logprobs.pt: the reference's log-probabilities for the first T ids of valid, as two blocks
+  // of T / 2 from zero caches (batch 1, eval mode); plus the learned spans and, where the reference
+  // trims, each layer's trim length and cache size.
+  void reproduce_fixed_log_probabilities() {
+    std::string bytes = read_file(dir_ + "/fixed_logprobs.pt");
+    auto want = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toTensor();  // (1, T, V)
+    const int64_t T = want.size(1), M = T / 2;
+    ASSERT_EQ(M, config_.block_size);
+    std::string raw = read_file(ids_dir_ + "/valid.ids.u8");
+    auto ids = torch::empty({1, T + 1}, torch::kLong);
+    for (int64_t i = 0; i <= T; ++i) ids[0][i] = static_cast<int64_t>(static_cast<uint8_t>(raw[static_cast<size_t>(i)]));
+    for (const char* impl : {"plain", "fused", "auto"}) {
+      SCOPED_TRACE(impl);
+      config_.attn_impl = attention::parse_attn_impl(impl);
+      models::TransformerSeq model(config_);
+      io::load_reference_state_dict(model, dir_ + "/model.pt");
+      model->eval();
+      torch::NoGradGuard g;
+      auto caches = model->initial_caches(1);
+      std::vector<torch::Tensor> logp;
+      for (int b = 0; b < 2; ++b)
+        logp.push_back(torch::log_softmax(model->logits(model->forward(ids.narrow(1, M * b, M), caches)), -1));
+      auto ours = torch::cat(logp, 1);  // (1, T, V)
+      ASSERT_EQ(ours.sizes(), want.sizes());
+      // float32 on both sides, different summation orders: agreement to 1e-5 is what float32 allows here.
+      EXPECT_LT((ours - want).abs().max().item<double>(), 1e-5);
+      auto target_sum = ours.gather(-1, ids.narrow(1, 1, T).unsqueeze(-1)).sum().item<double>();
+      EXPECT_NEAR(target_sum, expected_["expected"]["fixed_target_logprob_sum"].get<double>(), 1e-3);
+      auto spans = model->spans();
+      for (size_t l = 0; l < spans.size(); ++l)
+        for (size_t k = 0; k < spans[l].size(); ++k)
+          EXPECT_NEAR(spans[l][k], expected_["expected"]["spans_z"][l][k].get<double>(), 1e-3);
+      if (expected_["expected"].contains("layer_trim_len")) {
+        for (size_t l = 0; l < model->layers.size(); ++l) {
+          EXPECT_EQ(model->layers[l]->attn->span->trim_len(), expected_["expected"]["layer_trim_len"][l].get<int64_t>());
+          EXPECT_EQ(model->layers[l]->attn->cache_size(), expected_["expected"]["layer_cache_size"][l].get<int64_t>());
+        }
+      }
+    }
+  }
+
+  void reproduce_bits_per_character(const std::vector<const char*>& impls) {
+    tu::TempDir tmp;
+    for (const char* impl : impls) {
+      config_.attn_impl = attention::parse_attn_impl(impl);
+      models::TransformerSeq model(config_);
+      io::load_reference_state_dict(model, dir_ + "/model.pt");
+      for (const char* split : {"valid", "test"}) {
+        data::TokenFile tokens(token_file(split, tmp));
+        auto result = train::evaluate(model, tokens, 8);
+        EXPECT_NEAR(result.bpc(), expected_["expected"][std::string(split) + "_bpc"].get<double>(), 1e-4)
+            << split << " " << impl;
+      }
+    }
+  }
+
+  std::string dir_, ids_dir_;
   nlohmann::json expected_;
   ModelConfig config_;
 };
 
-TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) {
-  for (const char* impl : {"plain", "fused"}) {
-  SCOPED_TRACE(impl);
-  config_.attn_impl = impl;
-  models::TransformerSeq model(config_);
-  io::load_reference_state_dict(model, dir_ + "/model.pt");
-  model->eval();
-  torch::NoGradGuard g;
-  // Input ids 0..63 of valid, as two blocks of 32 from zero caches.
-  std::string raw = read_file(dir_ + "/valid.ids.u8");
-  auto ids = torch::empty({1, 65}, torch::kLong);
-  for (int i = 0; i < 65; ++i) ids[0][i] = static_cast<int64_t>(static_cast<uint8_t>(raw[i]));
-  auto caches = model->initial_caches(1);
-  std::vector<torch::Tensor> logp;
-  for (int b = 0; b < 2; ++b)
-    logp.push_back(torch::log_softmax(model->logits(model->forward(ids.narrow(1, 32 * b, 32), caches)), -1));
-  auto ours = torch::cat(logp, 1);  // (1, 64, V)
-  std::string bytes = read_file(dir_ + "/fixed_logprobs.pt");
-  auto want = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toTensor();
-  ASSERT_EQ(ours.sizes(), want.sizes());
-  // float32 on both sides, different summation orders: agreement to 1e-5 is what float32 allows here.
-  EXPECT_LT((ours - want).abs().max().item<double>(), 1e-5);
-  auto target_sum = ours.gather(-1, ids.narrow(1, 1, 64).unsqueeze(-1)).sum().item<double>();
-  EXPECT_NEAR(target_sum, expected_["expected"]["fixed_target_logprob_sum"].get<double>(), 1e-3);
-  auto spans = model->spans();
-  for (size_t l = 0; l < spans.size(); ++l)
-    for (size_t k = 0; k < spans[l].size(); ++k)
-      EXPECT_NEAR(spans[l][k], expected_["expected"]["spans_z"][l][k].get<double>(), 1e-3);
-  }
-}
+class ReferenceModel : public ReferenceModelTest {
+ protected:
+  void SetUp() override { load("adaptive-span-tiny"); }
+};
 
-TEST_F(ReferenceModel, ReproducesValidAndTestBitsPerCharacter) {
-  tu::TempDir tmp;
-  for (const char* impl : {"plain", "fused"}) {
-    config_.attn_impl = impl;
-    models::TransformerSeq model(config_);
-    io::load_reference_state_dict(model, dir_ + "/model.pt");
-    for (const char* split : {"valid", "test"}) {
-      data::TokenFile tokens(token_file(split, tmp));
-      auto result = train::evaluate(model, tokens, 8);
-      EXPECT_NEAR(result.bpc(), expected_["expected"][std::string(split) + "_bpc"].get<double>(), 1e-4)
-          << split << " " << impl;
-    }
-  }
-}
+class ReferenceModelSmall4 : public ReferenceModelTest {
+ protected:
+  void SetUp() override { load("adaptive-span-small4"); }
+};
+
+TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) { reproduce_fixed_log_probabilities(); }
+TEST_F(ReferenceModel, ReproducesValidAndTestBitsPerCharacter) { reproduce_bits_per_character({"plain", "fused", "auto"}); }
+TEST_F(ReferenceModelSmall4, ReproducesLogProbabilitiesSpansAndTrimming) { reproduce_fixed_log_probabilities(); }
+// The full valid and test splits through both paths (auto takes the plain path on every layer of this
+// model: its windows are 64-128 keys): about 3 minutes on a 2-core machine.
+TEST_F(ReferenceModelSmall4, SlowReproducesValidAndTestBitsPerCharacter) { reproduce_bits_per_character({"plain", "fused"}); }
 
 TEST_F(ReferenceModel, ExportWritesTheReferenceLayoutBack) {
   models::TransformerSeq model(config_);

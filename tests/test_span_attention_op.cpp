@@ -8,6 +8,7 @@
 
 #include "spanformer/attention/seq_attention.h"
 #include "spanformer/ops/adaptive_span_attention.h"
+#include "spanformer/ops/skew.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -115,11 +116,11 @@ TEST(SpanAttentionOpTest, ReferenceIsTheModelsAttentionWhenEveryDistanceIsVisite
   auto in = make_inputs(c, at::kDouble, 4);
   auto o = options_of(c);
   auto op = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
-  auto scores = attention::unskew(at::matmul(in.q, in.k.transpose(-1, -2))) + at::matmul(in.q, in.pe);
+  auto scores = ops::unskew(at::matmul(in.q, in.k.transpose(-1, -2))) + at::matmul(in.q, in.pe);
   auto p = at::softmax(scores / std::sqrt(8.0), -1);
   auto m = ((in.ratio * 10.0).view({2, 1, 1}) - at::arange(9, -1, -1, at::kDouble)) / 8.0 + 1.0;
   auto w = p * m.clamp(0, 1);
-  auto plain = at::matmul(attention::skew(w / (w.sum(-1, true) + 1e-8)), in.v);
+  auto plain = at::matmul(ops::skew(w / (w.sum(-1, true) + 1e-8)), in.v);
   EXPECT_LT(max_diff(op, plain), 1e-13);
 }
 

@@ -85,28 +85,29 @@ TEST(Training, FusedAttentionStepEqualsThePlainStep) {
   std::vector<std::vector<torch::Tensor>> params;
   std::vector<double> losses;
   for (const char* impl : {"plain", "fused"}) {
-    mc.attn_impl = impl;
+    mc.attn_impl = attention::parse_attn_impl(impl);
     torch::manual_seed(9);
     models::TransformerSeq model(mc);
     model->to(torch::kDouble);
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
-    // SGD: the update is proportional to the gradient. (Adagrad divides each element by its own
-    // gradient's magnitude, which turns the ~1e-10 gradients the plain path gives key_pe columns
-    // beyond every span into full-size steps; the fused op gives them exact zeros. docs/kernels.md.)
-    train::Optimizer opt(named, {"sgd", 0, 0});
+    // Adagrad, the reference's optimizer: it divides each element by its own gradient's size, so the
+    // tiny gradients that key_pe columns beyond every span get through the 1e-8 Z term must agree too.
+    train::Optimizer opt(named, {"adagrad", 0, 0.03});
     auto c = model->initial_caches(3);
     double loss = 0;
-    for (int step = 0; step < 3; ++step) loss = train::train_step(model, opt, x, y, c, 1, 0.5).item<double>();
+    for (int step = 0; step < 3; ++step) loss = train::train_step(model, opt, x, y, c, 1, 0.07).item<double>();
     losses.push_back(loss);
     std::vector<torch::Tensor> ps;
     for (auto& p : model->parameters()) ps.push_back(p.detach().clone());
     params.push_back(ps);
   }
-  // The paths differ only in the 1e-8 of the renormalisation (its Z counts 19 vs 100 keys).
-  EXPECT_NEAR(losses[0], losses[1], 1e-7);
+  // Same arithmetic in another order, in double; as in BatchSplitGivesTheSameUpdate, Adagrad's
+  // per-element g / sqrt(sum g^2) amplifies the rounding of elements whose gradient nearly cancels
+  // (measured 1.04e-10), hence 1e-9.
+  EXPECT_NEAR(losses[0], losses[1], 1e-12);
   for (size_t i = 0; i < params[0].size(); ++i)
-    EXPECT_LT((params[0][i] - params[1][i]).abs().max().item<double>(), 1e-8) << "param " << i;
+    EXPECT_LT((params[0][i] - params[1][i]).abs().max().item<double>(), 1e-9) << "param " << i;
 }
 
 TEST(Training, SpanParametersStayClampedAfterEveryStep) {

@@ -6,11 +6,23 @@
 
 #include <cmath>
 
+#include "spanformer/util/error.h"
+
 #include "spanformer/ops/adaptive_span_attention.h"
+#include "spanformer/ops/skew.h"
 
 namespace spanformer::attention {
 
 namespace F = torch::nn::functional;
+
+namespace {
+// The auto rule's constants (docs/kernels.md, "auto"): fused when the window has at least
+// kAutoMinWindow keys and the heads visit at most kAutoMaxVisitedNum / kAutoMaxVisitedDen of it.
+constexpr int64_t kAutoMinWindow = 512;
+constexpr int64_t kAutoMaxVisitedNum = 1, kAutoMaxVisitedDen = 2;
+// Per-head value projections only from this window on.
+constexpr int64_t kPerHeadMinWindow = 512;
+}  // namespace
 
 SeqAttentionImpl::SeqAttentionImpl(SeqAttentionOptions options) : options_(std::move(options)) {
   const int64_t H = options_.hidden_size(), K = options_.nb_heads();
@@ -46,26 +58,49 @@ torch::Tensor take_last_states(const torch::Tensor& cache, int64_t width) {
   return F::pad(cache, F::PadFuncOptions({0, 0, width - C, 0}));  // zeros on the left
 }
 
-torch::Tensor unskew(const torch::Tensor& x) {
-  // x: (..., M, W + M) contiguous; row i of the result starts at column i.
-  auto xc = x.contiguous();
-  const int64_t M = xc.size(-2), W = xc.size(-1) - M;
-  std::vector<int64_t> sizes(xc.sizes().begin(), xc.sizes().end());
-  std::vector<int64_t> strides(xc.strides().begin(), xc.strides().end());
-  sizes.back() = W;
-  strides[strides.size() - 2] = W + M + 1;
-  return xc.as_strided(sizes, strides);
+const char* attn_impl_name(AttnImpl impl) {
+  switch (impl) {
+    case AttnImpl::kAuto: return "auto";
+    case AttnImpl::kFused: return "fused";
+    case AttnImpl::kPlain: return "plain";
+  }
+  return "?";
 }
 
-torch::Tensor skew(const torch::Tensor& x) {
-  // x: (..., M, W) -> (..., M, W + M) with row i shifted right by i (the reference's pad/view trick).
-  const int64_t M = x.size(-2), W = x.size(-1);
-  auto lead = x.sizes().slice(0, x.dim() - 2).vec();
-  auto padded = F::pad(x, F::PadFuncOptions({0, M + 1}));  // (..., M, W + M + 1)
-  auto flat = padded.reshape({-1, M * (W + M + 1)}).narrow(1, 0, M * (W + M));
-  lead.push_back(M);
-  lead.push_back(W + M);
-  return flat.reshape(lead);
+AttnImpl parse_attn_impl(const std::string& name) {
+  if (name == "auto") return AttnImpl::kAuto;
+  if (name == "fused") return AttnImpl::kFused;
+  if (name == "plain") return AttnImpl::kPlain;
+  fail("attn_impl must be auto, fused or plain (got '{}')", name);
+}
+
+bool SeqAttentionImpl::uses_fused_op(int64_t B, int64_t M) const {
+  if (!span || options_.pers_mem_size() > 0) return false;
+  switch (options_.impl()) {
+    case AttnImpl::kPlain: return false;
+    case AttnImpl::kFused: return true;
+    case AttnImpl::kAuto: break;
+  }
+  // The measured rule (docs/kernels.md, "auto"): the fused op computes the scores over the whole
+  // window as the plain path does, and saves the value side and the stored M x W tensors; it pays
+  // off once the window is long and most of it lies beyond the heads' spans.
+  const int64_t W = used_span();
+  int64_t visited = 0;
+  for (int64_t S : span->visited(W)) visited += S;
+  const int64_t K = options_.nb_heads();
+  return W >= kAutoMinWindow && visited * kAutoMaxVisitedDen <= kAutoMaxVisitedNum * K * W;
+}
+
+bool SeqAttentionImpl::uses_per_head_values(int64_t B, int64_t M) const {
+  if (!uses_fused_op(B, M)) return false;
+  // Only for long windows of which a quarter of the rows or more can be skipped: with equal spans of
+  // 540 on bench_small the per-head products cost more than the one big product, and on short windows
+  // they save little (docs/kernels.md).
+  const int64_t W = used_span();
+  if (W < kPerHeadMinWindow) return false;
+  int64_t rows = 0;
+  for (int64_t S : span->visited(W)) rows += S;
+  return 4 * rows < 3 * options_.nb_heads() * W;
 }
 
 torch::Tensor SeqAttentionImpl::forward(const torch::Tensor& h, const torch::Tensor& cache,
@@ -76,27 +111,21 @@ torch::Tensor SeqAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
   auto context = torch::cat({take_last_states(cache, Lp), h}, 1);                    // (B, L'+M, H)
   // Heads made contiguous once: every product below is then a plain batched GEMM.
   auto q = proj_query(h).view({B, M, K, D}).transpose(1, 2).contiguous();              // (B, K, M, D)
-  torch::Tensor k, v;
-  const auto visited = uses_fused_op() ? span->visited(Lp) : std::vector<int64_t>();
-  int64_t rows_needed = 0;
-  for (int64_t S : visited) rows_needed += S;
-  // Per-head projections pay off only when they skip a quarter of the rows or more: on bench_small
-  // with equal spans of 540 the per-head products cost 1236 ms/step against 939 ms with the one big product.
-  if (uses_fused_op() && 4 * rows_needed < 3 * K * Lp) {
-    // Keys and values follow each head's span too: head h projects only the S_h + M rows it reads
-    // (zeros elsewhere, never read by the op).
-    std::vector<torch::Tensor> ks, vs;
+  // Keys: every row (the softmax normaliser counts every key of the window, see the op's header).
+  auto k = proj_key(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();     // (B, K, L'+M, D)
+  torch::Tensor v;
+  if (uses_per_head_values(B, M)) {
+    // Head h projects only the S_h + M value rows the op reads (zeros elsewhere, never read).
+    const auto visited = span->visited(Lp);
+    std::vector<torch::Tensor> vs;
     for (int64_t hd = 0; hd < K; ++hd) {
       const int64_t S = visited[hd];
       auto rows = context.narrow(1, Lp - S, S + M);                                    // (B, S+M, H)
-      auto pad = torch::nn::functional::PadFuncOptions({0, 0, Lp - S, 0});
-      ks.push_back(torch::nn::functional::pad(torch::matmul(rows, proj_key->weight.narrow(0, hd * D, D).t()), pad));
-      vs.push_back(torch::nn::functional::pad(torch::matmul(rows, proj_val->weight.narrow(0, hd * D, D).t()), pad));
+      auto head = torch::matmul(rows, proj_val->weight.narrow(0, hd * D, D).t());       // (B, S+M, D)
+      vs.push_back(F::pad(head, F::PadFuncOptions({0, 0, Lp - S, 0})));                 // (B, L'+M, D)
     }
-    k = torch::stack(ks, 1);                                                           // (B, K, L'+M, D)
     v = torch::stack(vs, 1);                                                           // (B, K, L'+M, D)
   } else {
-    k = proj_key(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();        // (B, K, L'+M, D)
     v = proj_val(context).view({B, Lp + M, K, D}).transpose(1, 2).contiguous();        // (B, K, L'+M, D)
   }
 
@@ -107,7 +136,7 @@ torch::Tensor SeqAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
 
 torch::Tensor SeqAttentionImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& key_pe) {
-  if (uses_fused_op()) {
+  if (uses_fused_op(q.size(0), q.size(2))) {
     ops::SpanAttentionOptions o;
     o.attn_span = options_.attn_span();
     o.ramp = static_cast<double>(options_.adapt_span_ramp());
@@ -125,7 +154,7 @@ torch::Tensor SeqAttentionImpl::attend_plain(const torch::Tensor& q, const torch
   const int64_t K = options_.nb_heads(), D = options_.hidden_size() / K, L = options_.attn_span();
   const int64_t Lp = k.size(2) - q.size(2), N = options_.pers_mem_size();
   const double sqrt_d = std::sqrt(static_cast<double>(D));
-  auto scores = unskew(torch::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, L')
+  auto scores = ops::unskew(torch::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, L')
   scores = scores + torch::matmul(q, key_pe.narrow(1, L - Lp, Lp));                    // (B, K, M, L')
 
   torch::Tensor attn, pers_out;
@@ -149,7 +178,7 @@ torch::Tensor SeqAttentionImpl::attend_plain(const torch::Tensor& q, const torch
   }
   attn = torch::dropout(attn, options_.dropout(), is_training());
 
-  auto out = torch::matmul(skew(attn), v);                                             // (B, K, M, D)
+  auto out = torch::matmul(ops::skew(attn), v);                                             // (B, K, M, D)
   if (N > 0) out = out + pers_out;
   return out;
 }

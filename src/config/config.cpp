@@ -33,7 +33,7 @@ const std::vector<Field<ModelConfig>>& model_fields() {
       field("adapt_span_loss", &ModelConfig::adapt_span_loss),
       field("adapt_span_cache", &ModelConfig::adapt_span_cache),
       field("pers_mem_size", &ModelConfig::pers_mem_size),
-      field("attn_impl", &ModelConfig::attn_impl),
+      config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name),
   };
   return fields;
 }
@@ -118,8 +118,6 @@ void validate(const ModelConfig& c) {
   if (c.attn_span < 1) fail("config: attn_span must be at least 1 (got {})", c.attn_span);
   if (c.pers_mem_size == 0) positive("inner_hidden_size", c.inner_hidden_size);
   if (c.pers_mem_size < 0) fail("config: pers_mem_size must be >= 0 (got {})", c.pers_mem_size);
-  if (c.attn_impl != "fused" && c.attn_impl != "plain")
-    fail("config: attn_impl must be fused or plain (got '{}')", c.attn_impl);
   if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
   if (c.hidden_size % c.nb_heads != 0)
     fail("config: hidden_size ({}) must be divisible by nb_heads ({})", c.hidden_size, c.nb_heads);

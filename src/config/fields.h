@@ -63,6 +63,21 @@ Field<T> field(const char* name, V T::*member) {
           }};
 }
 
+// A closed choice: an enum read from and written as its name, parsed once here at the config boundary
+// (parse fails with a one-line error listing the choices).
+template <typename T, typename E>
+Field<T> enum_field(const char* name, E T::*member, E (*parse)(const std::string&), const char* (*to_name)(E)) {
+  return {name, [member, to_name](const T& t) { return json(to_name(t.*member)); },
+          [member, name, parse](T& t, const json& j) {
+            if (!j.is_string()) fail("config key '{}': expected a string (got {})", name, j.dump());
+            try {
+              t.*member = parse(j.get<std::string>());
+            } catch (const Error& e) {
+              fail("config key '{}': {}", name, e.what());
+            }
+          }};
+}
+
 template <typename T>
 json struct_to_json(const T& t, const std::vector<Field<T>>& fields) {
   json j = json::object();

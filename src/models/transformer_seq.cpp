@@ -14,7 +14,7 @@ TransformerSeqLayerImpl::TransformerSeqLayerImpl(const ModelConfig& c) : dropout
                                                              .adapt_span_loss(c.adapt_span_loss)
                                                              .adapt_span_cache(c.adapt_span_cache)
                                                              .pers_mem_size(c.pers_mem_size)
-                                                             .fused(c.attn_impl == "fused")));
+                                                             .impl(c.attn_impl)));
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size})));
   if (c.pers_mem_size == 0) {
     fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.inner_hidden_size));

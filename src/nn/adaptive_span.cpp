@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "spanformer/ops/adaptive_span_attention.h"
+
 namespace spanformer::nn {
 
 AdaptiveSpanImpl::AdaptiveSpanImpl(AdaptiveSpanOptions options) : options_(std::move(options)) {
@@ -51,10 +53,9 @@ void AdaptiveSpanImpl::set_host_ratios(std::vector<double> ratios) {
 
 std::vector<int64_t> AdaptiveSpanImpl::visited(int64_t window) const {
   std::vector<int64_t> out;
-  for (double r : host_ratios_) {
-    const double z = r * static_cast<double>(options_.attn_span());
-    out.push_back(std::clamp<int64_t>(static_cast<int64_t>(std::floor(z + static_cast<double>(options_.ramp()))) + 1, 1, window));
-  }
+  for (double r : host_ratios_)
+    out.push_back(ops::visited_distance(r * static_cast<double>(options_.attn_span()),
+                                        static_cast<double>(options_.ramp()), window));
   return out;
 }
 

@@ -1,5 +1,5 @@
 // Entry point of the adaptive-span attention op: argument checks once, then the CPU kernel (fused,
-// hand-written backward) or the reference composition for devices without a kernel yet.
+// hand-written backward), the CUDA kernel, or the reference composition for other devices.
 #include "spanformer/ops/adaptive_span_attention.h"
 
 #include <ATen/ATen.h>
@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "spanformer/attention/seq_attention.h"
+#include "spanformer/ops/skew.h"
 #include "spanformer/util/error.h"
 #include "cpu/span_attention_cpu.h"
 #include "dropout_hash.h"
@@ -20,13 +20,15 @@ at::Tensor adaptive_span_attention_cuda(const at::Tensor& q, const at::Tensor& k
                                         const SpanAttentionOptions& o, std::vector<int64_t> visited);
 #endif
 
+int64_t visited_distance(double z, double ramp, int64_t window) {
+  const auto last = static_cast<int64_t>(std::floor(z + ramp)) + 1;  // the mask reaches 0 here
+  return std::clamp<int64_t>(last, 1, window);
+}
+
 std::vector<int64_t> visited_distances(const at::Tensor& span_ratio, int64_t attn_span, double ramp, int64_t window) {
   auto z = span_ratio.detach().to(at::kCPU, at::kDouble) * static_cast<double>(attn_span);
   std::vector<int64_t> visited;
-  for (int64_t h = 0; h < z.size(0); ++h) {
-    const auto last = static_cast<int64_t>(std::floor(z[h].item<double>() + ramp)) + 1;  // m reaches 0 here
-    visited.push_back(std::clamp<int64_t>(last, 1, window));
-  }
+  for (int64_t h = 0; h < z.size(0); ++h) visited.push_back(visited_distance(z[h].item<double>(), ramp, window));
   return visited;
 }
 
@@ -126,17 +128,12 @@ at::Tensor adaptive_span_attention_reference(const at::Tensor& q, const at::Tens
                                              const SpanAttentionOptions& o) {
   check_arguments(q, k, v, key_pe, span_ratio, o);
   const int64_t B = q.size(0), K = q.size(1), M = q.size(2), D = q.size(3), W = k.size(2) - M, L = o.attn_span;
-  auto scores = attention::unskew(at::matmul(q, k.transpose(-1, -2)));              // (B, K, M, W)
+  auto scores = unskew(at::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, W)
   scores = (scores + at::matmul(q, key_pe.narrow(1, L - W, W))) / std::sqrt(double(D));
-  // Column c is distance W - c; head h sees the last S_h columns.
-  auto visited = resolve_visited(span_ratio, W, o);
-  auto first_seen = at::tensor(std::vector<int64_t>(visited.begin(), visited.end())).neg().add(W).view({K, 1, 1});
-  auto columns = at::arange(W, at::kLong).view({1, 1, W});
-  auto seen = (columns >= first_seen).to(q.device());                                 // (K, 1, W)
-  auto p = at::softmax(scores.masked_fill(seen.logical_not(), -INFINITY), -1);      // (B, K, M, W)
-  auto distance_minus_one = at::arange(W - 1, -1, -1, q.options());                  // (W)
+  auto p = at::softmax(scores, -1);                                                 // (B, K, M, W)
+  auto distance_minus_one = at::arange(W - 1, -1, -1, q.options());                 // (W), column c = distance W - c
   auto m = ((span_ratio * double(L)).view({K, 1, 1}) - distance_minus_one) / o.ramp + 1.0;
-  auto w = p * m.clamp(0.0, 1.0);                                                    // (B, K, M, W)
+  auto w = p * m.clamp(0.0, 1.0);                                                   // (B, K, M, W)
   auto a = w / (w.sum(-1, /*keepdim=*/true) + 1e-8);
   if (o.training && o.dropout > 0) {
     auto keep = at::empty({B, K, M, W}, at::kDouble);
@@ -147,7 +144,7 @@ at::Tensor adaptive_span_attention_reference(const at::Tensor& q, const at::Tens
           for (int64_t c = 0; c < W; ++c) acc[b][h][i][c] = dropout_keep(o.seed, b, h, i, W - c, o.dropout) ? 1.0 : 0.0;
     a = a * keep.to(q.options()) / (1.0 - o.dropout);
   }
-  return at::matmul(attention::skew(a), v);                                          // (B, K, M, D)
+  return at::matmul(skew(a), v);                                                    // (B, K, M, D)
 }
 
 }  // namespace spanformer::ops

@@ -91,7 +91,7 @@ std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) 
 
 models::TransformerSeq CheckpointReader::load_model(const std::string& attn_impl) {
   ModelConfig config = config_.model;
-  if (!attn_impl.empty()) config.attn_impl = attn_impl;
+  if (!attn_impl.empty()) config.attn_impl = attention::parse_attn_impl(attn_impl);
   validate(config);
   models::TransformerSeq model(config);
   load_model_into(model);

@@ -1,5 +1,10 @@
 #include "spanformer/util/runtime.h"
 
+#include <malloc.h>
+
+#include <climits>
+#include <cstdlib>
+
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -52,6 +57,12 @@ std::string format_duration(double seconds) {
   if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
   if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
   return fmt::format("{}s", s);
+}
+
+void keep_freed_memory() {
+  if (std::getenv("GLIBC_TUNABLES") || std::getenv("MALLOC_MMAP_MAX_") || std::getenv("MALLOC_TRIM_THRESHOLD_")) return;
+  mallopt(M_MMAP_MAX, 0);                // large blocks from the heap, reused after free
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);    // never shrink the heap
 }
 
 }  // namespace spanformer

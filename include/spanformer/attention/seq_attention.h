@@ -19,6 +19,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "spanformer/attention/attn_impl.h"
 #include "spanformer/nn/adaptive_span.h"
 
 namespace spanformer::attention {
@@ -36,9 +37,9 @@ struct SeqAttentionOptions {
   TORCH_ARG(double, adapt_span_loss) = 0.0;
   TORCH_ARG(bool, adapt_span_cache) = true;
   TORCH_ARG(int64_t, pers_mem_size) = 0;  // N
-  // Use the fused span-aware op (ops/adaptive_span_attention.h) where it applies (adaptive span on,
-  // no persistent memory); otherwise the plain path, which follows the reference operation by operation.
-  TORCH_ARG(bool, fused) = true;
+  // How attention is computed where the fused op applies (adaptive span on, no persistent memory;
+  // elsewhere always the plain path): attn_impl.h.
+  TORCH_ARG(AttnImpl, impl) = AttnImpl::kAuto;
 };
 
 class SeqAttentionImpl : public torch::nn::Module {
@@ -50,12 +51,15 @@ class SeqAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cache, const torch::Tensor& key_pe);
 
   // Attention from projected heads: q (B, K, M, D), k and v (B, K, L'+M, D) -> (B, K, M, D), by the
-  // fused op or the plain path (options().fused()).
+  // fused op or the plain path (uses_fused_op).
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& key_pe);
 
-  // Whether attend() runs the fused op (adaptive span on, no persistent memory, fused option).
-  bool uses_fused_op() const { return options_.fused() && span && options_.pers_mem_size() == 0; }
+  // Whether a block of M queries (B streams) runs the fused op: adaptive span on, no persistent
+  // memory, and impl fused, or auto with the measured rule choosing it for the current spans.
+  bool uses_fused_op(int64_t B, int64_t M) const;
+  // Whether the fused path projects values per head (only the rows each head's span reads).
+  bool uses_per_head_values(int64_t B, int64_t M) const;
 
   // Keys this layer reads (L') and states its cache keeps.
   int64_t used_span() const;
@@ -78,12 +82,5 @@ TORCH_MODULE(SeqAttention);
 
 // The last `width` states of `cache` (B, C, H), left-padded with zeros when C < width: (B, width, H).
 torch::Tensor take_last_states(const torch::Tensor& cache, int64_t width);
-
-// Relative-position layout helpers (the reference's _skew/_unskew):
-//   unskew: (..., M, W + M) scores of query i against context positions -> (..., M, W) where column
-//           j is context position i + j (distance W - j). A strided view, no copy.
-//   skew:   the inverse placement (..., M, W) -> (..., M, W + M), zeros elsewhere.
-torch::Tensor unskew(const torch::Tensor& x);
-torch::Tensor skew(const torch::Tensor& x);
 
 }  // namespace spanformer::attention

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/attention/attn_impl.h"
+
 namespace spanformer {
 
 // The model's shape and the span machinery. Saved inside every checkpoint; a checkpoint only loads
@@ -32,8 +34,8 @@ struct ModelConfig {
   double adapt_span_loss = 2e-6;     // span-loss coefficient
   bool adapt_span_cache = true;      // keep only the cache the current spans need
   int64_t pers_mem_size = 0;         // N > 0: all-attention layers with persistent memory, no FFN
-  std::string attn_impl = "fused";   // fused: span-aware op (ops/); plain: the reference's operations.
-                                     // An execution choice: checkpoints load under either.
+  attention::AttnImpl attn_impl = attention::AttnImpl::kAuto;  // auto | fused | plain: how attention is
+                                     // computed (attention/attn_impl.h); checkpoints load under any.
 
   int64_t head_dim() const { return hidden_size / nb_heads; }
 };

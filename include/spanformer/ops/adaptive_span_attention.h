@@ -1,23 +1,25 @@
-// Adaptive-span attention as one op: scores, softmax, span mask, renormalisation and dropout for each
-// head over only the distances its span needs, with a hand-written backward (issue 6).
+// Adaptive-span attention as one op: scores, softmax, span mask, renormalisation and dropout, with a
+// hand-written backward that recomputes instead of storing M x W tensors (issues 6 and 10).
 //
 // Dims: B batch, K heads, M queries, W window (keys per query; the layer's L'), D head width,
 // L max span. Inputs
 //   q (B, K, M, D); k, v (B, K, W + M, D): query i sees context rows i .. i + W - 1 (distances W .. 1)
 //   key_pe (D, L): column L - d is distance d;  span_ratio (K): z_h = span_ratio[h] * L.
 //
-// Semantics. With s_d = (q_i . k_{i+W-d} + q_i . key_pe[:, L-d]) / sqrt(D), the reference computes
-//     a_d = p_d m_d / (sum_e p_e m_e + 1e-8),   p = softmax_d(s) over all W distances,
+// Semantics (exactly the reference's, facebookresearch/adaptive-span). With
+// s_d = (q_i . k_{i+W-d} + q_i . key_pe[:, L-d]) / sqrt(D),
+//     a_d = p_d m_d / (sum_e p_e m_e + 1e-8),   p = softmax_d(s) over ALL W distances,
 //     m_d = clamp((R + z - (d - 1)) / R, 0, 1).
-// Writing p_d = e_d / Z (e_d = exp(s_d - max)), a_d = e_d m_d / (sum_e e_e m_e + 1e-8 Z): every term
-// with m_d = 0 vanishes from the numerators, so a equals a softmax over s_d + log(m_d) restricted to
-// the distances where m_d > 0, EXCEPT for the 1e-8 Z term, whose Z counts every key in the window.
-// The op therefore visits, per head, the distances d = 1 .. S_h with
-//     S_h = min(W, floor(z_h + R) + 1)
-// (the last one is where m reaches 0: clamp's gradient is taken there too, as autograd does), and
-// uses Z over those S_h distances. That is exactly the reference run with a window of S_h keys; the
-// reference's own 64-key trimming already makes Z depend on the window, and the relative difference
-// to a wider window is at most 1e-8 * Z_wide / sum(e m) (tested).
+// Writing p_d = e_d / Z (e_d = exp(s_d - max)), a_d = e_d m_d / (sum_e e_e m_e + 1e-8 Z): the distances
+// with m_d = 0 vanish from every numerator, but Z counts every key of the window. The 1e-8 Z term is not
+// negligible: a head can switch itself off by scoring keys beyond its span far above those inside it
+// (1e-8 Z then dominates and a sums to much less than 1), and models trained by the reference do this
+// (issue 10: dropping the term cost 0.1 bpc on ../shared/reference/adaptive-span-small4). So the op
+// computes the scores and Z over the whole window, and everything after the softmax (mask,
+// renormalisation, dropout, the value product and their gradients) only over the distances
+//     d = 1 .. S_h,   S_h = min(W, floor(z_h + R) + 1)
+// where m > 0 (the last one is where m reaches 0: clamp's gradient is taken there too, as autograd
+// does). Keys beyond S_h still get the gradient of the 1e-8 Z term.
 //
 // Dropout keeps a_d with probability 1 - p and scales by 1 / (1 - p); the keep decision is a hash of
 // (seed, b, h, i, d), so forward, backward and the reference agree without storing a mask.
@@ -39,19 +41,22 @@ struct SpanAttentionOptions {
   std::vector<int64_t> visited;
 };
 
-// Validates the arguments once and dispatches: CPU (fused, autograd-aware) or, later, CUDA.
+// Validates the arguments once and dispatches: CPU kernel, CUDA kernel, or the reference composition.
 at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                    const SpanAttentionOptions& options);
 
-// The executable spec: the same semantics written with plain ATen ops over the whole window (any
-// dtype, differentiable by autograd). Used by the tests as the oracle.
+// The executable spec: the reference's operations over the whole window with plain ATen ops (any dtype,
+// differentiable by autograd). Used by the tests as the oracle, and by devices without a kernel.
 at::Tensor adaptive_span_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                              const SpanAttentionOptions& options);
 
-// Distances head h visits: min(W, floor(z_h + R) + 1) with z_h = span_ratio[h] * L: options.visited
-// when given, else read from span_ratio (one host read).
+// The distances a head with span z (tokens) visits in a window of W keys: min(W, floor(z + R) + 1), at
+// least 1. The one home of this rule (nn::AdaptiveSpan::visited and the kernels use it).
+int64_t visited_distance(double z, double ramp, int64_t window);
+
+// visited_distance for every head, z_h = span_ratio[h] * L (one host read).
 std::vector<int64_t> visited_distances(const at::Tensor& span_ratio, int64_t attn_span, double ramp, int64_t window);
 
 // The dropout decision for (seed, b, h, i, d): true = keep.

@@ -9,6 +9,14 @@ namespace spanformer {
 // Sets LibTorch's intra-op thread count; 0 means "all cores". Returns the count in use.
 int set_threads(int threads);
 
+// Keeps freed memory in the process for reuse instead of handing it back to the kernel (glibc malloc:
+// no mmap for large blocks, no trimming). LibTorch on CPU frees and reallocates the same large
+// tensors every step; returned to the kernel, each reallocation faults its pages in again. Measured on
+// the 2-core EPYC machine (docs/benchmarks.md): bench_small at span 540, eval 410 -> 242 ms/step,
+// training 1056 -> 805 ms/step. Call once at start-up, before any thread starts; the user's own
+// GLIBC_TUNABLES / MALLOC_* settings win.
+void keep_freed_memory();
+
 // Peak resident set size of this process in bytes.
 int64_t peak_rss_bytes();
 

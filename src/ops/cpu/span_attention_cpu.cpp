@@ -1,22 +1,27 @@
-// CPU kernel of adaptive-span attention: blocked over (head, query tile), batched over B; each tile
-// touches only the S_h + T - 1 context rows its head's span needs, as small batched GEMMs (content,
-// position, output), so the work per head follows its own span instead of the layer's largest one.
+// CPU kernel of adaptive-span attention: blocked over (head, query tile), batched over B. The scores
+// cover the whole window (the reference's softmax normaliser Z counts every key, see the op's header);
+// everything after the softmax (mask, renormalisation, dropout, the value product and its gradients)
+// touches only the S_h visited distances of the tile's head.
 //
-// Tile of T queries i0 .. i0+T-1 of head h, S = S_h visited distances, for all B streams at once:
-//   Kt, Vt = rows i0 + W - S .. i0 + T - 2 + W of k, v                   (B, S + T - 1, D)
-//   C      = Q Kt^T                                                       (B, T, S + T - 1)
-//   s      = (unskew(C) + Q pe[:, L-S:]) / sqrt(D)                        (B, T, S), column c = distance S - c
-//   p      = softmax(s);  w = p m;  a~ = w / (sum w + 1e-8);  a = a~ keep / (1 - p_drop)
+// Tile of T queries i0 .. i0+T-1 of head h, S = S_h visited of W distances, for all B streams at once:
+//   Kt     = rows i0 .. i0 + T - 2 + W of k                               (B, W + T - 1, D)
+//   Vt     = rows i0 + W - S .. i0 + T - 2 + W of v                       (B, S + T - 1, D)
+//   s      = (unskew(Q Kt^T) + Q pe[:, L-W:]) / sqrt(D)                   (B, T, W), column c = distance W - c
+//   p      = softmax(s) over W;  pv = p[:, :, W-S:]                       (B, T, S)
+//   a~     = pv m / (sum pv m + 1e-8);  a = a~ keep / (1 - p_drop)        (B, T, S)
 //   out    = skew(a) Vt                                                   (B, T, D)
 // Backward recomputes the tile (nothing of size M x W is stored) and applies, row by row,
-//   da~ = dA keep / (1 - p_drop);  dw = (da~ - <da~, a~>) / (N + 1e-8);  dp = dw m;  dm = dw p
-//   ds  = p (dp - <dp, p>) / sqrt(D);  d ratio = sum dm [0 <= x <= 1] L / R  (x the unclamped mask)
+//   da~ = dA keep / (1 - p_drop);  dw = (da~ - <da~, a~>) / (sum pv m + 1e-8);  dpv = dw m
+//   c   = <dpv, pv>;  ds = p (dp - c) / sqrt(D)  with dp = dpv on visited columns, 0 on the others
+//   d ratio = sum dw pv [0 <= x <= 1] L / R  (x the unclamped mask)
+// so the far columns get ds = -p c: the gradient of the 1e-8 Z term, as autograd gives the reference.
 //
-// Versions (2-core machine, B 1, K 8, D 64, M 512, L 8192, forward + backward, median of 5):
-//   v1  tiles of 64 per (b, h), ATen GEMMs per tile, (b, h) in parallel: bimodal spans 183 ms (plain
-//       path 1184 ms), all spans at L 773 ms (plain 1190 ms); but on B 8, K 4, M 256, L 1024 with equal
-//       spans it lost to the plain path's large batched GEMMs (training step 637 vs 438 ms at span 40).
-//   v2  (this file) tiles batched over B with bmm, heads in parallel: docs/kernels.md.
+// Versions (2-core machine; docs/kernels.md has the measurements):
+//   v1  tiles of 64 per (b, h), ATen GEMMs per tile, (b, h) in parallel.
+//   v2  tiles batched over B with bmm, heads in parallel; softmax over the visited distances only,
+//       which dropped the 1e-8 Z term of the far keys: 0.1 bpc wrong on reference models whose heads
+//       rely on it (issue 10).
+//   v3  (this file) v2 with the scores and Z over the whole window, as the reference.
 #include "span_attention_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -71,7 +76,7 @@ at::Tensor dropout_scale(const SpanAttentionOptions& o, const Shape& s, int64_t 
 
 // Everything the forward computes for one tile, recomputed in backward.
 struct TileState {
-  at::Tensor Q, Kt, Vt, pe, p, m, N, a_tilde, scale, a;
+  at::Tensor Q, Kt, Vt, pe, p, pv, m, N, a_tilde, scale, a;
 };
 
 // qh (B, M, D), kh / vh (B, W + M, D): one head's slices.
@@ -80,14 +85,15 @@ TileState compute_tile(const at::Tensor& qh, const at::Tensor& kh, const at::Ten
                        const SpanAttentionOptions& o) {
   TileState t;
   t.Q = qh.narrow(1, i0, T);                                                      // (B, T, D)
-  t.Kt = kh.narrow(1, i0 + s.W - S, S + T - 1);                                   // (B, S+T-1, D)
+  t.Kt = kh.narrow(1, i0, s.W + T - 1);                                           // (B, W+T-1, D)
   t.Vt = vh.narrow(1, i0 + s.W - S, S + T - 1);                                   // (B, S+T-1, D)
-  t.pe = key_pe.narrow(1, s.L - S, S);                                            // (D, S)
-  auto content = tile_unskew(at::bmm(t.Q, t.Kt.transpose(1, 2)), T, S);           // (B, T, S)
-  auto scores = (content + at::matmul(t.Q, t.pe)) / std::sqrt(double(s.D));       // (B, T, S)
-  t.p = at::softmax(scores, 2);                                                   // (B, T, S)
+  t.pe = key_pe.narrow(1, s.L - s.W, s.W);                                        // (D, W)
+  auto content = tile_unskew(at::bmm(t.Q, t.Kt.transpose(1, 2)), T, s.W);         // (B, T, W)
+  auto scores = (content + at::matmul(t.Q, t.pe)) / std::sqrt(double(s.D));       // (B, T, W)
+  t.p = at::softmax(scores, 2);                                                   // (B, T, W)
+  t.pv = t.p.narrow(2, s.W - S, S);                                               // (B, T, S)
   t.m = mask;                                                                     // (S)
-  auto w = t.p * t.m;                                                             // (B, T, S)
+  auto w = t.pv * t.m;                                                            // (B, T, S)
   t.N = w.sum(2, /*keepdim=*/true) + 1e-8;                                        // (B, T, 1)
   t.a_tilde = w / t.N;                                                            // (B, T, S)
   t.scale = dropout_scale(o, s, h, i0, T, S, qh.options());
@@ -134,14 +140,14 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
   auto dq = at::empty({s.K, s.B, s.M, s.D}, q.options());
   auto dk = at::zeros({s.K, s.B, s.W + s.M, s.D}, k.options());
   auto dv = at::zeros({s.K, s.B, s.W + s.M, s.D}, v.options());
-  auto pe_parts = at::zeros({s.K, s.D, s.L}, key_pe.options());  // summed over heads at the end
+  auto pe_parts = at::zeros({s.K, s.D, s.W}, key_pe.options());  // summed over heads at the end
   auto dratio = at::zeros({s.K}, span_ratio.options());
   const double sqrt_d = std::sqrt(double(s.D));
   at::parallel_for(0, s.K, 1, [&](int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) {
       const int64_t S = visited[h];
       auto qh = q.select(1, h), kh = k.select(1, h), vh = v.select(1, h), go = grad_out.select(1, h);
-      auto dpe = pe_parts[h].narrow(1, s.L - S, S);                               // (D, S)
+      auto dpe = pe_parts[h];                                                     // (D, W)
       auto dratio_h = at::zeros({}, span_ratio.options());
       for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
         const int64_t T = std::min(kTile, s.M - i0);
@@ -151,13 +157,16 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
         auto dA = tile_unskew(at::bmm(dO, t.Vt.transpose(1, 2)), T, S);           // (B, T, S)
         auto da_tilde = t.scale.defined() ? dA * t.scale : dA;
         auto dw = (da_tilde - (da_tilde * t.a_tilde).sum(2, true)) / t.N;        // (B, T, S)
-        auto dp = dw * t.m;
-        dratio_h = dratio_h + ((dw * t.p).sum(at::IntArrayRef{0, 1}) * mask_grad[h]).sum();
-        auto ds = t.p * (dp - (dp * t.p).sum(2, true)) / sqrt_d;                  // (B, T, S)
-        auto ds_skew = tile_skew(ds, T, S);                                       // (B, T, S+T-1)
+        auto dpv = dw * t.m;                                                      // (B, T, S)
+        dratio_h = dratio_h + ((dw * t.pv).sum(at::IntArrayRef{0, 1}) * mask_grad[h]).sum();
+        auto c = (dpv * t.pv).sum(2, true);                                       // (B, T, 1)
+        auto ds = t.p * (-c);                                                     // (B, T, W): far columns
+        ds.narrow(2, s.W - S, S).add_(t.pv * dpv);                                // visited columns
+        ds.div_(sqrt_d);
+        auto ds_skew = tile_skew(ds, T, s.W);                                     // (B, T, W+T-1)
         dq[h].narrow(1, i0, T).copy_(at::bmm(ds_skew, t.Kt) + at::matmul(ds, t.pe.t()));
-        dk[h].narrow(1, i0 + s.W - S, S + T - 1).add_(at::bmm(ds_skew.transpose(1, 2), t.Q));
-        dpe.add_(at::mm(t.Q.reshape({-1, s.D}).t(), ds.reshape({-1, S})));       // (D, S)
+        dk[h].narrow(1, i0, s.W + T - 1).add_(at::bmm(ds_skew.transpose(1, 2), t.Q));
+        dpe.add_(at::mm(t.Q.reshape({-1, s.D}).t(), ds.reshape({-1, s.W})));     // (D, W)
       }
       dratio[h] = dratio_h;
     }
@@ -166,7 +175,8 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
   g.q = dq.transpose(0, 1).contiguous();
   g.k = dk.transpose(0, 1).contiguous();
   g.v = dv.transpose(0, 1).contiguous();
-  g.key_pe = pe_parts.sum(0);
+  g.key_pe = at::zeros({s.D, s.L}, key_pe.options());
+  g.key_pe.narrow(1, s.L - s.W, s.W).copy_(pe_parts.sum(0));
   g.span_ratio = dratio;
   return g;
 }

@@ -21,7 +21,7 @@ struct SpanAttentionParams {
   // Forward outputs.
   void* out;                // (B, K, M, D), `dtype`
   float* row_max;           // (B, K, M) running max of the scores
-  float* row_z;             // (B, K, M) sum of exp(s - max) over the visited distances
+  float* row_z;             // (B, K, M) sum of exp(s - max) over the whole window
   float* row_n;             // (B, K, M) sum of exp(s - max) * mask
   // Backward: incoming gradient (`dtype`) and fp32 gradient buffers (zeroed by the caller).
   const void* grad_out;

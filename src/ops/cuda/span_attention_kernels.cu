@@ -2,12 +2,14 @@
 //
 // Version 0 (this file): correctness first. One warp per query row; lanes take 32 distances at a time
 // (a lane computes one score with a length-D dot product), an online softmax keeps the row's running
-// max, Z = sum e and N = sum e*m; each lane owns D/32 output components. Only the S_h visited
-// distances of the row's head are read. Backward recomputes each row from the saved (max, Z, N), uses
+// max, Z = sum e and N = sum e*m; each lane owns D/32 output components. Scores and Z cover the
+// whole window (the reference's normaliser); values, mask and dropout only the S_h visited distances
+// of the row's head. Backward recomputes each row from the saved (max, Z, N), uses
 //   G1 = dO . out,  dw_d = (da~_d - G1) / (N/Z + 1e-8),  G2 = sum dp p = 1e-8 G1 / (N/Z + 1e-8),
 //   ds_d = p_d (dw_d m_d - G2) / sqrt(D),
-// and accumulates dk, dv, dkey_pe and dspan_ratio with fp32 atomics. Not yet run on a GPU: no device
-// was lent to this work; the next version is the tiled tensor-core kernel (docs/kernels.md).
+// (ds_d = -p_d G2 / sqrt(D) beyond the span) and accumulates dk, dv, dkey_pe and dspan_ratio with
+// fp32 atomics. Not yet run on a GPU: no device was lent to this work; the next version is the tiled
+// tensor-core kernel (docs/kernels.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -96,12 +98,19 @@ __global__ void forward_kernel(SpanAttentionParams p) {
   }
   float mx = -INFINITY, z_sum = 0.f, n_sum = 0.f;
   const T* v = static_cast<const T*>(p.v) + (r.b * p.K + r.h) * (p.W + p.M) * p.D;
-  for (int64_t d = 1; d <= r.S; ++d) {
+  for (int64_t d = 1; d <= p.W; ++d) {
     // One distance per iteration, whole warp: simple and coalesced over D.
     const float s = score<T>(p, r, qreg, d, inv_sqrt_d);
     const float new_mx = fmaxf(mx, s);
     const float rescale = __expf(mx - new_mx);
     const float e = __expf(s - new_mx);
+    if (d > r.S) {  // beyond the span: only the normaliser Z counts this key
+      z_sum = z_sum * rescale + e;
+      n_sum *= rescale;
+      for (int c = 0; c < per_lane; ++c) acc[c] *= rescale;
+      mx = new_mx;
+      continue;
+    }
     const float m = mask_value(r.z, p.ramp, d);
     const bool kept = !(p.training && p.dropout > 0) || keep(p.seed, r.b, r.h, r.i, d, p.dropout);
     const float w = e * m * (kept ? drop_scale : 0.f);
@@ -148,10 +157,20 @@ __global__ void backward_kernel(SpanAttentionParams p) {
   const T* v = static_cast<const T*>(p.v) + base * p.D;
   const T* pe = static_cast<const T*>(p.key_pe);
   float dz = 0.f;
-  for (int64_t d = 1; d <= r.S; ++d) {
+  for (int64_t d = 1; d <= p.W; ++d) {
     const int64_t j = r.i + p.W - d;
     const float s = score<T>(p, r, qreg, d, inv_sqrt_d);
     const float prob = __expf(s - mx) / z_sum;
+    if (d > r.S) {  // beyond the span: the gradient of the 1e-8 Z term only, ds = -p G2
+      const float ds = -prob * g2 * inv_sqrt_d;
+      for (int c = 0; c < per_lane; ++c) {
+        const int64_t e = lane + kWarp * c;
+        dq[c] += ds * (to_float(k[j * p.D + e]) + to_float(pe[e * p.L + (p.L - d)]));
+        atomicAdd(&p.grad_k[(base + j) * p.D + e], ds * qreg[c]);
+        atomicAdd(&p.grad_key_pe[e * p.L + (p.L - d)], ds * qreg[c]);
+      }
+      continue;
+    }
     const float m = mask_value(r.z, p.ramp, d);
     const bool kept = !(p.training && p.dropout > 0) || keep(p.seed, r.b, r.h, r.i, d, p.dropout);
     const float scale = kept ? drop_scale : 0.f;
