@@ -137,7 +137,7 @@ void bench(const BenchArgs& a) {
     const int64_t B = config.train.batch_size, M = config.model.tgt_len;
     train::Optimizer optimizer(model->weight_parameters(), train::OptimizerOptions{config.train.optim, 0, config.train.grad_clip});
     std::unique_ptr<train::Optimizer> arch;
-    if (config.model.search) arch = std::make_unique<train::Optimizer>(model->arch_parameters(), train::OptimizerOptions{"adam"});
+    if (config.model.search) arch = std::make_unique<train::Optimizer>(model->arch_parameters(), train::OptimizerOptions{OptimKind::kAdam});
     auto mems = model->initial_mems(B);
     double total = 0;
     for (int64_t i = 0; i < a.warmup + a.steps; ++i) {

@@ -23,7 +23,7 @@ TEST(Config, OverridesParseTypesAndRejectUnknownKeys) {
   EXPECT_DOUBLE_EQ(c.model.dropout, 0.3);
   EXPECT_EQ(c.model.nb_layers, 12);
   EXPECT_FALSE(c.model.adapt_span_cache);
-  EXPECT_EQ(c.train.optim, "adam");
+  EXPECT_EQ(c.train.optim, OptimKind::kAdam);
   EXPECT_DOUBLE_EQ(c.train.lr, 0.5);
   EXPECT_NE(error_of([&] { apply_overrides(c, {"--nb_layer=3"}); }).find("unknown config key 'nb_layer'"), std::string::npos);
   EXPECT_NE(error_of([&] { apply_overrides(c, {"--nb_layers=abc"}); }).find("nb_layers"), std::string::npos);
@@ -43,7 +43,8 @@ TEST(Config, ValidationNamesTheBadValue) {
       {[](Config& c) { c.model.dropout = 1.5; }, "dropout"},
       {[](Config& c) { c.model.adapt_span_init = 2; }, "adapt_span_init"},
       {[](Config& c) { c.train.batch_size = 6; c.train.batch_split = 4; }, "divisible by batch_split"},
-      {[](Config& c) { c.train.optim = "rmsprop"; }, "optim must be"},
+      {[](Config& c) { c.train.lr_min = 1; }, "lr_min"},
+      {[](Config& c) { c.train.eval_blocks = 0; }, "eval_blocks must be positive"},
       {[](Config& c) { c.train.lr = -1; }, "lr must be positive"},
   };
   for (const auto& bad : cases) {
@@ -53,6 +54,11 @@ TEST(Config, ValidationNamesTheBadValue) {
     EXPECT_NE(message.find(bad.message), std::string::npos) << "got: " << message;
   }
   EXPECT_EQ(error_of([] { validate(valid_config()); }), "");
+  // Closed choices are refused where they are parsed, naming the key and the choices.
+  Config c = valid_config();
+  EXPECT_NE(error_of([&] { apply_overrides(c, {"--optim=rmsprop"}); }).find("'optim': optim must be adagrad, sgd or adam"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_overrides(c, {"--scheduler=step"}); }).find("scheduler must be"), std::string::npos);
 }
 
 TEST(Config, FilesReportMissingCorruptAndUnknownKeys) {
@@ -95,7 +101,7 @@ TEST(Config, ShippedConfigsCarryTheReferenceValues) {
     EXPECT_EQ(c.train.nb_steps, e.steps) << e.file;
     EXPECT_EQ(c.train.batch_split, e.split) << e.file;
     // Shared by every paper config.
-    EXPECT_EQ(c.train.optim, "adagrad");
+    EXPECT_EQ(c.train.optim, OptimKind::kAdagrad);
     EXPECT_DOUBLE_EQ(c.train.lr, 0.07);
     EXPECT_DOUBLE_EQ(c.train.grad_clip, 0.03);
     EXPECT_EQ(c.train.batch_size, 64);

@@ -9,6 +9,10 @@
 #include "spanformer/train/optim.h"
 
 using namespace spanformer::train;
+using spanformer::OptimKind;
+using spanformer::TrainConfig;
+using spanformer::learning_rate;
+using spanformer::optim_name;
 
 namespace {
 struct Params {
@@ -39,7 +43,7 @@ void set_grads(Params& p, double scale) {
 TEST(Optim, AdagradWithReferenceClipMatchesPlainLoop) {
   auto p = make_params();
   const double lr = 0.07, clip = 0.03;
-  Optimizer opt(p.named(), {"adagrad", 0.0, clip});
+  Optimizer opt(p.named(), {OptimKind::kAdagrad, 0.0, clip});
   std::vector<std::vector<double>> x(p.tensors.size()), sum(p.tensors.size());
   for (size_t i = 0; i < p.tensors.size(); ++i) {
     for (int64_t j = 0; j < p.tensors[i].numel(); ++j) x[i].push_back(p.tensors[i][j].item<double>());
@@ -67,7 +71,7 @@ TEST(Optim, AdagradWithReferenceClipMatchesPlainLoop) {
 }
 
 TEST(Optim, SgdMomentumAndAdamWithGlobalClipMatchPlainLoops) {
-  for (std::string kind : {"sgd", "adam"}) {
+  for (OptimKind kind : {OptimKind::kSgd, OptimKind::kAdam}) {
     auto p = make_params();
     const double lr = 0.01, clip = 0.25, momentum = 0.9;
     Optimizer opt(p.named(), {kind, momentum, clip});
@@ -86,7 +90,7 @@ TEST(Optim, SgdMomentumAndAdamWithGlobalClipMatchPlainLoops) {
       const double coef = std::min(1.0, clip / (std::sqrt(total) + 1e-6));
       for (size_t i = 0; i < g.size(); ++i) {
         const double gi = g[i] * coef;
-        if (kind == "sgd") {
+        if (kind == OptimKind::kSgd) {
           m[i] = step == 1 ? gi : momentum * m[i] + gi;
           x[i] -= lr * m[i];
         } else {
@@ -99,15 +103,17 @@ TEST(Optim, SgdMomentumAndAdamWithGlobalClipMatchPlainLoops) {
       opt.step(lr);
       size_t idx = 0;
       for (auto& t : p.tensors)
-        for (int64_t j = 0; j < t.numel(); ++j) EXPECT_NEAR(t[j].item<double>(), x[idx++], 1e-13) << kind;
+        for (int64_t j = 0; j < t.numel(); ++j) EXPECT_NEAR(t[j].item<double>(), x[idx++], 1e-13) << optim_name(kind);
     }
   }
 }
 
-TEST(Optim, LinearWarmup) {
-  EXPECT_DOUBLE_EQ(warmup_lr(0.07, 1, 8000), 0.07 / 8000);
-  EXPECT_DOUBLE_EQ(warmup_lr(0.07, 4000, 8000), 0.035);
-  EXPECT_DOUBLE_EQ(warmup_lr(0.07, 8000, 8000), 0.07);
-  EXPECT_DOUBLE_EQ(warmup_lr(0.07, 9000, 8000), 0.07);
-  EXPECT_DOUBLE_EQ(warmup_lr(0.07, 1, 0), 0.07);
+TEST(Optim, LinearWarmupThenConstant) {
+  TrainConfig c;  // the adaptive-span defaults: lr 0.07, warmup 8000, constant
+  EXPECT_DOUBLE_EQ(learning_rate(c, 1), 0.07 / 8000);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 4000), 0.035);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 8000), 0.07);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 9000), 0.07);
+  c.lr_warmup = 0;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 1), 0.07);
 }

@@ -57,7 +57,7 @@ TEST(Training, BatchSplitGivesTheSameUpdate) {
     model->to(torch::kDouble);
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
-    train::Optimizer opt(named, {"adagrad", 0, 0.03});
+    train::Optimizer opt(named, {OptimKind::kAdagrad, 0, 0.03});
     auto c = model->initial_caches(4);
     for (auto& t : c) t = torch::randn_like(t);
     for (int step = 0; step < 2; ++step) train::train_step(model, opt, x, y, c, split, 0.07);
@@ -93,7 +93,7 @@ TEST(Training, FusedAttentionStepEqualsThePlainStep) {
     for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
     // Adagrad, the reference's optimizer: it divides each element by its own gradient's size, so the
     // tiny gradients that key_pe columns beyond every span get through the 1e-8 Z term must agree too.
-    train::Optimizer opt(named, {"adagrad", 0, 0.03});
+    train::Optimizer opt(named, {OptimKind::kAdagrad, 0, 0.03});
     auto c = model->initial_caches(3);
     double loss = 0;
     for (int step = 0; step < 3; ++step) loss = train::train_step(model, opt, x, y, c, 1, 0.07).item<double>();
@@ -119,7 +119,7 @@ TEST(Training, SpanParametersStayClampedAfterEveryStep) {
   models::TransformerSeq model(mc);
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
-  train::Optimizer opt(named, {"sgd", 0, 0});
+  train::Optimizer opt(named, {OptimKind::kSgd, 0, 0});
   auto c = model->initial_caches(2);
   auto x = torch::randint(13, {2, 16}, torch::kLong);
   for (int step = 0; step < 3; ++step) {
@@ -188,7 +188,7 @@ TEST(Training, DivergenceStopsWithAClearError) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 12000);
   Config config = tiny(tmp.path());
-  config.train.optim = "sgd";
+  config.train.optim = OptimKind::kSgd;
   config.train.grad_clip = 0;
   config.train.lr = 1e30;
   config.train.lr_warmup = 0;

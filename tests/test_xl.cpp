@@ -379,7 +379,7 @@ TEST(ParSuperNetwork, StronglyFavouredTypesReproduceThePlainModel) {
   auto plain = double_model(plain_c);
   auto super_c = tiny_config();
   super_c.search = true;  // 2 x 2 = 4 blocks
-  for (const std::string mode : {"argmax", "softmax"}) {
+  for (const SearchEval mode : {SearchEval::kArgmax, SearchEval::kSoftmax}) {
     super_c.search_eval = mode;
     auto net = double_model(super_c);
     torch::NoGradGuard g;
@@ -391,7 +391,7 @@ TEST(ParSuperNetwork, StronglyFavouredTypesReproduceThePlainModel) {
     auto m1 = plain->initial_mems(2), m2 = net->initial_mems(2);
     auto a = plain->forward(x, m1, models::xl::Lengths::of(plain_c));
     auto b = net->forward(x, m2, models::xl::Lengths::of(super_c), net->eval_weights());
-    EXPECT_LT((a - b).abs().max().item<double>(), 1e-12) << mode;
+    EXPECT_LT((a - b).abs().max().item<double>(), 1e-12) << search_eval_name(mode);
   }
 }
 
@@ -429,8 +429,7 @@ TEST(XlConfigTest, BadValuesGiveClearErrors) {
   c.search.tau1 = 0;
   EXPECT_NE(tu::error_of([&] { validate(c); }).find("tau"), std::string::npos);
   c.search.tau1 = 0.1;
-  c.model.search_eval = "sample";
-  EXPECT_NE(tu::error_of([&] { validate(c); }).find("search_eval"), std::string::npos);
+  EXPECT_NE(tu::error_of([&] { apply_overrides(c, {"--search_eval=sample"}); }).find("search_eval"), std::string::npos);
   // JSON: unknown keys and a missing arch are refused; overrides reach every section.
   EXPECT_NE(tu::error_of([] { xl_config_from_json(nlohmann::json{{"arch", "xl"}, {"model", {{"n_layers", 3}}}}, "t"); })
                 .find("unknown config key 'model.n_layers'"),
@@ -441,25 +440,25 @@ TEST(XlConfigTest, BadValuesGiveClearErrors) {
   apply_overrides(d, {"--layers=afff", "--tau1=0.05", "--eval_mem_len=640", "--cutoffs=[10,20]"});
   EXPECT_EQ(d.model.layers, "afff");
   EXPECT_EQ(d.search.tau1, 0.05);
-  EXPECT_EQ(d.train.eval_mem_len, 640);
+  EXPECT_EQ(d.model.eval_mem_len, 640);
   EXPECT_EQ(d.model.cutoffs, (std::vector<int64_t>{10, 20}));
 }
 
 TEST(XlSchedules, LearningRateAndTemperature) {
-  XlTrainConfig t;
+  TrainConfig t = xl_train_defaults();  // cosine
   t.lr = 1e-3;
   t.lr_min = 1e-5;
-  t.warmup_steps = 10;
+  t.lr_warmup = 10;
   t.nb_steps = 110;
-  EXPECT_DOUBLE_EQ(train::xl::learning_rate(t, 1), 1e-4);
-  EXPECT_DOUBLE_EQ(train::xl::learning_rate(t, 10), 1e-3);
-  EXPECT_NEAR(train::xl::learning_rate(t, 55), 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + std::cos(M_PI * 0.5)), 1e-15);
-  EXPECT_NEAR(train::xl::learning_rate(t, 110), 1e-5, 1e-15);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 1), 1e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 10), 1e-3);
+  EXPECT_NEAR(learning_rate(t, 55), 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + std::cos(M_PI * 0.5)), 1e-15);
+  EXPECT_NEAR(learning_rate(t, 110), 1e-5, 1e-15);
   XlSearchConfig s;
   EXPECT_DOUBLE_EQ(train::xl::temperature(s, 0, 100), 1.0);
   EXPECT_NEAR(train::xl::temperature(s, 50, 100), std::sqrt(0.1), 1e-12);
   EXPECT_NEAR(train::xl::temperature(s, 100, 100), 0.1, 1e-12);
-  s.tau_schedule = "linear";
+  s.tau_schedule = TauSchedule::kLinear;
   EXPECT_NEAR(train::xl::temperature(s, 50, 100), 0.55, 1e-12);
 }
 
@@ -540,9 +539,9 @@ XlConfig run_config(const std::string& data, bool search) {
   c.train.batch_split = 2;
   c.train.nb_steps = 8;
   c.train.eval_interval = 4;
-  c.train.eval_segments = 3;
+  c.train.eval_blocks = 3;
   c.train.lr = 3e-3;
-  c.train.warmup_steps = 2;
+  c.train.lr_warmup = 2;
   c.train.threads = 1;
   return c;
 }

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "fields.h"
+#include "train_fields.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -15,6 +15,7 @@ using config_detail::field;
 using config_detail::struct_to_json;
 using config_detail::find_field;
 using config_detail::read_section;
+using config_detail::train_fields;
 
 const std::vector<Field<ModelConfig>>& model_fields() {
   static const std::vector<Field<ModelConfig>> fields = {
@@ -34,31 +35,6 @@ const std::vector<Field<ModelConfig>>& model_fields() {
       field("adapt_span_cache", &ModelConfig::adapt_span_cache),
       field("pers_mem_size", &ModelConfig::pers_mem_size),
       config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name),
-  };
-  return fields;
-}
-
-const std::vector<Field<TrainConfig>>& train_fields() {
-  static const std::vector<Field<TrainConfig>> fields = {
-      field("data", &TrainConfig::data),
-      field("batch_size", &TrainConfig::batch_size),
-      field("batch_split", &TrainConfig::batch_split),
-      field("optim", &TrainConfig::optim),
-      field("lr", &TrainConfig::lr),
-      field("momentum", &TrainConfig::momentum),
-      field("grad_clip", &TrainConfig::grad_clip),
-      field("lr_warmup", &TrainConfig::lr_warmup),
-      field("nb_steps", &TrainConfig::nb_steps),
-      field("eval_interval", &TrainConfig::eval_interval),
-      field("eval_blocks", &TrainConfig::eval_blocks),
-      field("checkpoint_interval", &TrainConfig::checkpoint_interval),
-      field("seed", &TrainConfig::seed),
-      field("threads", &TrainConfig::threads),
-      field("eval_batch_size", &TrainConfig::eval_batch_size),
-      field("device", &TrainConfig::device),
-      field("dist_timeout", &TrainConfig::dist_timeout),
-      field("dist_backend", &TrainConfig::dist_backend),
-      field("dist_bucket_kb", &TrainConfig::dist_bucket_kb),
   };
   return fields;
 }
@@ -84,7 +60,7 @@ Config config_from_json(const json& j, const std::string& origin) {
     if (key == "model") {
       read_section(config.model, value, model_fields(), "model", origin);
     } else if (key == "train") {
-      read_section(config.train, value, train_fields(), "train", origin);
+      config_detail::read_train_section(config.train, value, origin);
     } else if (key == "description") {
       // free text for people
     } else {
@@ -100,7 +76,7 @@ Config load_config(const std::string& path) {
 
 void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
   for (const auto& item : overrides) {
-    const auto o = config_detail::parse_override(item);
+    const auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
     if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
         !config_detail::set_override(config.train, train_fields(), "train", o))
       fail("unknown config key '{}' in override '{}'", o.key, o.item);
@@ -134,29 +110,9 @@ void validate(const ModelConfig& c) {
 
 void validate(const Config& config) {
   validate(config.model);
-  const auto& t = config.train;
-  if (t.batch_size <= 0) fail("config: batch_size must be positive (got {})", t.batch_size);
-  if (t.batch_split <= 0) fail("config: batch_split must be positive (got {})", t.batch_split);
-  if (t.batch_size % t.batch_split != 0)
-    fail("config: batch_size ({}) must be divisible by batch_split ({})", t.batch_size, t.batch_split);
-  if (t.optim != "adagrad" && t.optim != "sgd" && t.optim != "adam")
-    fail("config: optim must be adagrad, sgd or adam (got '{}')", t.optim);
-  if (!(t.lr > 0 && std::isfinite(t.lr))) fail("config: lr must be positive (got {})", t.lr);
-  if (!(t.momentum >= 0 && t.momentum < 1)) fail("config: momentum must be in [0, 1) (got {})", t.momentum);
-  if (!(t.grad_clip >= 0)) fail("config: grad_clip must be >= 0 (got {})", t.grad_clip);
-  if (t.lr_warmup < 0) fail("config: lr_warmup must be >= 0 (got {})", t.lr_warmup);
-  if (t.nb_steps <= 0) fail("config: nb_steps must be positive (got {})", t.nb_steps);
-  if (t.eval_interval <= 0) fail("config: eval_interval must be positive (got {})", t.eval_interval);
-  if (t.eval_blocks <= 0) fail("config: eval_blocks must be positive (got {})", t.eval_blocks);
-  if (t.checkpoint_interval < 0) fail("config: checkpoint_interval must be >= 0 (got {})", t.checkpoint_interval);
-  if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
-  if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
-    fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
-  if (t.dist_backend != "auto" && t.dist_backend != "gloo" && t.dist_backend != "nccl")
-    fail("config: dist_backend must be auto, gloo or nccl (got '{}')", t.dist_backend);
-  if (t.dist_bucket_kb < 0) fail("config: dist_bucket_kb must be >= 0 (got {})", t.dist_bucket_kb);
-  if (!(t.dist_timeout > 0)) fail("config: dist_timeout must be positive (got {})", t.dist_timeout);
-  if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
+  validate(config.train);
+  if (config.train.eval_blocks <= 0)
+    fail("config: eval_blocks must be positive (got {})", config.train.eval_blocks);
 }
 
 }  // namespace spanformer

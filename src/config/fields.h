@@ -120,7 +120,8 @@ struct Override {
   json value;
 };
 
-inline Override parse_override(std::string item) {
+inline Override parse_override(std::string item,
+                               const std::vector<std::pair<std::string, std::string>>& aliases = {}) {
   if (item.rfind("--", 0) == 0) item = item.substr(2);
   auto eq = item.find('=');
   if (eq == std::string::npos || eq == 0) fail("override '{}' must look like --key=value", item);
@@ -134,6 +135,8 @@ inline Override parse_override(std::string item) {
     o.section = o.key.substr(0, dot);
     o.key = o.key.substr(dot + 1);
   }
+  for (const auto& [old_name, name] : aliases)
+    if (o.key == old_name) o.key = name;
   try {
     o.value = json::parse(o.text);
   } catch (const json::parse_error&) {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fields.h"
+#include "train_fields.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -33,9 +33,12 @@ const std::vector<Field<XlModelConfig>>& model_fields() {
       field("tie_weight", &C::tie_weight),       field("tie_projs", &C::tie_projs),
       field("init_std", &C::init_std),           field("proj_init_std", &C::proj_init_std),
       field("search", &C::search),               field("search_hard", &C::search_hard),
-      field("search_eval", &C::search_eval),     field("adapt_span", &C::adapt_span),
+      config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name),
+      field("adapt_span", &C::adapt_span),
       field("attn_span", &C::attn_span),         field("adapt_span_ramp", &C::adapt_span_ramp),
       field("adapt_span_init", &C::adapt_span_init), field("adapt_span_loss", &C::adapt_span_loss),
+      field("eval_tgt_len", &C::eval_tgt_len),   field("eval_mem_len", &C::eval_mem_len),
+      field("eval_clamp_len", &C::eval_clamp_len), field("eval_same_length", &C::eval_same_length),
   };
   return fields;
 }
@@ -45,30 +48,37 @@ const std::vector<Field<XlSearchConfig>>& search_fields() {
   static const std::vector<Field<C>> fields = {
       field("arch_lr", &C::arch_lr),         field("arch_weight_decay", &C::arch_weight_decay),
       field("arch_freeze_steps", &C::arch_freeze_steps), field("tau0", &C::tau0),
-      field("tau1", &C::tau1),               field("tau_schedule", &C::tau_schedule),
-  };
-  return fields;
-}
-
-const std::vector<Field<XlTrainConfig>>& train_fields() {
-  using C = XlTrainConfig;
-  static const std::vector<Field<C>> fields = {
-      field("data", &C::data),                 field("batch_size", &C::batch_size),
-      field("batch_split", &C::batch_split),   field("optim", &C::optim),
-      field("lr", &C::lr),                     field("lr_min", &C::lr_min),
-      field("scheduler", &C::scheduler),       field("warmup_steps", &C::warmup_steps),
-      field("grad_clip", &C::grad_clip),       field("nb_steps", &C::nb_steps),
-      field("eval_interval", &C::eval_interval), field("eval_segments", &C::eval_segments),
-      field("checkpoint_interval", &C::checkpoint_interval), field("seed", &C::seed),
-      field("threads", &C::threads),           field("device", &C::device),
-      field("eval_batch_size", &C::eval_batch_size), field("eval_tgt_len", &C::eval_tgt_len),
-      field("eval_mem_len", &C::eval_mem_len), field("eval_clamp_len", &C::eval_clamp_len),
-      field("eval_same_length", &C::eval_same_length),
+      field("tau1", &C::tau1),
+      config_detail::enum_field("tau_schedule", &C::tau_schedule, parse_tau_schedule, tau_schedule_name),
   };
   return fields;
 }
 
 }  // namespace
+
+const char* search_eval_name(SearchEval e) { return e == SearchEval::kArgmax ? "argmax" : "softmax"; }
+
+SearchEval parse_search_eval(const std::string& name) {
+  if (name == "softmax") return SearchEval::kSoftmax;
+  if (name == "argmax") return SearchEval::kArgmax;
+  fail("search_eval must be softmax or argmax (got '{}')", name);
+}
+
+const char* tau_schedule_name(TauSchedule s) {
+  switch (s) {
+    case TauSchedule::kExp: return "exp";
+    case TauSchedule::kLinear: return "linear";
+    case TauSchedule::kConstant: return "constant";
+  }
+  return "?";
+}
+
+TauSchedule parse_tau_schedule(const std::string& name) {
+  if (name == "exp") return TauSchedule::kExp;
+  if (name == "linear") return TauSchedule::kLinear;
+  if (name == "constant") return TauSchedule::kConstant;
+  fail("tau_schedule must be exp, linear or constant (got '{}')", name);
+}
 
 std::string XlModelConfig::block_string() const {
   if (search) return std::string(static_cast<size_t>(2 * std::max<int64_t>(n_layer, 0)), 's');
@@ -86,7 +96,7 @@ json to_json(const XlConfig& config) {
   return json{{"arch", "xl"},
               {"model", to_json(config.model)},
               {"search", struct_to_json(config.search, search_fields())},
-              {"train", struct_to_json(config.train, train_fields())}};
+              {"train", struct_to_json(config.train, config_detail::train_fields())}};
 }
 
 XlConfig xl_config_from_json(const json& j, const std::string& origin) {
@@ -99,7 +109,13 @@ XlConfig xl_config_from_json(const json& j, const std::string& origin) {
     } else if (key == "search") {
       read_section(config.search, value, search_fields(), "search", origin);
     } else if (key == "train") {
-      read_section(config.train, value, train_fields(), "train", origin);
+      // Older files kept the evaluation protocol in `train`: it belongs to the model section now.
+      config_detail::read_train_section(config.train, value, origin, [&](const std::string& key, const json& v) {
+        const auto* f = find_field(model_fields(), key);
+        if (!f || key.rfind("eval_", 0) != 0) return false;
+        f->set(config.model, v);
+        return true;
+      });
     } else if (key != "arch" && key != "description") {
       fail("{}: unknown config section '{}' (expected 'model', 'search' and 'train')", origin, key);
     }
@@ -120,10 +136,11 @@ std::string config_arch(const std::string& path) {
 
 void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides) {
   for (const auto& item : overrides) {
-    const auto o = config_detail::parse_override(item);
+    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
+    if (o.section == "train" && o.key.rfind("eval_", 0) == 0 && find_field(model_fields(), o.key)) o.section = "model";
     if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
         !config_detail::set_override(config.search, search_fields(), "search", o) &&
-        !config_detail::set_override(config.train, train_fields(), "train", o))
+        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
       fail("unknown config key '{}' in override '{}'", o.key, o.item);
   }
 }
@@ -158,8 +175,9 @@ void validate(const XlModelConfig& c) {
              std::string(1, ch), i);
     }
   }
-  if (c.search_eval != "softmax" && c.search_eval != "argmax")
-    fail("config: search_eval must be softmax or argmax (got '{}')", c.search_eval);
+  if (c.eval_tgt_len < 0) fail("config: eval_tgt_len must be >= 0 (got {})", c.eval_tgt_len);
+  if (c.eval_mem_len < -1) fail("config: eval_mem_len must be >= 0 (-1: mem_len; got {})", c.eval_mem_len);
+  if (c.eval_clamp_len < -1) fail("config: eval_clamp_len must be >= 0 (-1: clamp_len; got {})", c.eval_clamp_len);
   if (c.adaptive) {
     if (c.div_val < 1) fail("config: div_val must be >= 1 (got {})", c.div_val);
     for (size_t i = 0; i < c.cutoffs.size(); ++i) {
@@ -193,31 +211,8 @@ void validate(const XlConfig& config) {
     if (s.arch_freeze_steps < 0) fail("config: arch_freeze_steps must be >= 0 (got {})", s.arch_freeze_steps);
     if (!(s.tau0 > 0) || !(s.tau1 > 0) || !std::isfinite(s.tau0) || !std::isfinite(s.tau1))
       fail("config: tau0 and tau1 must be positive (got {} and {}); tau = 0 is not a distribution", s.tau0, s.tau1);
-    if (s.tau_schedule != "exp" && s.tau_schedule != "linear" && s.tau_schedule != "constant")
-      fail("config: tau_schedule must be exp, linear or constant (got '{}')", s.tau_schedule);
   }
-  const auto& t = config.train;
-  if (t.batch_size <= 0) fail("config: batch_size must be positive (got {})", t.batch_size);
-  if (t.batch_split <= 0 || t.batch_size % t.batch_split != 0)
-    fail("config: batch_split ({}) must be positive and divide batch_size ({})", t.batch_split, t.batch_size);
-  if (t.optim != "adam" && t.optim != "sgd") fail("config: optim must be adam or sgd (got '{}')", t.optim);
-  if (t.scheduler != "cosine" && t.scheduler != "constant")
-    fail("config: scheduler must be cosine or constant (got '{}')", t.scheduler);
-  if (!(t.lr > 0 && std::isfinite(t.lr))) fail("config: lr must be positive (got {})", t.lr);
-  if (!(t.lr_min >= 0 && t.lr_min <= t.lr)) fail("config: lr_min must be in [0, lr] (got {})", t.lr_min);
-  if (t.warmup_steps < 0) fail("config: warmup_steps must be >= 0 (got {})", t.warmup_steps);
-  if (!(t.grad_clip >= 0)) fail("config: grad_clip must be >= 0 (got {})", t.grad_clip);
-  if (t.nb_steps <= 0) fail("config: nb_steps must be positive (got {})", t.nb_steps);
-  if (t.eval_interval <= 0) fail("config: eval_interval must be positive (got {})", t.eval_interval);
-  if (t.eval_segments < 0) fail("config: eval_segments must be >= 0 (got {})", t.eval_segments);
-  if (t.checkpoint_interval < 0) fail("config: checkpoint_interval must be >= 0 (got {})", t.checkpoint_interval);
-  if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
-  if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
-    fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
-  if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
-  if (t.eval_tgt_len < 0) fail("config: eval_tgt_len must be >= 0 (got {})", t.eval_tgt_len);
-  if (t.eval_mem_len < -1) fail("config: eval_mem_len must be >= 0 (-1: mem_len; got {})", t.eval_mem_len);
-  if (t.eval_clamp_len < -1) fail("config: eval_clamp_len must be >= 0 (-1: clamp_len; got {})", t.eval_clamp_len);
+  validate(config.train);
 }
 
 std::string xl_model_difference(const XlModelConfig& a, const XlModelConfig& b) {
@@ -225,7 +220,7 @@ std::string xl_model_difference(const XlModelConfig& a, const XlModelConfig& b) 
   for (const auto& [key, value] : ja.items()) {
     // Lengths and the evaluation mode of the super-network are run-time choices, not the model.
     if (key == "tgt_len" || key == "mem_len" || key == "ext_len" || key == "clamp_len" || key == "same_length" ||
-        key == "search_eval" || key == "dropout" || key == "dropatt")
+        key == "search_eval" || key == "dropout" || key == "dropatt" || key.rfind("eval_", 0) == 0)
       continue;
     if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
   }

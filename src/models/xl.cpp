@@ -229,7 +229,7 @@ torch::Tensor XlModelImpl::sample_weights(double tau, bool hard) const {
 
 torch::Tensor XlModelImpl::eval_weights() const {
   torch::NoGradGuard no_grad;
-  return config_.search_eval == "argmax" ? nn::one_hot_argmax(alpha) : torch::softmax(alpha, -1);
+  return config_.search_eval == SearchEval::kArgmax ? nn::one_hot_argmax(alpha) : torch::softmax(alpha, -1);
 }
 
 torch::Tensor XlModelImpl::probs() const { return torch::softmax(alpha.detach(), -1); }

@@ -69,23 +69,26 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
 }
 
-// Autograd wrapper of the CPU kernel: saves only the inputs (no M x W tensor); backward recomputes.
+// Autograd wrapper of the CPU kernel: saves the inputs and, when a gradient is needed, the softmax p
+// (K, B, M, W), so backward does not recompute the scores (kernel v4).
 class SpanAttentionCpuFunction : public torch::autograd::Function<SpanAttentionCpuFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
                             int64_t attn_span, double ramp, double dropout, bool training, int64_t seed,
-                            std::vector<int64_t> visited) {
+                            std::vector<int64_t> visited, bool keep_p) {
     SpanAttentionOptions o{attn_span, ramp, dropout, training, static_cast<uint64_t>(seed), visited};
-    ctx->save_for_backward({q, k, v, key_pe, span_ratio});
     ctx->saved_data["attn_span"] = attn_span;
     ctx->saved_data["ramp"] = ramp;
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["training"] = training;
     ctx->saved_data["seed"] = seed;
     ctx->saved_data["visited"] = visited;
-    return cpu::span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
-                                       span_ratio.contiguous(), o);
+    at::Tensor p;
+    auto out = cpu::span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
+                                           span_ratio.contiguous(), o, keep_p ? &p : nullptr);
+    ctx->save_for_backward({q, k, v, key_pe, span_ratio, p});
+    return out;
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
@@ -96,9 +99,10 @@ class SpanAttentionCpuFunction : public torch::autograd::Function<SpanAttentionC
                            static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
                            ctx->saved_data["visited"].toIntVector()};
     auto g = cpu::span_attention_backward(grads[0].contiguous(), saved[0].contiguous(), saved[1].contiguous(),
-                                          saved[2].contiguous(), saved[3].contiguous(), saved[4].contiguous(), o);
+                                          saved[2].contiguous(), saved[3].contiguous(), saved[4].contiguous(), o,
+                                          saved[5]);
     return {g.q, g.k, g.v, g.key_pe, g.span_ratio, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -108,10 +112,13 @@ at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, con
                                    const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                    const SpanAttentionOptions& options) {
   check_arguments(q, k, v, key_pe, span_ratio, options);
+  const bool grad_needed = q.requires_grad() || k.requires_grad() || v.requires_grad() || key_pe.requires_grad() ||
+                           span_ratio.requires_grad();
   if (q.device().is_cpu()) {
     return SpanAttentionCpuFunction::apply(q, k, v, key_pe, span_ratio, options.attn_span, options.ramp,
                                            options.dropout, options.training, static_cast<int64_t>(options.seed),
-                                           resolve_visited(span_ratio, k.size(2) - q.size(2), options));
+                                           resolve_visited(span_ratio, k.size(2) - q.size(2), options),
+                                           /*keep_p=*/at::GradMode::is_enabled() && grad_needed);
   }
 #ifdef SPANFORMER_WITH_CUDA
   if (q.device().is_cuda() && q.size(3) % 32 == 0 && q.size(3) <= 256) {

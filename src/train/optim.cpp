@@ -14,11 +14,9 @@ namespace spanformer::train {
 
 Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> named_params, OptimizerOptions options)
     : options_(std::move(options)) {
-  if (options_.kind != "adagrad" && options_.kind != "sgd" && options_.kind != "adam")
-    fail("unknown optimizer '{}' (adagrad, sgd or adam)", options_.kind);
   for (auto& [name, p] : named_params) {
     Slot slot{name, p, torch::zeros_like(p), torch::Tensor()};
-    if (options_.kind == "adam") slot.state2 = torch::zeros_like(p);
+    if (options_.kind == OptimKind::kAdam) slot.state2 = torch::zeros_like(p);
     slots_.push_back(std::move(slot));
   }
 }
@@ -28,16 +26,11 @@ void Optimizer::zero_grad() {
     if (s.param.grad().defined()) s.param.mutable_grad().zero_();
 }
 
-double warmup_lr(double lr, int64_t k, int64_t warmup) {
-  if (warmup <= 0) return lr;
-  return lr * std::min(1.0, static_cast<double>(k) / static_cast<double>(warmup));
-}
-
 void Optimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
   const double c = options_.grad_clip;
-  if (options_.kind == "adagrad") {
+  if (options_.kind == OptimKind::kAdagrad) {
     for (auto& s : slots_) {
       if (!s.param.grad().defined()) continue;
       const auto& g = s.param.grad();
@@ -68,8 +61,8 @@ void Optimizer::step(double lr) {
   for (auto& s : slots_) {
     if (!s.param.grad().defined()) continue;
     torch::Tensor g = s.param.grad();
-    if (options_.weight_decay > 0 && options_.kind == "adam") g = g + s.param * options_.weight_decay;
-    if (options_.kind == "sgd") {
+    if (options_.weight_decay > 0 && options_.kind == OptimKind::kAdam) g = g + s.param * options_.weight_decay;
+    if (options_.kind == OptimKind::kSgd) {
       if (options_.momentum > 0) {
         if (steps_ == 1) s.state1.copy_(g); else s.state1.mul_(options_.momentum).add_(g);
         s.param.sub_(s.state1 * lr);
@@ -89,7 +82,7 @@ void Optimizer::step(double lr) {
 }
 
 void Optimizer::save(torch::serialize::OutputArchive& archive, const std::string& prefix) const {
-  archive.write(prefix + "kind", c10::IValue(options_.kind));
+  archive.write(prefix + "kind", c10::IValue(std::string(optim_name(options_.kind))));
   archive.write(prefix + "steps", torch::tensor(steps_));
   for (const auto& s : slots_) {
     archive.write(prefix + s.name + ".state1", s.state1);
@@ -100,9 +93,9 @@ void Optimizer::save(torch::serialize::OutputArchive& archive, const std::string
 void Optimizer::load(torch::serialize::InputArchive& archive, const std::string& prefix) {
   c10::IValue kind;
   archive.read(prefix + "kind", kind);
-  if (kind.toStringRef() != options_.kind)
+  if (kind.toStringRef() != optim_name(options_.kind))
     fail("the checkpoint's optimizer is {}, the config asks for {} (start a new run to change optimizer)",
-         kind.toStringRef(), options_.kind);
+         kind.toStringRef(), optim_name(options_.kind));
   torch::Tensor steps;
   archive.read(prefix + "steps", steps);
   steps_ = steps.item<int64_t>();

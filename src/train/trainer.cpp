@@ -203,7 +203,7 @@ RunResult run_training(const Config& config_in, const RunOptions& options) {
       break;
     }
     auto [x, y] = make_block(train_streams, state.train_pos, M, device, first, local);
-    const double lr = warmup_lr(tc.lr, state.step + 1, tc.lr_warmup);
+    const double lr = learning_rate(tc, state.step + 1);
     auto loss = train_step(model, optimizer, x, y, state.train_caches, tc.batch_split, lr, group, reducer.get());
     double loss_value = loss.item<double>();  // the one host read of the step
     if (group) loss_value = group->all_reduce_sum(loss_value) / static_cast<double>(world);

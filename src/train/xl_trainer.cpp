@@ -23,17 +23,10 @@ namespace spanformer::train::xl {
 
 using models::xl::XlModel;
 
-double learning_rate(const XlTrainConfig& c, int64_t k) {
-  if (c.warmup_steps > 0 && k <= c.warmup_steps) return c.lr * static_cast<double>(k) / static_cast<double>(c.warmup_steps);
-  if (c.scheduler == "constant") return c.lr;
-  const double t = std::min(1.0, static_cast<double>(k) / static_cast<double>(c.nb_steps));
-  return c.lr_min + (c.lr - c.lr_min) * 0.5 * (1.0 + std::cos(M_PI * t));
-}
-
 double temperature(const XlSearchConfig& c, int64_t k, int64_t nb_steps) {
   const double t = std::min(1.0, static_cast<double>(k) / static_cast<double>(std::max<int64_t>(1, nb_steps)));
-  if (c.tau_schedule == "constant") return c.tau0;
-  if (c.tau_schedule == "linear") return c.tau0 + (c.tau1 - c.tau0) * t;
+  if (c.tau_schedule == TauSchedule::kConstant) return c.tau0;
+  if (c.tau_schedule == TauSchedule::kLinear) return c.tau0 + (c.tau1 - c.tau0) * t;
   return c.tau0 * std::pow(c.tau1 / c.tau0, t);
 }
 
@@ -74,11 +67,11 @@ double EvalResult::bpc() const { return nll() / std::log(2.0); }
 EvalOptions eval_options(const XlConfig& c) {
   EvalOptions o;
   o.batch = c.train.eval_batch_size;
-  o.tgt_len = c.train.eval_tgt_len > 0 ? c.train.eval_tgt_len : c.model.tgt_len;
+  o.tgt_len = c.model.eval_tgt_len > 0 ? c.model.eval_tgt_len : c.model.tgt_len;
   o.lengths = models::xl::Lengths::of(c.model);
-  if (c.train.eval_mem_len >= 0) o.lengths.mem_len = c.train.eval_mem_len;
-  if (c.train.eval_clamp_len >= 0) o.lengths.clamp_len = c.train.eval_clamp_len;
-  o.lengths.same_length = c.train.eval_same_length;
+  if (c.model.eval_mem_len >= 0) o.lengths.mem_len = c.model.eval_mem_len;
+  if (c.model.eval_clamp_len >= 0) o.lengths.clamp_len = c.model.eval_clamp_len;
+  o.lengths.same_length = c.model.eval_same_length;
   return o;
 }
 
@@ -207,7 +200,7 @@ TrainState CheckpointReader::load_state(int64_t nb_blocks) {
 
 namespace {
 
-OptimizerOptions weight_optimizer(const XlTrainConfig& t) {
+OptimizerOptions weight_optimizer(const TrainConfig& t) {
   OptimizerOptions o;
   o.kind = t.optim;
   o.grad_clip = t.grad_clip;
@@ -216,7 +209,7 @@ OptimizerOptions weight_optimizer(const XlTrainConfig& t) {
 
 OptimizerOptions arch_optimizer(const XlSearchConfig& s) {
   OptimizerOptions o;
-  o.kind = "adam";
+  o.kind = OptimKind::kAdam;
   o.weight_decay = s.arch_weight_decay;
   return o;
 }
@@ -291,7 +284,7 @@ RunResult run_training(const XlConfig& config_in, const RunOptions& options) {
   valid_options.batch = B;
   valid_options.tgt_len = M;
   valid_options.lengths = models::xl::Lengths::of(config.model);
-  valid_options.max_segments = tc.eval_segments;
+  valid_options.max_segments = tc.eval_blocks;
 
   RunResult result;
   result.unit = unit;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "spanformer/attention/attn_impl.h"
+#include "spanformer/config/train_config.h"
 
 namespace spanformer {
 
@@ -40,29 +41,7 @@ struct ModelConfig {
   int64_t head_dim() const { return hidden_size / nb_heads; }
 };
 
-// Optimisation, data and bookkeeping.
-struct TrainConfig {
-  std::string data;               // prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)
-  int64_t batch_size = 64;        // B streams per step (global)
-  int64_t batch_split = 1;        // gradient accumulation over B / batch_split stream groups
-  std::string optim = "adagrad";  // adagrad (reference clip) | sgd | adam
-  double lr = 0.07;
-  double momentum = 0.0;          // sgd only
-  double grad_clip = 0.03;        // adagrad: per-tensor lr scaling; sgd/adam: global norm
-  int64_t lr_warmup = 8000;       // linear warmup steps (0 = none)
-  int64_t nb_steps = 150000;      // total optimizer steps (the reference's niter * nbatches)
-  int64_t eval_interval = 1000;   // steps between validations/logs (the reference's nbatches)
-  int64_t eval_blocks = 100;      // validation blocks per interval (the reference uses nbatches / 10)
-  int64_t checkpoint_interval = 0;  // steps between checkpoints (0 = at every eval_interval)
-  uint64_t seed = 42;
-  int64_t threads = 0;            // 0 = all cores
-  int64_t eval_batch_size = 8;    // streams of the full evaluation
-  std::string device = "cpu";     // cpu | cuda | cuda:N
-  double dist_timeout = 300;      // seconds a rank waits for the others before failing (multi-process runs)
-  std::string dist_backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
-  int64_t dist_bucket_kb = 1024;  // gradient buckets all-reduced during backward (0 = one bucket after it)
-};
-
+// An adaptive-span config: its model section and the shared train section (config/train_config.h).
 struct Config {
   ModelConfig model;
   TrainConfig train;

@@ -4,7 +4,9 @@
 // A config file of this family says `"arch": "xl"` at the top level and has three sections:
 //   "model"  the network (names follow kimiyoung/transformer-xl's train.py flags),
 //   "search" the PAR super-network's schedule (only read when model.search is true),
-//   "train"  optimisation, data, evaluation protocol.
+//   "train"  the section every family shares (config/train_config.h), with this family's defaults.
+// Files written before the shared section (train.warmup_steps, train.eval_segments, train.eval_*_len)
+// still read: the old names map to lr_warmup, eval_blocks and model.eval_*.
 // `--key=value` overrides work as for adaptive-span configs (bare or "section.key").
 //
 // Dims legend: B batch (streams), M segment length (tgt_len), Mm memory length (mem_len),
@@ -16,7 +18,16 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/config/train_config.h"
+
 namespace spanformer {
+
+enum class SearchEval { kSoftmax, kArgmax };
+enum class TauSchedule { kExp, kLinear, kConstant };
+const char* search_eval_name(SearchEval e);
+SearchEval parse_search_eval(const std::string& name);
+const char* tau_schedule_name(TauSchedule s);
+TauSchedule parse_tau_schedule(const std::string& name);
 
 struct XlModelConfig {
   int64_t vocab_size = 0;       // V; taken from the prepared data when 0
@@ -46,13 +57,18 @@ struct XlModelConfig {
   // PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}.
   bool search = false;
   bool search_hard = false;            // straight-through one-hot samples instead of soft ones
-  std::string search_eval = "softmax";  // weights without noise at evaluation: softmax | argmax
+  SearchEval search_eval = SearchEval::kSoftmax;  // weights without noise at evaluation: softmax | argmax
   // Adaptive span (Sukhbaatar et al. 2019) inside every attention block.
   bool adapt_span = false;
   int64_t attn_span = 0;               // L, the largest span (0 = mem_len + tgt_len)
   int64_t adapt_span_ramp = 32;        // R
   double adapt_span_init = 1.0;        // initial z / L
   double adapt_span_loss = 2e-6;       // span-loss coefficient
+  // Evaluation protocol of `spanformer eval` (validation during training uses the training lengths).
+  int64_t eval_tgt_len = 0;            // 0 = tgt_len
+  int64_t eval_mem_len = -1;           // -1 = mem_len
+  int64_t eval_clamp_len = -1;         // -1 = clamp_len
+  bool eval_same_length = false;
 
   int64_t embed_dim() const { return d_embed > 0 ? d_embed : d_model; }
   int64_t span_limit() const { return attn_span > 0 ? attn_span : mem_len + tgt_len; }
@@ -67,39 +83,13 @@ struct XlSearchConfig {
   double arch_weight_decay = 5e-4;   // L2 term added to alpha's gradient (PyTorch Adam weight_decay)
   int64_t arch_freeze_steps = 0;     // alpha stays fixed for the first N steps (weights warm up)
   double tau0 = 1.0, tau1 = 0.1;     // Gumbel-softmax temperature from tau0 to tau1 over the run
-  std::string tau_schedule = "exp";  // exp | linear | constant
-};
-
-struct XlTrainConfig {
-  std::string data;               // prepared directory: words (data words) or bytes (data prepare)
-  int64_t batch_size = 22;        // B streams
-  int64_t batch_split = 1;        // gradient accumulation over B / batch_split streams
-  std::string optim = "adam";     // adam | sgd
-  double lr = 2.5e-4;
-  double lr_min = 0.0;            // eta_min of the cosine schedule
-  std::string scheduler = "cosine";  // cosine | constant
-  int64_t warmup_steps = 0;       // linear warmup
-  double grad_clip = 0.25;        // global gradient norm (0 = none)
-  int64_t nb_steps = 400000;
-  int64_t eval_interval = 4000;   // steps between validations, log records, checkpoints
-  int64_t eval_segments = 0;      // validation segments per interval (0 = the whole valid split)
-  int64_t checkpoint_interval = 0;  // 0 = at every eval_interval
-  uint64_t seed = 1111;
-  int64_t threads = 0;            // 0 = all cores
-  std::string device = "cpu";
-  // Evaluation protocol (full evaluation with `spanformer eval`; validation during training uses
-  // the training lengths).
-  int64_t eval_batch_size = 10;
-  int64_t eval_tgt_len = 0;       // 0 = tgt_len
-  int64_t eval_mem_len = -1;      // -1 = mem_len
-  int64_t eval_clamp_len = -1;    // -1 = clamp_len
-  bool eval_same_length = false;
+  TauSchedule tau_schedule = TauSchedule::kExp;  // exp | linear | constant
 };
 
 struct XlConfig {
   XlModelConfig model;
   XlSearchConfig search;
-  XlTrainConfig train;
+  TrainConfig train = xl_train_defaults();  // the shared section (config/train_config.h)
 };
 
 nlohmann::json to_json(const XlConfig& config);

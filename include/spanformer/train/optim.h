@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/config/train_config.h"
+
 namespace spanformer::train {
 
 struct OptimizerOptions {
-  std::string kind = "adagrad";  // adagrad | sgd | adam
+  OptimKind kind = OptimKind::kAdagrad;
   double momentum = 0.0;
   double grad_clip = 0.0;        // 0 = no clipping
   double weight_decay = 0.0;     // adam only: g += weight_decay * p (PyTorch Adam's L2 term)
@@ -46,7 +48,5 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-// Linear warmup: update k (counting from 1) uses lr * min(1, k / warmup).
-double warmup_lr(double lr, int64_t k, int64_t warmup);
 
 }  // namespace spanformer::train

@@ -32,7 +32,6 @@ namespace spanformer::train::xl {
 
 inline constexpr const char* kXlCheckpointFormat = "spanformer-xl-checkpoint-v1";
 
-double learning_rate(const XlTrainConfig& config, int64_t k);
 double temperature(const XlSearchConfig& config, int64_t k, int64_t nb_steps);
 
 // One optimizer step. x, y (B, e + M) inputs/targets of which the last M are scored; mems replaced.

@@ -10,7 +10,8 @@
 //   p      = softmax(s) over W;  pv = p[:, :, W-S:]                       (B, T, S)
 //   a~     = pv m / (sum pv m + 1e-8);  a = a~ keep / (1 - p_drop)        (B, T, S)
 //   out    = skew(a) Vt                                                   (B, T, D)
-// Backward recomputes the tile (nothing of size M x W is stored) and applies, row by row,
+// When gradients are needed the forward keeps p (K, B, M, W) for backward (v4); backward rebuilds the
+// rest of the tile from p (mask, renormalisation, dropout: O(T S)) and applies, row by row,
 //   da~ = dA keep / (1 - p_drop);  dw = (da~ - <da~, a~>) / (sum pv m + 1e-8);  dpv = dw m
 //   c   = <dpv, pv>;  ds = p (dp - c) / sqrt(D)  with dp = dpv on visited columns, 0 on the others
 //   d ratio = sum dw pv [0 <= x <= 1] L / R  (x the unclamped mask)
@@ -21,7 +22,10 @@
 //   v2  tiles batched over B with bmm, heads in parallel; softmax over the visited distances only,
 //       which dropped the 1e-8 Z term of the far keys: 0.1 bpc wrong on reference models whose heads
 //       rely on it (issue 10).
-//   v3  (this file) v2 with the scores and Z over the whole window, as the reference.
+//   v3  v2 with the scores and Z over the whole window, as the reference; backward recomputed the
+//       scores, so training did two more window-long products than the plain path's eight.
+//   v4  (this file) v3 keeping p from the forward when gradients are needed: six window-long
+//       products in training, one stored M x W tensor per head instead of the plain path's several.
 #include "span_attention_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -79,18 +83,23 @@ struct TileState {
   at::Tensor Q, Kt, Vt, pe, p, pv, m, N, a_tilde, scale, a;
 };
 
-// qh (B, M, D), kh / vh (B, W + M, D): one head's slices.
+// qh (B, M, D), kh / vh (B, W + M, D): one head's slices. p_saved: this head's (B, M, W) p kept by
+// the forward (backward), or undefined to compute the scores (forward).
 TileState compute_tile(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh, const at::Tensor& key_pe,
                        const at::Tensor& mask, const Shape& s, int64_t S, int64_t h, int64_t i0, int64_t T,
-                       const SpanAttentionOptions& o) {
+                       const SpanAttentionOptions& o, const at::Tensor& p_saved) {
   TileState t;
   t.Q = qh.narrow(1, i0, T);                                                      // (B, T, D)
   t.Kt = kh.narrow(1, i0, s.W + T - 1);                                           // (B, W+T-1, D)
   t.Vt = vh.narrow(1, i0 + s.W - S, S + T - 1);                                   // (B, S+T-1, D)
   t.pe = key_pe.narrow(1, s.L - s.W, s.W);                                        // (D, W)
-  auto content = tile_unskew(at::bmm(t.Q, t.Kt.transpose(1, 2)), T, s.W);         // (B, T, W)
-  auto scores = (content + at::matmul(t.Q, t.pe)) / std::sqrt(double(s.D));       // (B, T, W)
-  t.p = at::softmax(scores, 2);                                                   // (B, T, W)
+  if (p_saved.defined()) {
+    t.p = p_saved.narrow(1, i0, T);                                               // (B, T, W)
+  } else {
+    auto content = tile_unskew(at::bmm(t.Q, t.Kt.transpose(1, 2)), T, s.W);       // (B, T, W)
+    auto scores = (content + at::matmul(t.Q, t.pe)) / std::sqrt(double(s.D));     // (B, T, W)
+    t.p = at::softmax(scores, 2);                                                 // (B, T, W)
+  }
   t.pv = t.p.narrow(2, s.W - S, S);                                               // (B, T, S)
   t.m = mask;                                                                     // (S)
   auto w = t.pv * t.m;                                                            // (B, T, S)
@@ -105,9 +114,10 @@ TileState compute_tile(const at::Tensor& qh, const at::Tensor& kh, const at::Ten
 
 at::Tensor span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& key_pe, const at::Tensor& span_ratio,
-                                  const SpanAttentionOptions& o) {
+                                  const SpanAttentionOptions& o, at::Tensor* p_keep) {
   const Shape s = shape_of(q, k, o);
   const auto& visited = o.visited;  // resolved by the entry point
+  if (p_keep) *p_keep = at::empty({s.K, s.B, s.M, s.W}, q.options());             // head-major, as out
   std::vector<at::Tensor> masks;
   for (int64_t h = 0; h < s.K; ++h) masks.push_back(unclamped_mask(span_ratio, h, visited[h], o).clamp(0.0, 1.0));
   auto out = at::empty({s.K, s.B, s.M, s.D}, q.options());                        // head-major while filling
@@ -117,7 +127,8 @@ at::Tensor span_attention_forward(const at::Tensor& q, const at::Tensor& k, cons
       auto qh = q.select(1, h), kh = k.select(1, h), vh = v.select(1, h), oh = out[h];
       for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
         const int64_t T = std::min(kTile, s.M - i0);
-        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o);
+        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o, at::Tensor());
+        if (p_keep) (*p_keep)[h].narrow(1, i0, T).copy_(t.p);
         oh.narrow(1, i0, T).copy_(at::bmm(tile_skew(t.a, T, S), t.Vt));          // (B, T, D)
       }
     }
@@ -127,7 +138,9 @@ at::Tensor span_attention_forward(const at::Tensor& q, const at::Tensor& k, cons
 
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& key_pe,
-                                           const at::Tensor& span_ratio, const SpanAttentionOptions& o) {
+                                           const at::Tensor& span_ratio, const SpanAttentionOptions& o,
+                                           const at::Tensor& p_kept) {
+  TORCH_CHECK(p_kept.defined(), "span_attention_backward: the forward kept no probabilities");
   const Shape s = shape_of(q, k, o);
   const auto& visited = o.visited;
   std::vector<at::Tensor> masks, mask_grad;  // clamped mask, and d m / d ratio = L / R inside [0, 1]
@@ -151,7 +164,7 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
       auto dratio_h = at::zeros({}, span_ratio.options());
       for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
         const int64_t T = std::min(kTile, s.M - i0);
-        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o);
+        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o, p_kept[h]);
         auto dO = go.narrow(1, i0, T);                                            // (B, T, D)
         dv[h].narrow(1, i0 + s.W - S, S + T - 1).add_(at::bmm(tile_skew(t.a, T, S).transpose(1, 2), dO));
         auto dA = tile_unskew(at::bmm(dO, t.Vt.transpose(1, 2)), T, S);           // (B, T, S)

@@ -7,16 +7,19 @@
 
 namespace spanformer::ops::cpu {
 
+// p_keep: where to keep the softmax p (K, B, M, W) for backward; null to keep nothing.
 at::Tensor span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& key_pe, const at::Tensor& span_ratio,
-                                  const SpanAttentionOptions& options);
+                                  const SpanAttentionOptions& options, at::Tensor* p_keep = nullptr);
 
 struct SpanAttentionGrads {
   at::Tensor q, k, v, key_pe, span_ratio;
 };
 
+// p_kept: the p the forward kept (K, B, M, W).
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& key_pe,
-                                           const at::Tensor& span_ratio, const SpanAttentionOptions& options);
+                                           const at::Tensor& span_ratio, const SpanAttentionOptions& options,
+                                           const at::Tensor& p_kept);
 
 }  // namespace spanformer::ops::cpu

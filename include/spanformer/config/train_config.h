@@ -1,0 +1,57 @@
+// The `train` section every model family shares: data, optimisation, schedule, validation cadence,
+// checkpoints, devices and data parallelism. One struct, one key table, one validation, one learning-
+// rate rule; a family only chooses its defaults (adaptive span: the reference's Adagrad recipe;
+// Transformer-XL/PAR: kimiyoung/transformer-xl's Adam + cosine recipe).
+//
+// Learning rate of update k = 1, 2, ... (one home for the formula):
+//   k <= lr_warmup:  lr * k / lr_warmup
+//   constant:        lr
+//   cosine:          lr_min + (lr - lr_min) (1 + cos(pi min(1, k / nb_steps))) / 2
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace spanformer {
+
+enum class OptimKind { kAdagrad, kSgd, kAdam };
+enum class Schedule { kConstant, kCosine };
+
+const char* optim_name(OptimKind kind);
+OptimKind parse_optim(const std::string& name);  // one-line error naming the choices
+const char* schedule_name(Schedule schedule);
+Schedule parse_schedule(const std::string& name);
+
+struct TrainConfig {
+  std::string data;                // prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)
+  int64_t batch_size = 64;         // B streams per step (global, over all processes)
+  int64_t batch_split = 1;         // gradient accumulation over B / batch_split stream groups
+  OptimKind optim = OptimKind::kAdagrad;  // adagrad (reference clip) | sgd | adam
+  double lr = 0.07;
+  double lr_min = 0.0;             // cosine schedule's floor
+  Schedule scheduler = Schedule::kConstant;  // after the warmup: constant | cosine
+  int64_t lr_warmup = 8000;        // linear warmup updates (0 = none)
+  double momentum = 0.0;           // sgd only
+  double grad_clip = 0.03;         // adagrad: per-tensor lr scaling; sgd/adam: global norm (0 = none)
+  int64_t nb_steps = 150000;       // total optimizer steps
+  int64_t eval_interval = 1000;    // steps between validations, log records and checkpoints
+  int64_t eval_blocks = 100;       // validation blocks per interval (Transformer-XL/PAR: 0 = the whole split)
+  int64_t checkpoint_interval = 0; // steps between checkpoints (0 = at every eval_interval)
+  uint64_t seed = 42;
+  int64_t threads = 0;             // 0 = all cores
+  int64_t eval_batch_size = 8;     // streams of the full evaluation
+  std::string device = "cpu";      // cpu | cuda | cuda:N
+  double dist_timeout = 300;       // seconds a rank waits for the others (multi-process runs)
+  std::string dist_backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
+  int64_t dist_bucket_kb = 1024;   // gradient buckets all-reduced during backward (0 = one bucket after it)
+};
+
+// The Transformer-XL/PAR family's defaults (kimiyoung/transformer-xl's train.py).
+TrainConfig xl_train_defaults();
+
+// Throws Error naming the first invalid value.
+void validate(const TrainConfig& config);
+
+// The learning rate of update k (counting from 1), by the formula above.
+double learning_rate(const TrainConfig& config, int64_t k);
+
+}  // namespace spanformer

@@ -1,0 +1,135 @@
+#include "spanformer/config/train_config.h"
+
+#include <cmath>
+
+#include "train_fields.h"
+#include "spanformer/util/error.h"
+
+namespace spanformer {
+
+const char* optim_name(OptimKind kind) {
+  switch (kind) {
+    case OptimKind::kAdagrad: return "adagrad";
+    case OptimKind::kSgd: return "sgd";
+    case OptimKind::kAdam: return "adam";
+  }
+  return "?";
+}
+
+OptimKind parse_optim(const std::string& name) {
+  if (name == "adagrad") return OptimKind::kAdagrad;
+  if (name == "sgd") return OptimKind::kSgd;
+  if (name == "adam") return OptimKind::kAdam;
+  fail("optim must be adagrad, sgd or adam (got '{}')", name);
+}
+
+const char* schedule_name(Schedule schedule) { return schedule == Schedule::kCosine ? "cosine" : "constant"; }
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "constant") return Schedule::kConstant;
+  if (name == "cosine") return Schedule::kCosine;
+  fail("scheduler must be constant or cosine (got '{}')", name);
+}
+
+TrainConfig xl_train_defaults() {
+  TrainConfig t;
+  t.batch_size = 22;
+  t.optim = OptimKind::kAdam;
+  t.lr = 2.5e-4;
+  t.scheduler = Schedule::kCosine;
+  t.lr_warmup = 0;
+  t.grad_clip = 0.25;
+  t.nb_steps = 400000;
+  t.eval_interval = 4000;
+  t.eval_blocks = 0;
+  t.seed = 1111;
+  t.eval_batch_size = 10;
+  return t;
+}
+
+void validate(const TrainConfig& t) {
+  if (t.batch_size <= 0) fail("config: batch_size must be positive (got {})", t.batch_size);
+  if (t.batch_split <= 0) fail("config: batch_split must be positive (got {})", t.batch_split);
+  if (t.batch_size % t.batch_split != 0)
+    fail("config: batch_size ({}) must be divisible by batch_split ({})", t.batch_size, t.batch_split);
+  if (!(t.lr > 0 && std::isfinite(t.lr))) fail("config: lr must be positive (got {})", t.lr);
+  if (!(t.lr_min >= 0 && t.lr_min <= t.lr)) fail("config: lr_min must be in [0, lr] (got {})", t.lr_min);
+  if (!(t.momentum >= 0 && t.momentum < 1)) fail("config: momentum must be in [0, 1) (got {})", t.momentum);
+  if (!(t.grad_clip >= 0)) fail("config: grad_clip must be >= 0 (got {})", t.grad_clip);
+  if (t.lr_warmup < 0) fail("config: lr_warmup must be >= 0 (got {})", t.lr_warmup);
+  if (t.nb_steps <= 0) fail("config: nb_steps must be positive (got {})", t.nb_steps);
+  if (t.eval_interval <= 0) fail("config: eval_interval must be positive (got {})", t.eval_interval);
+  if (t.eval_blocks < 0) fail("config: eval_blocks must be >= 0 (got {})", t.eval_blocks);
+  if (t.checkpoint_interval < 0) fail("config: checkpoint_interval must be >= 0 (got {})", t.checkpoint_interval);
+  if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
+  if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
+    fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
+  if (t.dist_backend != "auto" && t.dist_backend != "gloo" && t.dist_backend != "nccl")
+    fail("config: dist_backend must be auto, gloo or nccl (got '{}')", t.dist_backend);
+  if (t.dist_bucket_kb < 0) fail("config: dist_bucket_kb must be >= 0 (got {})", t.dist_bucket_kb);
+  if (!(t.dist_timeout > 0)) fail("config: dist_timeout must be positive (got {})", t.dist_timeout);
+  if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
+}
+
+double learning_rate(const TrainConfig& c, int64_t k) {
+  if (c.lr_warmup > 0 && k <= c.lr_warmup) return c.lr * static_cast<double>(k) / static_cast<double>(c.lr_warmup);
+  if (c.scheduler == Schedule::kConstant) return c.lr;
+  const double t = std::min(1.0, static_cast<double>(k) / static_cast<double>(c.nb_steps));
+  return c.lr_min + (c.lr - c.lr_min) * 0.5 * (1.0 + std::cos(M_PI * t));
+}
+
+namespace config_detail {
+
+const std::vector<Field<TrainConfig>>& train_fields() {
+  using C = TrainConfig;
+  static const std::vector<Field<C>> fields = {
+      field("data", &C::data),
+      field("batch_size", &C::batch_size),
+      field("batch_split", &C::batch_split),
+      enum_field("optim", &C::optim, parse_optim, optim_name),
+      field("lr", &C::lr),
+      field("lr_min", &C::lr_min),
+      enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name),
+      field("lr_warmup", &C::lr_warmup),
+      field("momentum", &C::momentum),
+      field("grad_clip", &C::grad_clip),
+      field("nb_steps", &C::nb_steps),
+      field("eval_interval", &C::eval_interval),
+      field("eval_blocks", &C::eval_blocks),
+      field("checkpoint_interval", &C::checkpoint_interval),
+      field("seed", &C::seed),
+      field("threads", &C::threads),
+      field("eval_batch_size", &C::eval_batch_size),
+      field("device", &C::device),
+      field("dist_timeout", &C::dist_timeout),
+      field("dist_backend", &C::dist_backend),
+      field("dist_bucket_kb", &C::dist_bucket_kb),
+  };
+  return fields;
+}
+
+const std::vector<std::pair<std::string, std::string>>& train_key_aliases() {
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"warmup_steps", "lr_warmup"},   // Transformer-XL configs before the shared section
+      {"eval_segments", "eval_blocks"},
+  };
+  return aliases;
+}
+
+void read_train_section(TrainConfig& t, const json& j, const std::string& origin,
+                        const std::function<bool(const std::string&, const json&)>& other) {
+  if (!j.is_object()) fail("{}: 'train' must be a JSON object", origin);
+  for (const auto& [key_in, value] : j.items()) {
+    std::string key = key_in;
+    for (const auto& [old_name, name] : train_key_aliases())
+      if (key == old_name) key = name;
+    if (const auto* f = find_field(train_fields(), key)) {
+      f->set(t, value);
+    } else if (!other || !other(key, value)) {
+      fail("{}: unknown config key 'train.{}'", origin, key_in);
+    }
+  }
+}
+
+}  // namespace config_detail
+}  // namespace spanformer
