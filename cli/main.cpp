@@ -1,4 +1,5 @@
-// spanformer: train, evaluate, sample from and look at adaptive-span language models.
+// spanformer: train, evaluate, sample from and look at attention language models of every family
+// (cli/command.h has the command registry; one file per command).
 // Every failure is one line on stderr ("spanformer: error: ...") and a non-zero exit status.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -8,7 +9,7 @@
 #include <cstdlib>
 #include <exception>
 
-#include "commands.h"
+#include "command.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
 
@@ -30,8 +31,14 @@ int main(int argc, char** argv) {
   spanformer::keep_freed_memory();
   CLI::App app{"spanformer: adaptive-span and long-context attention models on LibTorch"};
   app.require_subcommand(1);
-  std::function<void()> run;
-  spanformer::cli::add_commands(app, run, argc, argv);
+  spanformer::cli::Run run;
+  auto globals = std::make_shared<spanformer::cli::Globals>();
+  globals->argv.assign(argv, argv + argc);
+  app.add_option("--threads", globals->threads, "CPU threads for LibTorch (default: all cores)");
+  app.add_option("--device", globals->device, "cpu | cuda | cuda:N (eval, generate, bench; train uses train.device)");
+  app.add_option("--attn-impl", globals->attn_impl,
+                 "adaptive span: auto | fused | plain, how attention is computed (default: the checkpoint's or config's)");
+  for (const auto& command : spanformer::cli::commands()) command.add(app, globals, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -32,6 +32,29 @@ grep -qE "^test ppl [0-9]+\.[0-9]+ .*mem_len 24, clamp_len 0, same_length true" 
 "$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --steps 1 --warmup 1 | grep -q "ms/step"
 "$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --mode eval --mem-len 32 --steps 1 --warmup 0 | grep -q "ms/token"
 
+# The engine's commands serve this family too: sampling with memories (words out), the log-probability
+# dump (one per scored token, summing to the reported NLL), the best-validation checkpoint, --init.
+"$bin" generate "$tmp/txl" --prompt "the" --tokens 12 --top-p 0.9 --seed 3 > "$tmp/gen.out"
+test "$(wc -w < "$tmp/gen.out")" -ge 10
+"$bin" generate "$tmp/txl" --prompt "the" --tokens 12 --top-p 0.9 --seed 3 | cmp -s - "$tmp/gen.out"
+"$bin" eval "$tmp/txl" --split test --dump-logprobs "$tmp/lp.txt" | tee "$tmp/eval_lp.out"
+n=$(grep -oE "[0-9]+ tokens," "$tmp/eval_lp.out" | head -1 | grep -oE "[0-9]+")
+test "$(wc -l < "$tmp/lp.txt")" -eq "$n"
+/usr/bin/python3 - "$tmp/lp.txt" "$tmp/eval_lp.out" <<'PY'
+import math, re, sys
+lp = [float(x) for x in open(sys.argv[1])]
+nll = float(re.search(r"nll ([0-9.]+) nats", open(sys.argv[2]).read()).group(1))
+assert abs(-sum(lp) / len(lp) - nll) < 1e-5, (-sum(lp) / len(lp), nll)
+PY
+test -f "$tmp/txl/best.pt"
+# Every key of both families' configs is listed with a type, a default and a meaning.
+for arch in adaptive-span xl; do
+  "$bin" config keys --arch $arch | tail -n +2 | awk 'NF < 4 { print "no help: " $0; bad = 1 } END { exit bad }'
+done
+"$bin" config keys --arch xl | grep -q "^train.lr_warmup"
+"$bin" eval "$tmp/txl/best.pt" --split test | grep -q "^test ppl"
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/init" --init "$tmp/txl" --nb_steps=2 --quiet | grep -q "trained 2 steps"
+
 # The PAR search, its picture, the derived model.
 "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/par" --search=true --quiet | grep -q "trained 20 steps"
 grep -q '"probs"' "$tmp/par/log.jsonl"
@@ -57,9 +80,10 @@ expect_error "strictly increasing" "$bin" train -c "$tmp/xl.json" --data "$tmp/w
 expect_error "out of range" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e3" '--cutoffs=[100,1000000]'
 expect_error "tau0 and tau1 must be positive" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e4" --search=true --tau1=0
 expect_error "not a super-network" "$bin" par derive "$tmp/txl" --out "$tmp/e5.json"
-expect_error "Transformer-XL/PAR checkpoint" "$bin" generate "$tmp/txl"
+expect_error "learns no spans (adapt_span is off)" "$bin" spans "$tmp/txl"
+expect_error "the xl family has no export to adaptive-span" "$bin" export adaptive-span "$tmp/txl" -o "$tmp/x.pt"
 expect_error "another model" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/txl" --resume --d_inner=48
-expect_error "evaluation protocol only" "$bin" eval "$tmp/txl" --d_model=8
+expect_error "another model: d_model" "$bin" eval "$tmp/txl" --d_model=8
 expect_error "train split is not on this machine" "$bin" data words "$wt2" --out "$tmp/e6"
 expect_error "no search records" "$bin" par plot "$tmp/txl" --out "$tmp/e7.png"
 test ! -e "$tmp/e5.json" && test ! -e "$tmp/e7.png"

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "spanformer/train/checkpoint.h"
+#include "spanformer/train/family.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -76,12 +77,16 @@ class Distributed : public ::testing::Test {
   }
   // Largest parameter difference between two checkpoints.
   static double max_param_diff(const std::string& a, const std::string& b) {
-    train::CheckpointReader ra(a), rb(b);
-    auto ma = ra.load_model(), mb = rb.load_model();
-    auto pb = mb->named_parameters();
+    train::Checkpoint ca(a), cb(b);
     double diff = 0;
-    for (auto& item : ma->named_parameters())
-      diff = std::max(diff, (item.value() - *pb.find(item.key())).abs().max().item<double>());
+    int compared = 0;
+    const auto manifest = nlohmann::json::parse(ca.text("manifest"));
+    for (const auto& [key, digest] : manifest.items()) {
+      if (key.rfind("model.", 0) != 0) continue;
+      diff = std::max(diff, (ca.tensor(key) - cb.tensor(key)).abs().max().item<double>());
+      ++compared;
+    }
+    EXPECT_GT(compared, 0);
     return diff;
   }
   tu::TempDir tmp_;
@@ -112,9 +117,32 @@ TEST_F(Distributed, TwoProcessesGiveTheParametersOfOne) {
   // The strong span loss drives every span below 0 within the first steps: the clamp must have put
   // them back at exactly 0 on every rank (a missing or rank-local clamp leaves them negative or apart).
   for (const char* run : {"one", "two"}) {
-    train::CheckpointReader reader(tmp_.file(std::string(run) + "/checkpoint.pt"));
-    for (const auto& layer : reader.load_model()->spans())
+    train::Checkpoint ck(tmp_.file(std::string(run) + "/checkpoint.pt"));
+    for (const auto& layer : train::family_from_checkpoint(ck)->spans())
       for (double z : layer) EXPECT_EQ(z, 0.0) << run;
+  }
+}
+
+// The same equivalence for the Transformer-XL family (it runs on the same runner and reducer): memories
+// carried per rank, a feed-forward block whose memory is empty, adaptive span on.
+TEST_F(Distributed, TransformerXlTwoProcessesGiveTheParametersOfOne) {
+  tu::write_text(tmp_.file("xl.json"), R"({"arch": "xl",
+      "model": {"n_layer": 2, "layers": "aaf", "d_model": 32, "n_head": 2, "d_head": 16, "d_inner": 64, "tgt_len": 16,
+                "mem_len": 16, "dropout": 0.0, "adapt_span": true, "adapt_span_init": 0.5},
+      "train": {"optim": "sgd", "lr": 0.1, "grad_clip": 0, "batch_size": 4, "batch_split": 2, "nb_steps": 6,
+                "eval_interval": 3, "eval_blocks": 2, "lr_warmup": 2, "dist_timeout": 20, "threads": 1}})");
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"train", "-c", tmp_.file("xl.json"), "--data", tmp_.path(), "--out", tmp_.file(out), "--quiet"};
+  };
+  ASSERT_EQ(run(args("xl1"), tmp_.file("xl1.err")), 0) << tu::read_file_or_empty(tmp_.file("xl1.err"));
+  ASSERT_EQ(run(plus(args("xl2"), {"--nproc-per-node", "2"}), tmp_.file("xl2.err")), 0)
+      << tu::read_file_or_empty(tmp_.file("xl2.err"));
+  EXPECT_LT(max_param_diff(tmp_.file("xl1/checkpoint.pt"), tmp_.file("xl2/checkpoint.pt")), kTolerance);
+  // Memories are saved for all streams, gathered from both ranks, equal to the one-process run's.
+  train::Checkpoint a(tmp_.file("xl1/checkpoint.pt")), b(tmp_.file("xl2/checkpoint.pt"));
+  for (const char* key : {"state.mem.0", "state.mem.1"}) {
+    ASSERT_EQ(a.tensor(key).sizes(), b.tensor(key).sizes()) << key;
+    EXPECT_LT((a.tensor(key) - b.tensor(key)).abs().max().item<double>(), 1e-4) << key;
   }
 }
 
@@ -151,8 +179,8 @@ TEST_F(Distributed, ADeadRankStopsTheOthersWithAMessage) {
   EXPECT_GT(status, 0) << "rank 0 did not stop";
   auto message = tu::read_file_or_empty(r0.err);
   EXPECT_NE(message.find("another rank died or hung"), std::string::npos) << message;
-  train::CheckpointReader reader(tmp_.file("killed/checkpoint.pt"));  // intact and loadable
-  EXPECT_TRUE(reader.has_train_state());
+  train::Checkpoint checkpoint(tmp_.file("killed/checkpoint.pt"));  // intact and loadable
+  EXPECT_TRUE(checkpoint.has_train_state());
 }
 
 TEST_F(Distributed, RanksWithDifferentConfigsAreRefused) {

@@ -5,10 +5,12 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "spanformer/train/checkpoint.h"
-#include "spanformer/train/trainer.h"
+#include "spanformer/train/adaptive_span.h"
+#include "spanformer/train/runner.h"
 #include "spanformer/util/error.h"
 #include "util.h"
 
@@ -37,6 +39,23 @@ Config tiny(const std::string& data) {
   return c;
 }
 
+train::StepContext lr_of(double lr) {
+  train::StepContext ctx;
+  ctx.lr = lr;
+  return ctx;
+}
+
+// A run of the adaptive-span family on the one runner.
+train::RunResult run(const Config& config, const std::string& out, bool resume = false, int64_t stop_after = -1) {
+  auto family = train::family_from_json(to_json(config), "test config");
+  train::RunOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  o.progress = false;
+  o.stop_after = stop_after;
+  return train::run_training(*family, o);
+}
+
 std::vector<nlohmann::json> read_log(const std::string& path) {
   std::vector<nlohmann::json> records;
   std::ifstream in(path);
@@ -60,7 +79,7 @@ TEST(Training, BatchSplitGivesTheSameUpdate) {
     train::Optimizer opt(named, {OptimKind::kAdagrad, 0, 0.03});
     auto c = model->initial_caches(4);
     for (auto& t : c) t = torch::randn_like(t);
-    for (int step = 0; step < 2; ++step) train::train_step(model, opt, x, y, c, split, 0.07);
+    for (int step = 0; step < 2; ++step) train::train_step(model, opt, x, y, c, split, lr_of(0.07));
     std::vector<torch::Tensor> ps;
     for (auto& p : model->parameters()) ps.push_back(p.detach().clone());
     params.push_back(ps);
@@ -96,7 +115,7 @@ TEST(Training, FusedAttentionStepEqualsThePlainStep) {
     train::Optimizer opt(named, {OptimKind::kAdagrad, 0, 0.03});
     auto c = model->initial_caches(3);
     double loss = 0;
-    for (int step = 0; step < 3; ++step) loss = train::train_step(model, opt, x, y, c, 1, 0.07).item<double>();
+    for (int step = 0; step < 3; ++step) loss = train::train_step(model, opt, x, y, c, 1, lr_of(0.07)).item<double>();
     losses.push_back(loss);
     std::vector<torch::Tensor> ps;
     for (auto& p : model->parameters()) ps.push_back(p.detach().clone());
@@ -123,7 +142,7 @@ TEST(Training, SpanParametersStayClampedAfterEveryStep) {
   auto c = model->initial_caches(2);
   auto x = torch::randint(13, {2, 16}, torch::kLong);
   for (int step = 0; step < 3; ++step) {
-    train::train_step(model, opt, x, x, c, 1, 1.0);
+    train::train_step(model, opt, x, x, c, 1, lr_of(1.0));
     for (auto& layer : model->layers) {
       EXPECT_GE(layer->attn->span->span_ratio.min().item<float>(), 0.0f);
       EXPECT_LE(layer->attn->span->span_ratio.max().item<float>(), 1.0f);
@@ -135,22 +154,18 @@ TEST(Training, ResumeContinuesBitForBit) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 12000);  // short: the run wraps around the data
   Config config = tiny(tmp.path());
-  train::RunOptions straight{tmp.file("a"), false, false, -1};
-  train::run_training(config, straight);
-  train::RunOptions first{tmp.file("b"), false, false, 37};  // stops mid-interval
-  EXPECT_EQ(train::run_training(config, first).steps, 37);
-  train::RunOptions second{tmp.file("b"), true, false, -1};
-  EXPECT_EQ(train::run_training(config, second).steps, 100);
+  run(config, tmp.file("a"));
+  EXPECT_EQ(run(config, tmp.file("b"), false, 37).steps, 37);  // stops mid-interval
+  EXPECT_EQ(run(config, tmp.file("b"), true).steps, 100);
 
-  train::CheckpointReader a(tmp.file("a/checkpoint.pt")), b(tmp.file("b/checkpoint.pt"));
-  auto ma = a.load_model(), mb = b.load_model();
-  auto pa = ma->named_parameters(), pb = mb->named_parameters();
-  for (auto& item : pa) EXPECT_TRUE(torch::equal(item.value(), *pb.find(item.key()))) << item.key();
-  auto sa = a.load_state(2), sb = b.load_state(2);
-  EXPECT_EQ(sa.train_pos, sb.train_pos);
-  EXPECT_EQ(sa.valid_pos, sb.valid_pos);
-  for (int l = 0; l < 2; ++l) EXPECT_TRUE(torch::equal(sa.train_caches[l], sb.train_caches[l]));
-  EXPECT_TRUE(torch::equal(sa.rng_state, sb.rng_state));
+  // Every weight, optimizer state, data position, cache and the generator state agree bit for bit.
+  train::Checkpoint a(tmp.file("a/checkpoint.pt")), b(tmp.file("b/checkpoint.pt"));
+  const auto ja = nlohmann::json::parse(a.text("manifest")), jb = nlohmann::json::parse(b.text("manifest"));
+  for (const auto& [key, digest] : ja.items()) {
+    if (key == "state.elapsed_seconds") continue;
+    EXPECT_EQ(digest, jb[key]) << key;
+  }
+  EXPECT_EQ(ja.size(), jb.size());
   // The resumed log continues the first one: one record per interval, no gap, no repeat.
   auto log = read_log(tmp.file("b/log.jsonl"));
   ASSERT_EQ(log.size(), 10u);  // 10, 20, ..., 100: the stop at 37 adds no record
@@ -171,7 +186,7 @@ TEST(Training, LossFallsOnRealText) {
   config.train.nb_steps = 200;
   config.train.eval_interval = 20;
   config.train.eval_blocks = 10;
-  train::run_training(config, {tmp.file("run"), false, false, -1});
+  run(config, tmp.file("run"));
   auto log = read_log(tmp.file("run/log.jsonl"));
   ASSERT_EQ(log.size(), 10u);
   const double first = log.front()["valid_bpc"], last = log.back()["valid_bpc"];
@@ -180,6 +195,7 @@ TEST(Training, LossFallsOnRealText) {
   EXPECT_LT(last, 4.0);
   for (const auto& r : log) {
     EXPECT_TRUE(r.contains("tokens_per_s") && r.contains("span_mean") && r.contains("eta_s"));
+    EXPECT_NEAR(r["train_loss"].get<double>() / std::log(2.0), r["train_bpc"].get<double>(), 1e-12);
     EXPECT_EQ(r["span_mean"].size(), 2u);
   }
 }
@@ -192,7 +208,7 @@ TEST(Training, DivergenceStopsWithAClearError) {
   config.train.grad_clip = 0;
   config.train.lr = 1e30;
   config.train.lr_warmup = 0;
-  auto message = error_of([&] { train::run_training(config, {tmp.file("run"), false, false, -1}); });
+  auto message = error_of([&] { run(config, tmp.file("run")); });
   EXPECT_NE(message.find("training diverged"), std::string::npos) << message;
 }
 
@@ -201,25 +217,112 @@ TEST(Checkpoint, BadCheckpointsAreRefusedClearly) {
   tu::prepare_dickens_slice(tmp.path(), 12000);
   Config config = tiny(tmp.path());
   config.train.nb_steps = 3;
-  train::run_training(config, {tmp.file("run"), false, false, -1});
+  run(config, tmp.file("run"));
   const std::string good = tmp.file("run/checkpoint.pt");
   std::string bytes = read_file(good);
   tu::write_text(tmp.file("truncated.pt"), bytes.substr(0, bytes.size() / 2));
-  EXPECT_NE(error_of([&] { train::CheckpointReader r(tmp.file("truncated.pt")); }).find("not a readable"), std::string::npos);
+  EXPECT_NE(error_of([&] { train::Checkpoint c(tmp.file("truncated.pt")); }).find("not a readable"), std::string::npos);
   tu::write_text(tmp.file("foreign.pt"), "hello");
-  EXPECT_NE(error_of([&] { train::CheckpointReader r(tmp.file("foreign.pt")); }).find("not a readable"), std::string::npos);
-  EXPECT_NE(error_of([&] { train::CheckpointReader r(tmp.file("none.pt")); }).find("not found"), std::string::npos);
+  EXPECT_NE(error_of([&] { train::Checkpoint c(tmp.file("foreign.pt")); }).find("not a readable"), std::string::npos);
+  EXPECT_NE(error_of([&] { train::Checkpoint c(tmp.file("none.pt")); }).find("not found"), std::string::npos);
   // Another model config.
-  train::CheckpointReader reader(good);
-  ModelConfig other = reader.config().model;
-  other.nb_heads = 4;
-  models::TransformerSeq model(other);
-  EXPECT_NE(error_of([&] { reader.load_model_into(model); }).find("another model: nb_heads"), std::string::npos);
+  train::Checkpoint checkpoint(good);
+  Config other = config;
+  other.model.nb_heads = 4;
+  other.model.vocab_size = checkpoint.vocab().size();
+  auto family = train::family_from_json(to_json(other), "test");
+  family->build();
+  EXPECT_NE(error_of([&] { family->load_weights(checkpoint); }).find("another model: nb_heads"), std::string::npos);
   // Resuming with a different model config is refused, the checkpoint is left as it was.
   Config changed = config;
   changed.model.hidden_size = 32;
   changed.train.nb_steps = 6;
-  EXPECT_NE(error_of([&] { train::run_training(changed, {tmp.file("run"), true, false, -1}); }).find("another model"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { run(changed, tmp.file("run"), true); }).find("another model"), std::string::npos);
   EXPECT_EQ(read_file(good), bytes);
+}
+
+// One flipped byte anywhere in a stored tensor is refused by name, never a NaN or a crash later.
+TEST(Checkpoint, FlippedBytesFailTheirChecksum) {
+  tu::TempDir tmp;
+  tu::prepare_dickens_slice(tmp.path(), 12000);
+  Config config = tiny(tmp.path());
+  config.train.nb_steps = 3;
+  run(config, tmp.file("run"));
+  const std::string bytes = read_file(tmp.file("run/checkpoint.pt"));
+  train::Checkpoint ok(tmp.file("run/checkpoint.pt"));
+  EXPECT_EQ(ok.version(), train::kCheckpointVersion);
+  // Tensor records are stored raw in the zip: find each one's bytes and flip one bit in the middle.
+  for (const std::string key : {"model.key_pe", "optim.key_pe.state1", "state.train_cache.0", "state.rng"}) {
+    auto t = ok.tensor(key).contiguous();
+    const std::string raw(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+    const auto at = bytes.find(raw);
+    ASSERT_NE(at, std::string::npos) << key;
+    std::string bad = bytes;
+    bad[at + raw.size() / 2] = static_cast<char>(bad[at + raw.size() / 2] ^ 0x40);
+    tu::write_text(tmp.file("bad.pt"), bad);
+    const auto message = error_of([&] { train::Checkpoint c(tmp.file("bad.pt")); });
+    EXPECT_NE(message.find("fails its checksum"), std::string::npos) << key << ": " << message;
+  }
+  EXPECT_EQ(ok.family(), "adaptive-span");
+}
+
+
+// Checkpoints written before the one engine (format version 1, one per family, written here with the
+// exact keys the old writers used) still open, with their weights, state and old config spellings.
+TEST(Checkpoint, VersionOneFilesOfBothFamiliesStillLoad) {
+  tu::TempDir tmp;
+  // adaptive span: "spanformer-checkpoint-v1"
+  Config config = tiny("");
+  config.model.vocab_size = 3;
+  torch::manual_seed(3);
+  models::TransformerSeq model(config.model);
+  {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", c10::IValue(std::string("spanformer-checkpoint-v1")));
+    archive.write("config", c10::IValue(to_json(config).dump()));
+    archive.write("vocab", c10::IValue(std::string("10\n97\n98\n")));
+    for (const auto& item : model->named_parameters()) archive.write("model." + item.key(), item.value().detach());
+    archive.write("state.step", torch::tensor(int64_t{7}));
+    archive.save_to(tmp.file("v1.pt"));
+  }
+  train::Checkpoint v1(tmp.file("v1.pt"));
+  EXPECT_EQ(v1.version(), 1);
+  EXPECT_EQ(v1.family(), "adaptive-span");
+  EXPECT_EQ(v1.vocab().size(), 3);
+  EXPECT_TRUE(v1.has_train_state());
+  EXPECT_EQ(v1.integer("state.step"), 7);
+  auto family = train::family_from_checkpoint(v1);
+  auto loaded = family->module().named_parameters();
+  for (const auto& item : model->named_parameters())
+    EXPECT_TRUE(torch::equal(item.value(), loaded[item.key()])) << item.key();
+
+  // Transformer-XL: "spanformer-xl-checkpoint-v1" with the old train keys (warmup_steps, eval_segments,
+  // the evaluation protocol in `train`).
+  nlohmann::json xl = {{"arch", "xl"},
+                       {"model", {{"n_layer", 1}, {"d_model", 8}, {"n_head", 2}, {"d_head", 4}, {"d_inner", 16},
+                                  {"tgt_len", 4}, {"mem_len", 4}, {"vocab_size", 3}}},
+                       {"train", {{"warmup_steps", 5}, {"eval_segments", 2}, {"eval_mem_len", 9}, {"optim", "adam"}}}};
+  auto xl_family = train::family_from_json(xl, "old xl config");
+  xl_family->build();
+  {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", c10::IValue(std::string("spanformer-xl-checkpoint-v1")));
+    archive.write("config", c10::IValue(xl.dump()));
+    archive.write("vocab", c10::IValue(std::string("a\nb\nc\n")));
+    archive.write("vocab_level", c10::IValue(std::string("word")));
+    for (const auto& item : xl_family->module().named_parameters())
+      archive.write("model." + item.key(), item.value().detach());
+    archive.save_to(tmp.file("xl1.pt"));
+  }
+  train::Checkpoint xl1(tmp.file("xl1.pt"));
+  EXPECT_EQ(xl1.family(), "xl");
+  EXPECT_TRUE(xl1.vocab().word_level);
+  auto xl_loaded = train::family_from_checkpoint(xl1);
+  const auto j = xl_loaded->config_json();
+  EXPECT_EQ(j["train"]["lr_warmup"], 5);
+  EXPECT_EQ(j["train"]["eval_blocks"], 2);
+  EXPECT_EQ(j["model"]["eval_mem_len"], 9);
+  auto p = xl_loaded->module().named_parameters();
+  for (const auto& item : xl_family->module().named_parameters())
+    EXPECT_TRUE(torch::equal(item.value(), p[item.key()])) << item.key();
 }

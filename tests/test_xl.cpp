@@ -12,7 +12,8 @@
 #include "spanformer/nn/adaptive_softmax.h"
 #include "spanformer/nn/gumbel.h"
 #include "spanformer/train/checkpoint.h"
-#include "spanformer/train/xl_trainer.h"
+#include "spanformer/train/runner.h"
+#include "spanformer/train/xl.h"
 #include "util.h"
 
 namespace spanformer {
@@ -555,35 +556,42 @@ TEST(XlTraining, ResumedRunContinuesBitForBitAndTheLossFalls) {
   o.valid = write_text(dir, "valid", text.substr(0, 400));
   o.test = o.valid;
   data::prepare_words(o, dir.file("data"));
+  auto run = [](const XlConfig& c, const std::string& out, bool resume, int64_t stop_after) {
+    auto family = train::family_from_json(to_json(c), "test config");
+    train::RunOptions o;
+    o.out_dir = out;
+    o.resume = resume;
+    o.progress = false;
+    o.stop_after = stop_after;
+    return train::run_training(*family, o);
+  };
   for (bool search : {false, true}) {
     auto c = run_config(dir.file("data"), search);
-    train::xl::RunOptions straight;
-    straight.out_dir = dir.file(search ? "s1" : "p1");
-    straight.progress = false;
-    auto r1 = train::xl::run_training(c, straight);
-    train::xl::RunOptions part = straight;
-    part.out_dir = dir.file(search ? "s2" : "p2");
-    part.stop_after = 3;  // stop inside an interval, away from a checkpoint boundary
-    train::xl::run_training(c, part);
-    part.stop_after = -1;
-    part.resume = true;
-    auto r2 = train::xl::run_training(c, part);
+    const std::string a_dir = dir.file(search ? "s1" : "p1"), b_dir = dir.file(search ? "s2" : "p2");
+    auto r1 = run(c, a_dir, false, -1);
+    run(c, b_dir, false, 3);  // stop inside an interval, away from a checkpoint boundary
+    auto r2 = run(c, b_dir, true, -1);
     EXPECT_EQ(r2.steps, 8);
-    train::xl::CheckpointReader a(straight.out_dir + "/checkpoint.pt"), b(part.out_dir + "/checkpoint.pt");
-    auto ma = a.load_model(), mb = b.load_model();
-    auto pb = mb->named_parameters();
-    for (auto& item : ma->named_parameters())
-      EXPECT_TRUE(torch::equal(item.value(), pb[item.key()])) << item.key() << " search " << search;
+    EXPECT_EQ(r1.unit, "ppl");
+    // Every weight, optimizer state (both optimizers of a super-network), memory and the generator.
+    train::Checkpoint a(a_dir + "/checkpoint.pt"), b(b_dir + "/checkpoint.pt");
+    EXPECT_EQ(a.family(), "xl");
+    const auto ja = nlohmann::json::parse(a.text("manifest")), jb = nlohmann::json::parse(b.text("manifest"));
+    for (const auto& [key, digest] : ja.items())
+      if (key != "state.elapsed_seconds") EXPECT_EQ(digest, jb[key]) << key << " search " << search;
     EXPECT_EQ(r1.last_valid, r2.last_valid);
     // A periodic text: the validation perplexity after 8 steps is far below the vocabulary size (11).
     EXPECT_LT(r1.last_valid, 8.0) << search;
     if (search) {
-      auto p = ma->probs();
+      auto p = torch::softmax(a.tensor("model.alpha"), -1);
       EXPECT_GT((p - 1.0 / 3).abs().max().item<double>(), 1e-4);  // alpha moved after the frozen steps
     }
   }
-  // A Transformer-XL checkpoint is refused by the adaptive-span reader with a clear message and vice versa.
-  EXPECT_NE(tu::error_of([&] { train::CheckpointReader r(dir.file("p1/checkpoint.pt")); }).find("Transformer-XL"),
+  // An XL checkpoint does not load into an adaptive-span model, with a clear message.
+  train::Checkpoint xl_checkpoint(dir.file("p1/checkpoint.pt"));
+  auto as_family = train::family_from_json(nlohmann::json{{"model", {{"vocab_size", 11}}}}, "test");
+  as_family->build();
+  EXPECT_NE(tu::error_of([&] { as_family->load_weights(xl_checkpoint); }).find("is a xl model, not adaptive-span"),
             std::string::npos);
 }
 

@@ -19,27 +19,35 @@ using config_detail::train_fields;
 
 const std::vector<Field<ModelConfig>>& model_fields() {
   static const std::vector<Field<ModelConfig>> fields = {
-      field("vocab_size", &ModelConfig::vocab_size),
-      field("nb_layers", &ModelConfig::nb_layers),
-      field("hidden_size", &ModelConfig::hidden_size),
-      field("inner_hidden_size", &ModelConfig::inner_hidden_size),
-      field("nb_heads", &ModelConfig::nb_heads),
-      field("attn_span", &ModelConfig::attn_span),
-      field("block_size", &ModelConfig::block_size),
-      field("dropout", &ModelConfig::dropout),
-      field("emb_dropout", &ModelConfig::emb_dropout),
-      field("adapt_span", &ModelConfig::adapt_span),
-      field("adapt_span_ramp", &ModelConfig::adapt_span_ramp),
-      field("adapt_span_init", &ModelConfig::adapt_span_init),
-      field("adapt_span_loss", &ModelConfig::adapt_span_loss),
-      field("adapt_span_cache", &ModelConfig::adapt_span_cache),
-      field("pers_mem_size", &ModelConfig::pers_mem_size),
-      config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name),
+      field("vocab_size", &ModelConfig::vocab_size, "V; taken from the prepared data when 0"),
+      field("nb_layers", &ModelConfig::nb_layers, "layers"),
+      field("hidden_size", &ModelConfig::hidden_size, "H"),
+      field("inner_hidden_size", &ModelConfig::inner_hidden_size, "I"),
+      field("nb_heads", &ModelConfig::nb_heads, "K"),
+      field("attn_span", &ModelConfig::attn_span, "L, maximum span"),
+      field("block_size", &ModelConfig::block_size, "M"),
+      field("dropout", &ModelConfig::dropout, "on attention probabilities and the FFN hidden layer"),
+      field("emb_dropout", &ModelConfig::emb_dropout, "on the embeddings and on the last hidden state"),
+      field("adapt_span", &ModelConfig::adapt_span, "learn each head's span"),
+      field("adapt_span_ramp", &ModelConfig::adapt_span_ramp, "R, width of the soft mask's ramp"),
+      field("adapt_span_init", &ModelConfig::adapt_span_init, "initial span_ratio (z / L)"),
+      field("adapt_span_loss", &ModelConfig::adapt_span_loss, "span-loss coefficient"),
+      field("adapt_span_cache", &ModelConfig::adapt_span_cache, "keep only the cache the current spans need"),
+      field("pers_mem_size", &ModelConfig::pers_mem_size, "N > 0: all-attention layers with persistent memory, no FFN"),
+      config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "auto | fused | plain: how attention is computed (attention/attn_impl.h); checkpoints load under any."),
   };
   return fields;
 }
 
 }  // namespace
+
+std::vector<ConfigKey> adaptive_span_config_keys() {
+  std::vector<ConfigKey> keys;
+  const Config defaults;
+  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "train", defaults.train, train_fields());
+  return keys;
+}
 
 json to_json(const ModelConfig& config) { return struct_to_json(config, model_fields()); }
 

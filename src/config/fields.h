@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "spanformer/util/error.h"
+#include "spanformer/config/train_config.h"
 #include "spanformer/util/io.h"
 
 namespace spanformer::config_detail {
@@ -28,10 +29,12 @@ struct Field {
   const char* name;
   std::function<json(const T&)> get;
   std::function<void(T&, const json&)> set;
+  const char* help = "";
+  const char* choices = "";  // a closed choice's names, "a | b | c"
 };
 
 template <typename T, typename V>
-Field<T> field(const char* name, V T::*member) {
+Field<T> field(const char* name, V T::*member, const char* help) {
   return {name, [member](const T& t) { return json(t.*member); },
           [member, name](T& t, const json& j) {
             try {
@@ -60,13 +63,15 @@ Field<T> field(const char* name, V T::*member) {
             } catch (const std::exception& e) {
               fail("config key '{}': {} (got {})", name, e.what(), j.dump());
             }
-          }};
+          },
+          help};
 }
 
 // A closed choice: an enum read from and written as its name, parsed once here at the config boundary
 // (parse fails with a one-line error listing the choices).
 template <typename T, typename E>
-Field<T> enum_field(const char* name, E T::*member, E (*parse)(const std::string&), const char* (*to_name)(E)) {
+Field<T> enum_field(const char* name, E T::*member, E (*parse)(const std::string&), const char* (*to_name)(E),
+                    const char* help) {
   return {name, [member, to_name](const T& t) { return json(to_name(t.*member)); },
           [member, name, parse](T& t, const json& j) {
             if (!j.is_string()) fail("config key '{}': expected a string (got {})", name, j.dump());
@@ -75,7 +80,8 @@ Field<T> enum_field(const char* name, E T::*member, E (*parse)(const std::string
             } catch (const Error& e) {
               fail("config key '{}': {}", name, e.what());
             }
-          }};
+          },
+          help};
 }
 
 template <typename T>
@@ -154,6 +160,18 @@ bool set_override(T& t, const std::vector<Field<T>>& fields, const std::string& 
   if (!f) return false;
   f->set(t, f->get(t).is_string() ? json(o.text) : o.value);
   return true;
+}
+
+// One line per key for `spanformer config keys`: "section.key  type  default  help".
+template <typename T>
+void describe(std::vector<ConfigKey>& out, const std::string& section, const T& defaults,
+              const std::vector<Field<T>>& fields) {
+  for (const auto& f : fields) {
+    const json v = f.get(defaults);
+    std::string type = v.is_boolean() ? "bool" : v.is_number_integer() ? "int" : v.is_number() ? "float"
+                       : v.is_array()  ? "list of int" : "string";
+    out.push_back({section, f.name, type, v.dump(), f.help});
+  }
 }
 
 }  // namespace spanformer::config_detail

@@ -71,6 +71,15 @@ void validate(const TrainConfig& t) {
   if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
 }
 
+std::vector<ConfigKey> adaptive_span_config_keys();  // config.cpp
+std::vector<ConfigKey> xl_config_keys();             // xl_config.cpp
+
+std::vector<ConfigKey> config_keys(const std::string& arch) {
+  if (arch == "adaptive-span") return adaptive_span_config_keys();
+  if (arch == "xl") return xl_config_keys();
+  fail("unknown arch '{}' (adaptive-span or xl)", arch);
+}
+
 double learning_rate(const TrainConfig& c, int64_t k) {
   if (c.lr_warmup > 0 && k <= c.lr_warmup) return c.lr * static_cast<double>(k) / static_cast<double>(c.lr_warmup);
   if (c.scheduler == Schedule::kConstant) return c.lr;
@@ -83,27 +92,27 @@ namespace config_detail {
 const std::vector<Field<TrainConfig>>& train_fields() {
   using C = TrainConfig;
   static const std::vector<Field<C>> fields = {
-      field("data", &C::data),
-      field("batch_size", &C::batch_size),
-      field("batch_split", &C::batch_split),
-      enum_field("optim", &C::optim, parse_optim, optim_name),
-      field("lr", &C::lr),
-      field("lr_min", &C::lr_min),
-      enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name),
-      field("lr_warmup", &C::lr_warmup),
-      field("momentum", &C::momentum),
-      field("grad_clip", &C::grad_clip),
-      field("nb_steps", &C::nb_steps),
-      field("eval_interval", &C::eval_interval),
-      field("eval_blocks", &C::eval_blocks),
-      field("checkpoint_interval", &C::checkpoint_interval),
-      field("seed", &C::seed),
-      field("threads", &C::threads),
-      field("eval_batch_size", &C::eval_batch_size),
-      field("device", &C::device),
-      field("dist_timeout", &C::dist_timeout),
-      field("dist_backend", &C::dist_backend),
-      field("dist_bucket_kb", &C::dist_bucket_kb),
+      field("data", &C::data, "prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)"),
+      field("batch_size", &C::batch_size, "B streams per step (global, over all processes)"),
+      field("batch_split", &C::batch_split, "gradient accumulation over B / batch_split stream groups"),
+      enum_field("optim", &C::optim, parse_optim, optim_name, "adagrad (reference clip) | sgd | adam"),
+      field("lr", &C::lr, "learning rate (after the warmup; see scheduler)"),
+      field("lr_min", &C::lr_min, "cosine schedule's floor"),
+      enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name, "after the warmup: constant | cosine"),
+      field("lr_warmup", &C::lr_warmup, "linear warmup updates (0 = none)"),
+      field("momentum", &C::momentum, "sgd only"),
+      field("grad_clip", &C::grad_clip, "adagrad: per-tensor lr scaling; sgd/adam: global norm (0 = none)"),
+      field("nb_steps", &C::nb_steps, "total optimizer steps"),
+      field("eval_interval", &C::eval_interval, "steps between validations, log records and checkpoints"),
+      field("eval_blocks", &C::eval_blocks, "validation blocks per interval (Transformer-XL/PAR: 0 = the whole split)"),
+      field("checkpoint_interval", &C::checkpoint_interval, "steps between checkpoints (0 = at every eval_interval)"),
+      field("seed", &C::seed, "random seed of weights, data offsets and dropout"),
+      field("threads", &C::threads, "0 = all cores"),
+      field("eval_batch_size", &C::eval_batch_size, "streams of the full evaluation"),
+      field("device", &C::device, "cpu | cuda | cuda:N"),
+      field("dist_timeout", &C::dist_timeout, "seconds a rank waits for the others (multi-process runs)"),
+      field("dist_backend", &C::dist_backend, "auto (gloo on CPU, nccl on CUDA) | gloo | nccl"),
+      field("dist_bucket_kb", &C::dist_bucket_kb, "gradient buckets all-reduced during backward (0 = one bucket after it)"),
   };
   return fields;
 }

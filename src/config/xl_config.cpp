@@ -20,25 +20,25 @@ using config_detail::struct_to_json;
 const std::vector<Field<XlModelConfig>>& model_fields() {
   using C = XlModelConfig;
   static const std::vector<Field<C>> fields = {
-      field("vocab_size", &C::vocab_size),       field("layers", &C::layers),
-      field("n_layer", &C::n_layer),             field("d_model", &C::d_model),
-      field("n_head", &C::n_head),               field("d_head", &C::d_head),
-      field("d_inner", &C::d_inner),             field("d_embed", &C::d_embed),
-      field("dropout", &C::dropout),             field("dropatt", &C::dropatt),
-      field("tgt_len", &C::tgt_len),             field("mem_len", &C::mem_len),
-      field("ext_len", &C::ext_len),             field("clamp_len", &C::clamp_len),
-      field("same_length", &C::same_length),     field("pre_lnorm", &C::pre_lnorm),
-      field("untie_r", &C::untie_r),             field("adaptive", &C::adaptive),
-      field("cutoffs", &C::cutoffs),             field("div_val", &C::div_val),
-      field("tie_weight", &C::tie_weight),       field("tie_projs", &C::tie_projs),
-      field("init_std", &C::init_std),           field("proj_init_std", &C::proj_init_std),
-      field("search", &C::search),               field("search_hard", &C::search_hard),
-      config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name),
-      field("adapt_span", &C::adapt_span),
-      field("attn_span", &C::attn_span),         field("adapt_span_ramp", &C::adapt_span_ramp),
-      field("adapt_span_init", &C::adapt_span_init), field("adapt_span_loss", &C::adapt_span_loss),
-      field("eval_tgt_len", &C::eval_tgt_len),   field("eval_mem_len", &C::eval_mem_len),
-      field("eval_clamp_len", &C::eval_clamp_len), field("eval_same_length", &C::eval_same_length),
+      field("vocab_size", &C::vocab_size, "V; taken from the prepared data when 0"),       field("layers", &C::layers, "block string, 'a' attention / 'f' feed-forward (\"\" = \"af\" x n_layer)"),
+      field("n_layer", &C::n_layer, "Transformer-XL layers; the super-network has 2 x n_layer blocks"),             field("d_model", &C::d_model, "H"),
+      field("n_head", &C::n_head, "K"),               field("d_head", &C::d_head, "D (K x D need not equal H)"),
+      field("d_inner", &C::d_inner, "I"),             field("d_embed", &C::d_embed, "E, embedding width (0 = d_model)"),
+      field("dropout", &C::dropout, "embeddings, positions, attention output, feed-forward, last hidden"),             field("dropatt", &C::dropatt, "attention probabilities"),
+      field("tgt_len", &C::tgt_len, "M, segment length for training"),             field("mem_len", &C::mem_len, "Mm, hidden states kept per block"),
+      field("ext_len", &C::ext_len, "extended context: tokens re-read before each segment (not scored)"),             field("clamp_len", &C::clamp_len, "distances above this use the same position vector (0 = no clamp)"),
+      field("same_length", &C::same_length, "every query sees the same number of keys"),     field("pre_lnorm", &C::pre_lnorm, "LayerNorm before each block instead of after the residual"),
+      field("untie_r", &C::untie_r, "a separate (u, v) per attention block instead of one pair for all"),             field("adaptive", &C::adaptive, "adaptive input and adaptive softmax with `cutoffs`"),
+      field("cutoffs", &C::cutoffs, "cluster boundaries in the frequency-sorted vocabulary"),             field("div_val", &C::div_val, "cluster i has width E / div_val^i"),
+      field("tie_weight", &C::tie_weight, "output cluster weights = input embeddings"),       field("tie_projs", &C::tie_projs, "output projections of clusters 1.. = input projections"),
+      field("init_std", &C::init_std, "N(0, init_std) weights; LayerNorm weight N(1, init_std)"),           field("proj_init_std", &C::proj_init_std, "N(0, proj_init_std) for adaptive projections PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}."),
+      field("search", &C::search, "PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}"),               field("search_hard", &C::search_hard, "straight-through one-hot samples instead of soft ones"),
+      config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name, "weights without noise at evaluation: softmax | argmax Adaptive span (Sukhbaatar et al. 2019) inside every attention block."),
+      field("adapt_span", &C::adapt_span, "adaptive span (Sukhbaatar et al. 2019) inside every attention block"),
+      field("attn_span", &C::attn_span, "L, the largest span (0 = mem_len + tgt_len)"),         field("adapt_span_ramp", &C::adapt_span_ramp, "R"),
+      field("adapt_span_init", &C::adapt_span_init, "initial z / L"), field("adapt_span_loss", &C::adapt_span_loss, "span-loss coefficient Evaluation protocol of `spanformer eval` (validation during training uses the training lengths)."),
+      field("eval_tgt_len", &C::eval_tgt_len, "0 = tgt_len"),   field("eval_mem_len", &C::eval_mem_len, "-1 = mem_len"),
+      field("eval_clamp_len", &C::eval_clamp_len, "-1 = clamp_len"), field("eval_same_length", &C::eval_same_length, "evaluation: every query sees the same number of keys"),
   };
   return fields;
 }
@@ -46,10 +46,10 @@ const std::vector<Field<XlModelConfig>>& model_fields() {
 const std::vector<Field<XlSearchConfig>>& search_fields() {
   using C = XlSearchConfig;
   static const std::vector<Field<C>> fields = {
-      field("arch_lr", &C::arch_lr),         field("arch_weight_decay", &C::arch_weight_decay),
-      field("arch_freeze_steps", &C::arch_freeze_steps), field("tau0", &C::tau0),
-      field("tau1", &C::tau1),
-      config_detail::enum_field("tau_schedule", &C::tau_schedule, parse_tau_schedule, tau_schedule_name),
+      field("arch_lr", &C::arch_lr, "Adam on the architecture logits alpha"),         field("arch_weight_decay", &C::arch_weight_decay, "L2 term added to alpha's gradient (PyTorch Adam weight_decay)"),
+      field("arch_freeze_steps", &C::arch_freeze_steps, "alpha stays fixed for the first N steps (weights warm up)"), field("tau0", &C::tau0, "Gumbel-softmax temperature from tau0 to tau1 over the run"),
+      field("tau1", &C::tau1, "Gumbel-softmax temperature at the end of the run"),
+      config_detail::enum_field("tau_schedule", &C::tau_schedule, parse_tau_schedule, tau_schedule_name, "exp | linear | constant"),
   };
   return fields;
 }
@@ -78,6 +78,15 @@ TauSchedule parse_tau_schedule(const std::string& name) {
   if (name == "linear") return TauSchedule::kLinear;
   if (name == "constant") return TauSchedule::kConstant;
   fail("tau_schedule must be exp, linear or constant (got '{}')", name);
+}
+
+std::vector<ConfigKey> xl_config_keys() {
+  std::vector<ConfigKey> keys;
+  const XlConfig defaults;
+  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "search", defaults.search, search_fields());
+  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
+  return keys;
 }
 
 std::string XlModelConfig::block_string() const {

@@ -97,8 +97,9 @@ std::vector<int64_t> Vocab::byte_to_id() const {
   return map;
 }
 
-Vocab read_vocab(const std::string& path) {
-  std::string text = read_file(path);
+Vocab read_vocab(const std::string& path) { return parse_vocab(read_file(path), path); }
+
+Vocab parse_vocab(const std::string& text, const std::string& path) {
   Vocab vocab;
   size_t start = 0, line_no = 0;
   while (start < text.size()) {

@@ -39,8 +39,9 @@ void for_each_word(const std::string& path, Fn&& fn) {
 
 }  // namespace
 
-Vocab read_word_vocab(const std::string& path) {
-  std::string text = read_file(path);
+Vocab read_word_vocab(const std::string& path) { return parse_word_vocab(read_file(path), path); }
+
+Vocab parse_word_vocab(const std::string& text, const std::string& path) {
   Vocab vocab;
   vocab.word_level = true;
   std::unordered_set<std::string> seen;

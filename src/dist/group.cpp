@@ -221,6 +221,11 @@ double Group::all_reduce_sum(double value) {
 }
 
 at::Tensor Group::all_gather_cat(const at::Tensor& tensor) {
+  if (tensor.numel() == 0) {  // e.g. the empty memory of a feed-forward block: Gloo divides by the size
+    auto sizes = tensor.sizes().vec();
+    sizes[0] *= world_;
+    return at::empty(sizes, tensor.options());
+  }
   std::vector<at::Tensor> input = {tensor.contiguous()};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int r = 0; r < world_; ++r) output[0].push_back(at::empty_like(input[0]));

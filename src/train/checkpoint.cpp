@@ -1,136 +1,232 @@
 #include "spanformer/train/checkpoint.h"
 
+#include <openssl/evp.h>
+
 #include <fmt/ranges.h>
 
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
 namespace spanformer::train {
+namespace {
 
-void save_checkpoint(const std::string& path, const Config& config, const data::Vocab& vocab,
-                     models::TransformerSeq& model, const Optimizer* optimizer, const TrainState* state) {
-  torch::serialize::OutputArchive archive;
-  archive.write("format", c10::IValue(std::string(kCheckpointFormat)));
-  archive.write("config", c10::IValue(to_json(config).dump()));
-  archive.write("vocab", c10::IValue(data::vocab_to_text(vocab)));
-  for (const auto& item : model->named_parameters()) archive.write("model." + item.key(), item.value().detach());
-  if (optimizer) optimizer->save(archive, "optim.");
-  if (state) {
-    archive.write("state.step", torch::tensor(state->step));
-    archive.write("state.train_pos", torch::tensor(state->train_pos));
-    archive.write("state.valid_pos", torch::tensor(state->valid_pos));
-    archive.write("state.elapsed_seconds", torch::tensor(state->elapsed_seconds, torch::kDouble));
-    archive.write("state.nb_caches", torch::tensor(static_cast<int64_t>(state->train_caches.size())));
-    for (size_t l = 0; l < state->train_caches.size(); ++l) {
-      archive.write(fmt::format("state.train_cache.{}", l), state->train_caches[l].contiguous());
-      archive.write(fmt::format("state.valid_cache.{}", l), state->valid_caches[l].contiguous());
+// SHA-256 of an entry: its key, its kind, and for a tensor its dtype, shape and bytes.
+class Digest {
+ public:
+  Digest() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Digest() { EVP_MD_CTX_free(ctx_); }
+  Digest(const Digest&) = delete;
+  Digest& operator=(const Digest&) = delete;
+  void add(const void* data, size_t size) { EVP_DigestUpdate(ctx_, data, size); }
+  void add(const std::string& s) { add(s.data(), s.size() + 1); }  // with its terminator: "ab","c" != "a","bc"
+  std::string hex() {
+    unsigned char out[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_DigestFinal_ex(ctx_, out, &length);
+    std::string h;
+    for (unsigned int i = 0; i < length; ++i) h += fmt::format("{:02x}", out[i]);
+    return h;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+std::string tensor_digest(const std::string& key, const torch::Tensor& t) {
+  Digest d;
+  d.add("t:" + key);
+  d.add(std::string(c10::toString(t.scalar_type())));
+  d.add(fmt::format("{}", fmt::join(t.sizes(), "x")));
+  auto c = t.contiguous();
+  d.add(c.data_ptr(), c.numel() * c.element_size());
+  return "t:" + d.hex();
+}
+
+std::string text_digest(const std::string& key, const std::string& text) {
+  Digest d;
+  d.add("s:" + key);
+  d.add(text.data(), text.size());
+  return "s:" + d.hex();
+}
+
+data::Vocab vocab_of(const std::string& text, const std::string& level, const std::string& origin) {
+  if (level == "word") return data::parse_word_vocab(text, origin + " (vocabulary)");
+  if (level == "byte" || level.empty()) return data::parse_vocab(text, origin + " (vocabulary)");
+  fail("{}: unknown vocabulary level '{}'", origin, level);
+}
+
+}  // namespace
+
+std::string checkpoint_file(const std::string& path) {
+  if (!file_exists(path) && file_exists(path + "/checkpoint.pt")) return path + "/checkpoint.pt";
+  return path;
+}
+
+CheckpointWriter::CheckpointWriter(const std::string& family, const nlohmann::json& config, const data::Vocab& vocab) {
+  archive_.write("format", c10::IValue(std::string(kCheckpointFormat)));
+  put_int("version", kCheckpointVersion);
+  put_text("family", family);
+  put_text("config", config.dump());
+  put_text("vocab", data::vocab_to_text(vocab));
+  put_text("vocab_level", vocab.word_level ? "word" : "byte");
+}
+
+void CheckpointWriter::put(const std::string& key, const torch::Tensor& tensor) {
+  auto t = tensor.detach().to(torch::kCPU).contiguous();
+  manifest_[key] = tensor_digest(key, t);
+  archive_.write(key, t);
+}
+
+void CheckpointWriter::put_text(const std::string& key, const std::string& text) {
+  manifest_[key] = text_digest(key, text);
+  archive_.write(key, c10::IValue(text));
+}
+
+void CheckpointWriter::put_int(const std::string& key, int64_t value) { put(key, torch::tensor(value)); }
+void CheckpointWriter::put_double(const std::string& key, double value) {
+  put(key, torch::tensor(value, torch::kDouble));
+}
+
+void CheckpointWriter::save(const std::string& path) {
+  archive_.write("manifest", c10::IValue(manifest_.dump()));
+  write_atomic_with(path, [&](const std::string& tmp) {
+    try {
+      archive_.save_to(tmp);
+    } catch (const c10::Error& e) {
+      fail("cannot write {} (disk full or not writable?): {}", path, one_line_message(e));
     }
-    archive.write("state.rng", state->rng_state);
-    if (state->cuda_rng_state.defined()) archive.write("state.cuda_rng", state->cuda_rng_state);
-  }
-  write_atomic_with(path, [&](const std::string& tmp) { archive.save_to(tmp); });
+  });
 }
 
-CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
-  if (!file_exists(path)) fail("checkpoint not found: {}", path);
+Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_in)) {
+  if (!file_exists(path_)) fail("checkpoint not found: {}", path_in);
   try {
-    archive_.load_from(path);
+    archive_.load_from(path_);
   } catch (const std::exception&) {
-    fail("{} is not a readable spanformer checkpoint (truncated, corrupt, or another format)", path);
+    fail("{} is not a readable spanformer checkpoint (truncated, corrupt, or another format)", path_);
   }
-  c10::IValue format, config_text, vocab_text;
-  if (archive_.try_read("format", format) && format.isString() && format.toStringRef() == "spanformer-xl-checkpoint-v1")
-    fail("{} is a Transformer-XL/PAR checkpoint: this command works with adaptive-span checkpoints", path);
-  if (!archive_.try_read("format", format) || !format.isString() || format.toStringRef() != kCheckpointFormat)
-    fail("{} is not a spanformer checkpoint (no '{}' marker; reference models need `spanformer import`)", path,
-         kCheckpointFormat);
-  archive_.read("config", config_text);
-  archive_.read("vocab", vocab_text);
-  config_ = config_from_json(nlohmann::json::parse(config_text.toStringRef()), path);
-  vocab_.tokens = vocab_lines(vocab_text.toStringRef());
+  c10::IValue format;
+  if (!archive_.try_read("format", format) || !format.isString())
+    fail("{} is not a spanformer checkpoint (no format marker; reference models need `spanformer import`)", path_);
+  const std::string f = format.toStringRef();
+  if (f == "spanformer-checkpoint-v1" || f == "spanformer-xl-checkpoint-v1") {
+    version_ = 1;
+    family_ = f == "spanformer-checkpoint-v1" ? "adaptive-span" : "xl";
+    c10::IValue config, vocab, level;
+    if (!archive_.try_read("config", config) || !archive_.try_read("vocab", vocab) || !config.isString() ||
+        !vocab.isString())
+      fail("{} is damaged: no config or vocabulary", path_);
+    std::string level_text = "byte";
+    if (archive_.try_read("vocab_level", level) && level.isString()) level_text = level.toStringRef();
+    texts_["config"] = config.toStringRef();
+    texts_["vocab"] = vocab.toStringRef();
+    texts_["vocab_level"] = level_text;
+  } else if (f == kCheckpointFormat) {
+    c10::IValue manifest_text;
+    if (!archive_.try_read("manifest", manifest_text) || !manifest_text.isString())
+      fail("{} is damaged: no manifest", path_);
+    nlohmann::json manifest;
+    try {
+      manifest = nlohmann::json::parse(manifest_text.toStringRef());
+    } catch (const nlohmann::json::exception&) {
+      fail("{} is damaged: its manifest is not valid JSON", path_);
+    }
+    if (!manifest.is_object()) fail("{} is damaged: its manifest is not a key list", path_);
+    texts_["manifest"] = manifest_text.toStringRef();
+    for (const auto& key : archive_.keys()) {
+      if (key != "format" && key != "manifest" && !manifest.contains(key))
+        fail("{} is damaged: entry '{}' is not in its manifest", path_, key);
+    }
+    for (const auto& [key, expected] : manifest.items()) {
+      if (!expected.is_string()) fail("{} is damaged: manifest entry '{}'", path_, key);
+      const std::string& e = expected.get_ref<const std::string&>();
+      std::string actual;
+      if (e.rfind("t:", 0) == 0) {
+        torch::Tensor t;
+        bool ok = false;
+        try {
+          ok = archive_.try_read(key, t);
+        } catch (const std::exception&) {
+        }
+        if (!ok) fail("{} is damaged: entry '{}' is missing or unreadable", path_, key);
+        actual = tensor_digest(key, t);
+        tensors_[key] = t;
+      } else {
+        c10::IValue v;
+        if (!archive_.try_read(key, v) || !v.isString()) fail("{} is damaged: entry '{}' is missing or unreadable", path_, key);
+        actual = text_digest(key, v.toStringRef());
+        texts_[key] = v.toStringRef();
+      }
+      if (actual != e) fail("{} is damaged: entry '{}' fails its checksum (the file was altered or corrupted)", path_, key);
+    }
+    version_ = integer("version");
+    if (version_ != kCheckpointVersion)
+      fail("{} has checkpoint format version {}; this build reads versions 1 and {}", path_, version_, kCheckpointVersion);
+    family_ = text("family");
+  } else {
+    fail("{} is not a spanformer checkpoint (format '{}')", path_, f);
+  }
+  try {
+    config_ = nlohmann::json::parse(text("config"));
+  } catch (const nlohmann::json::exception&) {
+    fail("{} is damaged: its config is not valid JSON", path_);
+  }
+  vocab_ = vocab_of(text("vocab"), text("vocab_level"), path_);
 }
 
-std::vector<std::string> vocab_lines(const std::string& text) {
-  std::vector<std::string> lines;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    lines.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return lines;
+bool Checkpoint::has(const std::string& key) const {
+  if (version_ >= 2) return tensors_.count(key) || texts_.count(key);
+  torch::Tensor t;
+  return texts_.count(key) || archive_.try_read(key, t);
 }
 
-void read_parameters(torch::serialize::InputArchive& archive, const std::string& path,
-                     const torch::OrderedDict<std::string, torch::Tensor>& params) {
+torch::Tensor Checkpoint::tensor(const std::string& key) const {
+  if (version_ >= 2) {
+    auto it = tensors_.find(key);
+    if (it == tensors_.end()) fail("checkpoint {} has no '{}'", path_, key);
+    return it->second;
+  }
+  torch::Tensor t;
+  if (!archive_.try_read(key, t)) fail("checkpoint {} has no '{}'", path_, key);
+  return t;
+}
+
+std::string Checkpoint::text(const std::string& key) const {
+  auto it = texts_.find(key);
+  if (it != texts_.end()) return it->second;
+  if (version_ < 2) {
+    c10::IValue v;
+    if (archive_.try_read(key, v) && v.isString()) return v.toStringRef();
+  }
+  fail("checkpoint {} has no '{}'", path_, key);
+}
+
+int64_t Checkpoint::integer(const std::string& key) const {
+  auto t = tensor(key);
+  if (t.numel() != 1 || t.is_floating_point()) fail("checkpoint {}: '{}' is not an integer", path_, key);
+  return t.item<int64_t>();
+}
+
+double Checkpoint::number(const std::string& key) const {
+  auto t = tensor(key);
+  if (t.numel() != 1) fail("checkpoint {}: '{}' is not a number", path_, key);
+  return t.item<double>();
+}
+
+void Checkpoint::read_parameters(const torch::OrderedDict<std::string, torch::Tensor>& params,
+                                 const std::string& prefix) const {
   torch::NoGradGuard no_grad;
   for (const auto& item : params) {
-    torch::Tensor t;
-    if (!archive.try_read("model." + item.key(), t)) fail("checkpoint {} has no parameter '{}'", path, item.key());
+    const std::string key = prefix + item.key();
+    if (!has(key)) fail("checkpoint {} has no parameter '{}'", path_, item.key());
+    auto t = tensor(key);
     if (t.sizes() != item.value().sizes())
-      fail("checkpoint {}: parameter '{}' has shape {}, the model expects {}", path, item.key(),
+      fail("checkpoint {}: parameter '{}' has shape {}, the model expects {}", path_, item.key(),
            fmt::join(t.sizes(), "x"), fmt::join(item.value().sizes(), "x"));
+    if (t.is_floating_point() && !torch::isfinite(t).all().item<bool>())
+      fail("checkpoint {}: parameter '{}' holds non-finite values", path_, item.key());
     item.value().copy_(t);
   }
-}
-
-bool CheckpointReader::has_train_state() {
-  torch::Tensor t;
-  return archive_.try_read("state.step", t);
-}
-
-std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) {
-  auto ja = to_json(a), jb = to_json(b);
-  for (const auto& [key, value] : ja.items()) {
-    if (key == "attn_impl") continue;  // how attention is computed, not what the model is
-    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
-  }
-  return "";
-}
-
-models::TransformerSeq CheckpointReader::load_model(const std::string& attn_impl) {
-  ModelConfig config = config_.model;
-  if (!attn_impl.empty()) config.attn_impl = attention::parse_attn_impl(attn_impl);
-  validate(config);
-  models::TransformerSeq model(config);
-  load_model_into(model);
-  return model;
-}
-
-void CheckpointReader::load_model_into(models::TransformerSeq& model) {
-  auto diff = model_config_difference(model->config(), config_.model);
-  if (!diff.empty()) fail("checkpoint {} is for another model: {} (checkpoint vs config)", path_, diff);
-  read_parameters(archive_, path_, model->named_parameters());
-  model->sync_spans();
-}
-
-void CheckpointReader::load_optimizer(Optimizer& optimizer) { optimizer.load(archive_, "optim."); }
-
-TrainState CheckpointReader::load_state(int64_t nb_layers) {
-  TrainState state;
-  auto read_int = [&](const char* key) {
-    torch::Tensor t;
-    if (!archive_.try_read(key, t)) fail("checkpoint {} has no training state ('{}'); it cannot be resumed", path_, key);
-    return t.item<int64_t>();
-  };
-  state.step = read_int("state.step");
-  state.train_pos = read_int("state.train_pos");
-  state.valid_pos = read_int("state.valid_pos");
-  if (read_int("state.nb_caches") != nb_layers) fail("checkpoint {} holds caches for another number of layers", path_);
-  torch::Tensor elapsed;
-  archive_.read("state.elapsed_seconds", elapsed);
-  state.elapsed_seconds = elapsed.item<double>();
-  for (int64_t l = 0; l < nb_layers; ++l) {
-    torch::Tensor train_cache, valid_cache;
-    archive_.read(fmt::format("state.train_cache.{}", l), train_cache);
-    archive_.read(fmt::format("state.valid_cache.{}", l), valid_cache);
-    state.train_caches.push_back(train_cache);
-    state.valid_caches.push_back(valid_cache);
-  }
-  archive_.read("state.rng", state.rng_state);
-  archive_.try_read("state.cuda_rng", state.cuda_rng_state);
-  return state;
 }
 
 }  // namespace spanformer::train

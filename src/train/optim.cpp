@@ -81,29 +81,29 @@ void Optimizer::step(double lr) {
   }
 }
 
-void Optimizer::save(torch::serialize::OutputArchive& archive, const std::string& prefix) const {
-  archive.write(prefix + "kind", c10::IValue(std::string(optim_name(options_.kind))));
-  archive.write(prefix + "steps", torch::tensor(steps_));
+void Optimizer::save(CheckpointWriter& out, const std::string& prefix) const {
+  out.put_text(prefix + "kind", optim_name(options_.kind));
+  out.put_int(prefix + "steps", steps_);
   for (const auto& s : slots_) {
-    archive.write(prefix + s.name + ".state1", s.state1);
-    if (s.state2.defined()) archive.write(prefix + s.name + ".state2", s.state2);
+    out.put(prefix + s.name + ".state1", s.state1);
+    if (s.state2.defined()) out.put(prefix + s.name + ".state2", s.state2);
   }
 }
 
-void Optimizer::load(torch::serialize::InputArchive& archive, const std::string& prefix) {
-  c10::IValue kind;
-  archive.read(prefix + "kind", kind);
-  if (kind.toStringRef() != optim_name(options_.kind))
-    fail("the checkpoint's optimizer is {}, the config asks for {} (start a new run to change optimizer)",
-         kind.toStringRef(), optim_name(options_.kind));
-  torch::Tensor steps;
-  archive.read(prefix + "steps", steps);
-  steps_ = steps.item<int64_t>();
+void Optimizer::load(const Checkpoint& in, const std::string& prefix) {
+  const std::string kind = in.text(prefix + "kind");
+  if (kind != optim_name(options_.kind))
+    fail("the checkpoint's optimizer is {}, the config asks for {} (start a new run to change optimizer)", kind,
+         optim_name(options_.kind));
+  steps_ = in.integer(prefix + "steps");
+  if (steps_ < 0) fail("checkpoint {}: optimizer step count {} is negative", in.path(), steps_);
   auto read_into = [&](const std::string& key, torch::Tensor& target) {
-    torch::Tensor t;
-    if (!archive.try_read(key, t)) fail("checkpoint has no optimizer state '{}'", key);
+    if (!in.has(key)) fail("checkpoint {} has no optimizer state '{}'", in.path(), key);
+    auto t = in.tensor(key);
     if (t.sizes() != target.sizes()) fail("checkpoint optimizer state '{}' has shape {}, expected {}", key,
                                           fmt::join(t.sizes(), "x"), fmt::join(target.sizes(), "x"));
+    if (!torch::isfinite(t).all().item<bool>())
+      fail("checkpoint {}: optimizer state '{}' holds non-finite values", in.path(), key);
     target.copy_(t);
   };
   torch::NoGradGuard no_grad;

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spanformer {
 
@@ -44,6 +45,13 @@ struct TrainConfig {
   std::string dist_backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
   int64_t dist_bucket_kb = 1024;   // gradient buckets all-reduced during backward (0 = one bucket after it)
 };
+
+// One config key, for `spanformer config keys`.
+struct ConfigKey {
+  std::string section, name, type, default_value, help;
+};
+// Every key of an arch's config ("adaptive-span" or "xl"), sections in file order.
+std::vector<ConfigKey> config_keys(const std::string& arch);
 
 // The Transformer-XL/PAR family's defaults (kimiyoung/transformer-xl's train.py).
 TrainConfig xl_train_defaults();

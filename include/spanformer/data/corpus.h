@@ -36,6 +36,9 @@ struct Vocab {
 Vocab read_vocab(const std::string& path);
 // words.txt: one word per line (no spaces), in id order; clear errors for empty files and repeats.
 Vocab read_word_vocab(const std::string& path);
+// The same checks on vocabulary text held elsewhere (a checkpoint); `origin` names it in errors.
+Vocab parse_vocab(const std::string& text, const std::string& origin);
+Vocab parse_word_vocab(const std::string& text, const std::string& origin);
 std::string vocab_to_text(const Vocab& vocab);
 
 struct PrepareOptions {

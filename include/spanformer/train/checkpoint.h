@@ -1,70 +1,85 @@
-// Checkpoints: one zip archive (LibTorch's serialize format) with everything a run needs to continue
-// bit for bit: the config, the vocabulary, the parameters, the optimizer state, and the training
-// state (step, data positions, caches of the train and valid streams, random generator state).
+// Checkpoints: one format for every model family, integrity-checked.
 //
-// Keys: "format" = "spanformer-checkpoint-v1", "config" (JSON), "vocab" (vocab.txt text),
-// "model.<parameter name>", "optim.*", "state.*". Written atomically (temporary file + rename).
+// A checkpoint is one zip archive (LibTorch's serialize format) holding everything a run needs to
+// continue bit for bit. Format version 2 (the one engine) keys:
+//   "format"       "spanformer-checkpoint"           "version"   2
+//   "family"       "adaptive-span" | "xl" | ...      "config"    the whole config (JSON text)
+//   "vocab"        vocabulary text, one token a line  "vocab_level" "byte" | "word"
+//   "model.<name>" parameters                         "optim.*", "arch_optim.*"  optimizer state
+//   "state.*"      training state: step, data positions, carried caches/memories, generator state
+//   "manifest"     JSON {key: SHA-256 of the entry} over every other entry
+// Opening verifies every entry against the manifest and refuses entries the manifest does not list, so
+// a flipped byte, a truncated tensor or a foreign entry is one clear error naming the file and key,
+// never a NaN or a crash later. Writes are atomic (temporary file + rename); a failed write (full disk)
+// is an Error and leaves any older checkpoint in place.
+//
+// Version 1 files (before the one engine: "spanformer-checkpoint-v1" for adaptive span and
+// "spanformer-xl-checkpoint-v1" for Transformer-XL/PAR) still open, without the integrity check.
 #pragma once
 #include <torch/serialize/archive.h>
 
-#include <optional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "spanformer/config/config.h"
 #include "spanformer/data/corpus.h"
-#include "spanformer/models/transformer_seq.h"
-#include "spanformer/train/optim.h"
 
 namespace spanformer::train {
 
-inline constexpr const char* kCheckpointFormat = "spanformer-checkpoint-v1";
+inline constexpr const char* kCheckpointFormat = "spanformer-checkpoint";
+inline constexpr int64_t kCheckpointVersion = 2;
 
-struct TrainState {
-  int64_t step = 0;                         // optimizer steps done
-  int64_t train_pos = 0, valid_pos = 0;     // positions inside the streams
-  std::vector<torch::Tensor> train_caches;  // (B, C_l, H) per layer
-  std::vector<torch::Tensor> valid_caches;
-  torch::Tensor rng_state;                  // CPU generator state
-  torch::Tensor cuda_rng_state;             // CUDA generator state (training on a GPU)
-  double elapsed_seconds = 0;               // training time before this session
-};
-
-// Writes path atomically. optimizer / state may be null (a model-only checkpoint).
-void save_checkpoint(const std::string& path, const Config& config, const data::Vocab& vocab,
-                     models::TransformerSeq& model, const Optimizer* optimizer, const TrainState* state);
-
-// A checkpoint opened for reading: its config and vocabulary, ready to restore a model and state.
-class CheckpointReader {
+class CheckpointWriter {
  public:
-  explicit CheckpointReader(const std::string& path);
-  const Config& config() const { return config_; }
-  const data::Vocab& vocab() const { return vocab_; }
-  bool has_train_state();
-
-  // Builds the model described by the checkpoint and loads its parameters (attn_impl: "" keeps the
-  // checkpoint's choice, else fused or plain).
-  models::TransformerSeq load_model(const std::string& attn_impl = "");
-  // Loads parameters into an existing model; the model config must equal the checkpoint's.
-  void load_model_into(models::TransformerSeq& model);
-  void load_optimizer(Optimizer& optimizer);
-  TrainState load_state(int64_t nb_layers);
+  CheckpointWriter(const std::string& family, const nlohmann::json& config, const data::Vocab& vocab);
+  void put(const std::string& key, const torch::Tensor& tensor);  // stored contiguous, on the CPU
+  void put_text(const std::string& key, const std::string& text);
+  void put_int(const std::string& key, int64_t value);
+  void put_double(const std::string& key, double value);
+  // Adds the manifest and writes `path` atomically; throws Error (naming the path) when it cannot.
+  void save(const std::string& path);
 
  private:
-  std::string path_;
-  torch::serialize::InputArchive archive_;
-  Config config_;
-  data::Vocab vocab_;
+  torch::serialize::OutputArchive archive_;
+  nlohmann::json manifest_ = nlohmann::json::object();
 };
 
-// Shared by every checkpoint format: copies the archive's "model.<name>" tensors into `params`, naming
-// the checkpoint and the tensor when one is missing or has another shape.
-void read_parameters(torch::serialize::InputArchive& archive, const std::string& path,
-                     const torch::OrderedDict<std::string, torch::Tensor>& params);
-// The lines of a vocabulary stored as text (one token per line).
-std::vector<std::string> vocab_lines(const std::string& text);
+class Checkpoint {
+ public:
+  // Opens and verifies `path` (a file, or a run directory holding checkpoint.pt).
+  explicit Checkpoint(const std::string& path);
 
-// Names the first difference between two model configs ("" when they are equal).
-std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
+  const std::string& path() const { return path_; }
+  const std::string& family() const { return family_; }
+  int64_t version() const { return version_; }
+  const nlohmann::json& config() const { return config_; }
+  const data::Vocab& vocab() const { return vocab_; }
+
+  bool has(const std::string& key) const;
+  // Each fails with "checkpoint PATH has no 'KEY'" when the entry is missing.
+  torch::Tensor tensor(const std::string& key) const;
+  std::string text(const std::string& key) const;
+  int64_t integer(const std::string& key) const;
+  double number(const std::string& key) const;
+  bool has_train_state() const { return has("state.step"); }
+
+  // Copies "<prefix><name>" into every parameter, naming the key on a missing entry, another shape
+  // or non-finite values.
+  void read_parameters(const torch::OrderedDict<std::string, torch::Tensor>& params,
+                       const std::string& prefix = "model.") const;
+
+ private:
+  std::string path_, family_;
+  int64_t version_ = 0;
+  nlohmann::json config_;
+  data::Vocab vocab_;
+  mutable torch::serialize::InputArchive archive_;  // version 1: entries read on demand
+  std::map<std::string, torch::Tensor> tensors_;    // version 2: every verified entry
+  std::map<std::string, std::string> texts_;
+};
+
+// "checkpoint.pt" inside a run directory, or the path itself.
+std::string checkpoint_file(const std::string& path);
 
 }  // namespace spanformer::train

@@ -35,7 +35,13 @@ torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, 
 // Full evaluation of a token file. `progress(done, total)` is called after each block when given.
 // With a process group, rank r evaluates streams [r * batch / W, (r + 1) * batch / W) and the result
 // is reduced (batch must divide by W); every rank returns the same figure.
+// dump_logprobs: when not empty, the log-probability of every scored target is written there (one
+// process only), one per line, in text order (stream after stream).
 EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens, int64_t batch,
-                    const std::function<void(int64_t, int64_t)>& progress = nullptr, dist::Group* group = nullptr);
+                    const std::function<void(int64_t, int64_t)>& progress = nullptr, dist::Group* group = nullptr,
+                    const std::string& dump_logprobs = "");
+
+// Writes (streams, tokens) log-probabilities atomically, one per line, stream after stream.
+void write_logprobs(const std::string& path, const torch::Tensor& logprobs);
 
 }  // namespace spanformer::train

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "spanformer/config/train_config.h"
+#include "spanformer/train/checkpoint.h"
 
 namespace spanformer::train {
 
@@ -35,8 +36,8 @@ class Optimizer {
   void step(double lr);
   int64_t steps() const { return steps_; }
 
-  void save(torch::serialize::OutputArchive& archive, const std::string& prefix) const;
-  void load(torch::serialize::InputArchive& archive, const std::string& prefix);
+  void save(CheckpointWriter& out, const std::string& prefix) const;
+  void load(const Checkpoint& in, const std::string& prefix);
 
  private:
   struct Slot {

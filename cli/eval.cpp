@@ -1,0 +1,86 @@
+// spanformer eval: full evaluation of any family's checkpoint by the family's protocol.
+#include <unistd.h>
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "command.h"
+#include "spanformer/dist/group.h"
+#include "spanformer/train/family.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/runtime.h"
+
+namespace spanformer::cli {
+
+void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
+  struct Options {
+    std::string checkpoint, data, split = "test", unit, ids, vocab, dump;
+    int64_t batch = -1;
+    int nproc = 1;
+  };
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the family's reference protocol)");
+  cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
+  cmd->add_option("--data", o->data, "prepared data directory (default: the one the model was trained on)");
+  cmd->add_option("--split", o->split, "train | valid | test")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "evaluation streams (default: the config's eval_batch_size)");
+  cmd->add_option("--unit", o->unit, "bpc or ppl (default: bpc for byte vocabularies, ppl for word ones)");
+  cmd->add_option("--ids", o->ids, "evaluate a headerless file of one-byte token ids of the checkpoint's vocabulary "
+                                   "(e.g. the reference's valid.ids.u8) instead of a data split");
+  cmd->add_option("--vocab", o->vocab, "vocab.txt the ids were made with; must be the checkpoint's vocabulary");
+  cmd->add_option("--dump-logprobs", o->dump, "write the log-probability of every scored token to this file "
+                                              "(one per line, in text order)");
+  cmd->add_option("--nproc-per-node", o->nproc, "split the streams over N local processes (or use torchrun/SLURM variables)");
+  cmd->allow_extras();  // evaluation-protocol overrides, e.g. --eval_mem_len=1600 (Transformer-XL/PAR)
+  cmd->callback([cmd, o, g, &run] {
+    auto overrides = cmd->remaining();
+    run = [o, g, overrides] {
+      if (o->batch == 0 || o->batch < -1) fail("--batch must be positive (got {})", o->batch);
+      if (!o->unit.empty() && o->unit != "bpc" && o->unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", o->unit);
+      if (launch_workers(o->nproc, g->argv)) return;
+      auto group = dist::Group::from_env(dist::GroupOptions{});
+      set_threads(g->threads);
+      train::Checkpoint ck(o->checkpoint);
+      auto all = execution_overrides(*g);
+      all.insert(all.end(), overrides.begin(), overrides.end());
+      auto family = train::family_from_checkpoint(ck, all);
+      family->module().to(train::parse_device(g->device));
+      if (!o->vocab.empty()) {
+        auto v = ck.vocab().word_level ? data::read_word_vocab(o->vocab) : data::read_vocab(o->vocab);
+        if (data::vocab_to_text(v) != data::vocab_to_text(ck.vocab()))
+          fail("{} is not the vocabulary of {}: the ids would mean other tokens", o->vocab, o->checkpoint);
+      }
+      std::unique_ptr<data::TokenFile> raw;
+      data::Corpus corpus;
+      if (!o->ids.empty()) {
+        raw = std::make_unique<data::TokenFile>(o->ids, data::TokenFile::RawBytes{}, ck.vocab().size());
+      } else {
+        const std::string dir = o->data.empty() ? family->train().data : o->data;
+        corpus = data::load_corpus(dir, o->split);
+        if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(ck.vocab()))
+          fail("{}: its vocabulary differs from the checkpoint's: the model was trained on other data", dir);
+      }
+      const data::TokenFile& tokens = raw ? *raw : corpus.split(o->split);
+      const bool tty = isatty(STDERR_FILENO);
+      train::EvalRequest request;
+      request.batch = o->batch;
+      request.group = group.get();
+      request.dump_logprobs = o->dump;
+      request.progress = [tty](int64_t done, int64_t total) {
+        if (tty && done % 10 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
+      };
+      const double start = now_seconds();
+      auto report = family->evaluate(tokens, request);
+      if (group && !group->is_main()) return;
+      if (tty) fmt::print(stderr, "\r{:40}\r", "");
+      const std::string unit = !o->unit.empty() ? o->unit : ck.vocab().word_level ? "ppl" : "bpc";
+      const double value = unit == "ppl" ? std::exp(report.nll) : report.nll / std::log(2.0);
+      fmt::print("{} {} {:.7f} (nll {:.6f} nats/token; {}; {:.1f} s)\n", raw ? o->ids : o->split, unit, value, report.nll,
+                 report.details, now_seconds() - start);
+      if (!o->dump.empty()) fmt::print("log-probabilities: {} ({} tokens)\n", o->dump, report.tokens);
+    };
+  });
+}
+
+}  // namespace spanformer::cli

@@ -1,0 +1,43 @@
+// spanformer generate: sampling from any family's checkpoint (temperature, top-k, top-p, seed).
+#include <iostream>
+
+#include "command.h"
+#include "spanformer/train/family.h"
+#include "spanformer/util/runtime.h"
+
+namespace spanformer::cli {
+
+void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
+  struct Options {
+    std::string checkpoint;
+    train::SampleRequest request;
+    uint64_t seed = 1;
+  };
+  auto o = std::make_shared<Options>();
+  o->request.prompt = "\n";
+  auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint");
+  cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
+  cmd->add_option("--prompt,-p", o->request.prompt, "text to continue (word models: words separated by spaces)");
+  cmd->add_option("--tokens,-n", o->request.tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature,-t", o->request.temperature, "sampling temperature")->capture_default_str();
+  cmd->add_option("--top-k,-k", o->request.top_k, "sample among the k most likely (0 = all)")->capture_default_str();
+  cmd->add_option("--top-p", o->request.top_p, "nucleus sampling: the most likely tokens up to this mass (1 = all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+  cmd->callback([o, g, &run] {
+    run = [o, g] {
+      set_threads(g->threads);
+      train::Checkpoint ck(o->checkpoint);
+      auto family = train::family_from_checkpoint(ck, execution_overrides(*g));
+      family->module().to(train::parse_device(g->device));
+      torch::manual_seed(o->seed);
+      auto request = o->request;
+      request.on_text = [](const std::string& piece) { std::cout << piece << std::flush; };
+      std::cout << request.prompt << (ck.vocab().word_level ? " " : "") << std::flush;
+      family->sample(ck.vocab(), request);
+      std::cout << std::endl;
+    };
+  });
+}
+
+}  // namespace spanformer::cli

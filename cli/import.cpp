@@ -1,0 +1,39 @@
+// spanformer import: another implementation's weights into a spanformer checkpoint.
+#include <fmt/format.h>
+
+#include "command.h"
+#include "spanformer/train/family.h"
+
+namespace spanformer::cli {
+
+void print_spans(const std::vector<std::vector<double>>& spans);  // spans.cpp
+
+void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
+  struct Options {
+    std::string kind, model, config, vocab, out;
+  };
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("import", "convert another implementation's weights into a spanformer checkpoint");
+  cmd->add_option("kind", o->kind, "adaptive-span (facebookresearch/adaptive-span's state_dict)")->required();
+  cmd->add_option("model", o->model, "the state_dict file (see README for the one-line extraction)")->required();
+  cmd->add_option("--config,-c", o->config, "spanformer config describing the model")->required();
+  cmd->add_option("--vocab", o->vocab, "the model's vocabulary (vocab.txt: a byte value or <eos> per line)")->required();
+  cmd->add_option("--out,-o", o->out, "spanformer checkpoint to write")->required();
+  cmd->allow_extras();
+  cmd->callback([cmd, o, &run] {
+    auto overrides = cmd->remaining();
+    run = [o, overrides] {
+      auto family = train::family_from_config_file(o->config, overrides);
+      auto vocab = data::read_vocab(o->vocab);
+      family->set_vocab_size(vocab.size(), o->vocab);
+      family->validate();
+      family->build();
+      family->import_weights(o->kind, o->model);
+      train::save_weights(*family, vocab, o->out);
+      fmt::print("imported {} -> {}\n", o->model, o->out);
+      print_spans(family->spans());
+    };
+  });
+}
+
+}  // namespace spanformer::cli

@@ -1,0 +1,46 @@
+// spanformer spans: per-layer, per-head learned spans of any family's checkpoint, printed and drawn.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "command.h"
+#include "spanformer/train/family.h"
+#include "spanformer/util/error.h"
+#include "spanformer/viz/span_plot.h"
+
+namespace spanformer::cli {
+
+void print_spans(const std::vector<std::vector<double>>& spans) {
+  for (size_t l = 0; l < spans.size(); ++l) {
+    double sum = 0;
+    for (double z : spans[l]) sum += z;
+    fmt::print("layer {:>2}: mean {:7.1f} | heads {:.1f}\n", l, sum / static_cast<double>(spans[l].size()),
+               fmt::join(spans[l], " "));
+  }
+}
+
+void add_spans(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
+  struct Options {
+    std::string checkpoint, out = "spans.png";
+  };
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("spans", "print per-layer, per-head spans and draw them");
+  cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
+  cmd->add_option("--out,-o", o->out, "PNG to write")->capture_default_str();
+  cmd->callback([o, &run] {
+    run = [o] {
+      train::Checkpoint ck(o->checkpoint);
+      auto family = train::family_from_checkpoint(ck);
+      const auto spans = family->spans();
+      if (spans.empty()) fail("{}: this {} model learns no spans (adapt_span is off)", o->checkpoint, family->name());
+      print_spans(spans);
+      viz::SpanPlotOptions options;
+      options.attn_span = family->span_limit();
+      options.ramp = family->span_ramp();
+      options.title = fmt::format("Learned spans: {}", o->checkpoint);
+      viz::write_span_plot(o->out, spans, options);
+      fmt::print("span picture: {}\n", o->out);
+    };
+  });
+}
+
+}  // namespace spanformer::cli

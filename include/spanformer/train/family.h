@@ -1,0 +1,164 @@
+// The one engine's family interface: what differs between model families (adaptive span,
+// Transformer-XL/PAR, and the families still to come); everything they share lives in the Runner
+// (train/runner.h), the checkpoint format (train/checkpoint.h), the shared `train` config section
+// (config/train_config.h) and the command registry (cli/).
+//
+//   cli command ──> open_family(config | checkpoint) ──> Family ──> model (models/*)
+//        │                                                  ▲
+//        └──> Runner (data streams, seeds, resume/--init, signals, progress + log, checkpoints,
+//                     NaN guard, validation cadence, process group + gradient reducer)
+//
+// A family owns its config, its model, its optimizers and its recurrent training state (caches or
+// memories carried from block to block). The Runner calls it through this interface only.
+#pragma once
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "spanformer/config/train_config.h"
+#include "spanformer/data/corpus.h"
+#include "spanformer/train/checkpoint.h"
+
+namespace spanformer::dist {
+class Group;
+class GradientReducer;
+}  // namespace spanformer::dist
+
+namespace spanformer::train {
+
+// What the Runner hands to one optimizer step.
+struct StepContext {
+  int64_t step = 1;        // update number k (from 1)
+  double lr = 0;           // learning rate of this update (config/train_config.h)
+  dist::Group* group = nullptr;
+  dist::GradientReducer* reducer = nullptr;
+  // The family calls this just before the backward pass that completes the gradients, and
+  // reduce_gradients() after it: the gradients are then the mean over every process's streams.
+  void before_last_backward() const;
+  void reduce_gradients(const std::vector<torch::Tensor>& params) const;
+};
+
+// How the training streams restart when a stream has no full block left.
+enum class DataRestart {
+  kRandomOffset,  // adaptive span (the reference's rule): a random offset in [0, M), state zeroed
+  kEpoch,         // Transformer-XL (kimiyoung's iterator): position 0, memories emptied
+};
+
+// Full-evaluation result, in nats; `unit` figures derive from it.
+struct EvalReport {
+  double nll = 0;          // the family's protocol: mean over blocks (adaptive span) or over tokens (XL)
+  int64_t tokens = 0, blocks = 0;
+  std::string details;     // protocol lengths etc., for the one-line report
+};
+
+struct EvalRequest {
+  int64_t batch = -1;       // streams (-1: the config's eval_batch_size)
+  std::vector<std::string> overrides;  // evaluation-protocol keys the family accepts (XL: eval_mem_len ...)
+  std::function<void(int64_t, int64_t)> progress;
+  dist::Group* group = nullptr;
+  std::string dump_logprobs;  // "" or a file: one log-probability per scored token, in order
+};
+
+struct SampleRequest {
+  std::string prompt;
+  int64_t tokens = 200;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  std::function<void(const std::string&)> on_text;
+};
+
+struct BenchRequest {
+  bool eval = false;            // forward only, no gradients
+  int64_t steps = 5, warmup = 2;
+  torch::Device device = torch::kCPU;
+  int threads = 1;              // as set, for the report
+  // adaptive span: every head's span, a span layout, or a checkpoint's learned spans
+  double span = -1;
+  std::string span_dist, spans_from;
+  // Transformer-XL/PAR evaluation mode: memory and segment length (defaults: the eval protocol's)
+  int64_t mem_len = -1, tgt_len = 0;
+};
+
+class Family {
+ public:
+  virtual ~Family() = default;
+  virtual const char* name() const = 0;  // the checkpoint's family tag and the config's arch
+
+  // ---- config -----------------------------------------------------------------------------------
+  virtual nlohmann::json config_json() const = 0;
+  virtual TrainConfig& train() = 0;
+  // The data's vocabulary size: fills a 0 vocab_size, refuses another.
+  virtual void set_vocab_size(int64_t V, const std::string& origin) = 0;
+  virtual void validate() const = 0;
+  // Names the first model difference with a checkpoint's config ("" when the weights fit).
+  virtual std::string model_difference(const nlohmann::json& checkpoint_config) const = 0;
+
+  // ---- model and optimizers ---------------------------------------------------------------------
+  virtual void build() = 0;  // the model from the config (torch seed set by the caller)
+  virtual torch::nn::Module& module() = 0;
+  virtual void make_optimizers() = 0;
+  virtual void save_optimizers(CheckpointWriter& out) const = 0;
+  virtual void load_optimizers(const Checkpoint& in) = 0;
+  virtual void load_weights(const Checkpoint& in);  // checks model_difference first
+  // Inputs shown to a train step: block [pos - context(pos), pos + M) of each stream.
+  virtual int64_t block_length() const = 0;
+  virtual int64_t context(int64_t pos) const { return 0; }
+  virtual DataRestart data_restart() const = 0;
+
+  // ---- training ---------------------------------------------------------------------------------
+  // Recurrent state of `streams` local streams (B / processes).
+  virtual void init_state(int64_t streams) = 0;
+  virtual void reset_train_state() = 0;  // at a data restart
+  // One optimizer step on inputs/targets (b, context + M). Returns the mean NLL (0-dim, nats).
+  virtual torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) = 0;
+  // Validation at an interval end on this process's streams [first, first + count) of `valid`
+  // (B streams); `valid_pos` is the Runner's continuing position (families that restart ignore it).
+  // Returns the mean NLL in nats.
+  virtual double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count,
+                          int64_t& valid_pos) = 0;
+  // Recurrent state into / out of a checkpoint; `gather` turns a (local, ...) tensor into the
+  // (B, ...) one of all processes (identity in one process).
+  virtual void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) = 0;
+  virtual void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) = 0;
+  // Fields added to each log record and the progress line (spans, temperatures ...).
+  virtual void log_extras(int64_t step, nlohmann::json& record, std::string& text) { (void)step, (void)record, (void)text; }
+
+  // ---- commands ---------------------------------------------------------------------------------
+  virtual EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& request) = 0;
+  virtual void sample(const data::Vocab& vocab, const SampleRequest& request);
+  // Per layer, per head learned spans (empty when the model has none) and the span limit / ramp.
+  virtual std::vector<std::vector<double>> spans() const { return {}; }
+  virtual int64_t span_limit() const { return 0; }
+  virtual int64_t span_ramp() const { return 0; }
+  // Prints the figures of `spanformer bench` (random tokens); builds the model itself.
+  virtual void bench(const BenchRequest& request) = 0;
+  // Weights from / to another implementation's format (`kind`, e.g. "adaptive-span": the Python
+  // reference's state_dict), for import and export.
+  virtual void import_weights(const std::string& kind, const std::string& path);
+  virtual void export_weights(const std::string& kind, const std::string& path);
+
+ protected:
+  // Fails with "<command>: the <family> family has no <what>".
+  [[noreturn]] void unsupported(const std::string& what) const;
+};
+
+// A family from a config file (its "arch"; none = adaptive-span) plus overrides, or from JSON.
+std::unique_ptr<Family> family_from_config_file(const std::string& path, const std::vector<std::string>& overrides);
+std::unique_ptr<Family> family_from_json(const nlohmann::json& config, const std::string& origin,
+                                         const std::vector<std::string>& overrides = {});
+// A family from a checkpoint, model built and weights loaded; overrides may change how the model runs
+// (attn_impl, the evaluation protocol), never what it is.
+std::unique_ptr<Family> family_from_checkpoint(const Checkpoint& checkpoint, const std::vector<std::string>& overrides = {});
+
+// A weights-only checkpoint of the family's model (no optimizer or training state), written atomically.
+void save_weights(Family& family, const data::Vocab& vocab, const std::string& path);
+
+// "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.
+torch::Device parse_device(const std::string& name);
+
+}  // namespace spanformer::train

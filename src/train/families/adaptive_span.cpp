@@ -1,0 +1,339 @@
+// The adaptive-span family (Sukhbaatar et al., 2019) on the one engine: the reference's
+// (facebookresearch/adaptive-span) train step, validation and evaluation protocol.
+//
+// Train step: B / processes local streams; batch_split groups of them each run forward, NLL + span
+// loss, backward (gradients accumulate); caches (B, C_l, H) carry over to the next block. Then the
+// gradients are averaged over processes, the optimizer steps, spans are clamped to [0, 1].
+// Validation: eval_blocks blocks of the valid streams, continuing the stream and its caches from one
+// interval to the next (the reference's rule). Evaluation: train/evaluate.h.
+#include "spanformer/train/adaptive_span.h"
+
+#include "families.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+#include <random>
+
+#include <fmt/ranges.h>
+
+#include "spanformer/config/config.h"
+#include "spanformer/io/reference_import.h"
+#include "spanformer/models/sampling.h"
+#include "spanformer/models/transformer_seq.h"
+#include "spanformer/train/evaluate.h"
+#include "spanformer/train/optim.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/runtime.h"
+
+namespace spanformer::train {
+
+torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, const torch::Tensor& x,
+                         const torch::Tensor& y, std::vector<torch::Tensor>& caches, int64_t batch_split,
+                         const StepContext& ctx) {
+  model->train();
+  optimizer.zero_grad();
+  const int64_t B = x.size(0), part = B / batch_split;
+  auto loss_sum = torch::zeros({}, x.options().dtype(torch::kFloat));
+  std::vector<std::vector<torch::Tensor>> next(caches.size());
+  for (int64_t s = 0; s < batch_split; ++s) {
+    std::vector<torch::Tensor> part_caches;
+    for (auto& c : caches) part_caches.push_back(c.narrow(0, s * part, part));  // (B/split, C_l, H)
+    auto xs = x.narrow(0, s * part, part), ys = y.narrow(0, s * part, part);   // (B/split, M)
+    auto logits = model->logits(model->forward(xs, part_caches));              // (B/split, M, V)
+    auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), ys.reshape({-1}));
+    if (s == batch_split - 1) ctx.before_last_backward();
+    ((nll + model->span_loss()) / static_cast<double>(batch_split)).backward();
+    loss_sum = loss_sum + nll.detach() / static_cast<double>(batch_split);
+    for (size_t l = 0; l < caches.size(); ++l) next[l].push_back(part_caches[l]);
+  }
+  for (size_t l = 0; l < caches.size(); ++l) caches[l] = batch_split == 1 ? next[l][0] : torch::cat(next[l], 0);
+  ctx.reduce_gradients(model->parameters());
+  optimizer.step(ctx.lr);
+  model->clamp_spans();
+  return loss_sum;
+}
+
+namespace {
+
+class AdaptiveSpanFamily : public Family {
+ public:
+  explicit AdaptiveSpanFamily(Config config) : config_(std::move(config)) {}
+
+  const char* name() const override { return "adaptive-span"; }
+  nlohmann::json config_json() const override { return to_json(config_); }
+  TrainConfig& train() override { return config_.train; }
+  void set_vocab_size(int64_t V, const std::string& origin) override {
+    if (config_.model.vocab_size == 0) config_.model.vocab_size = V;
+    if (config_.model.vocab_size != V)
+      fail("config vocab_size {} does not match the vocabulary of {} ({} tokens)", config_.model.vocab_size, origin, V);
+  }
+  void validate() const override { spanformer::validate(config_); }
+  std::string model_difference(const nlohmann::json& checkpoint_config) const override {
+    auto other = config_from_json(checkpoint_config, "checkpoint");
+    auto ja = to_json(config_.model), jb = to_json(other.model);
+    for (const auto& [key, value] : ja.items()) {
+      if (key == "attn_impl") continue;  // how attention is computed, not what the model is
+      if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
+    }
+    return "";
+  }
+
+  void build() override {
+    spanformer::validate(config_.model);
+    model_ = models::TransformerSeq(config_.model);
+  }
+  torch::nn::Module& module() override { return *model_; }
+  models::TransformerSeq& model() { return model_; }
+  const Config& config() const { return config_; }
+
+  void make_optimizers() override {
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    for (auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
+    OptimizerOptions o;
+    o.kind = config_.train.optim;
+    o.momentum = config_.train.momentum;
+    o.grad_clip = config_.train.grad_clip;
+    optimizer_ = std::make_unique<Optimizer>(params, o);
+  }
+  void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
+  void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
+  void load_weights(const Checkpoint& in) override {
+    Family::load_weights(in);
+    model_->sync_spans();
+  }
+
+  int64_t block_length() const override { return config_.model.block_size; }
+  DataRestart data_restart() const override { return DataRestart::kRandomOffset; }
+
+  void init_state(int64_t streams) override {
+    train_caches_ = model_->initial_caches(streams);
+    valid_caches_ = model_->initial_caches(streams);
+    to_device(train_caches_);
+    to_device(valid_caches_);
+  }
+  void reset_train_state() override { zero(train_caches_); }
+
+  torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) override {
+    return step(x, y, ctx);
+  }
+
+  double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count,
+                  int64_t& valid_pos) override {
+    const int64_t M = config_.model.block_size;
+    data::Streams streams(valid, batch);
+    if (streams.length() <= 2 * M) fail("{} is too short for {} streams of blocks of {}", valid.path(), batch, M);
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    auto sum = torch::zeros({}, torch::kDouble);
+    for (int64_t i = 0; i < config_.train.eval_blocks; ++i) {
+      auto [vx, vy] = make_block(streams, valid_pos, M, device(), first, count);
+      sum = sum + eval_block(model_, vx, vy, valid_caches_).to(torch::kCPU, torch::kDouble);
+      valid_pos += M;
+      if (valid_pos >= streams.length() - M) {
+        valid_pos = 0;
+        zero(valid_caches_);
+      }
+    }
+    model_->train();
+    return sum.item<double>() / static_cast<double>(config_.train.eval_blocks);
+  }
+
+  void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) override {
+    out.put_int("state.nb_caches", static_cast<int64_t>(train_caches_.size()));
+    for (size_t l = 0; l < train_caches_.size(); ++l) {
+      out.put(fmt::format("state.train_cache.{}", l), gather(train_caches_[l]));
+      out.put(fmt::format("state.valid_cache.{}", l), gather(valid_caches_[l]));
+    }
+  }
+  void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) override {
+    const int64_t L = config_.model.nb_layers, H = config_.model.hidden_size;
+    if (in.integer("state.nb_caches") != L) fail("checkpoint {} holds caches for another number of layers", in.path());
+    train_caches_.clear();
+    valid_caches_.clear();
+    for (int64_t l = 0; l < L; ++l) {
+      for (auto [key, target] : {std::pair{"train", &train_caches_}, std::pair{"valid", &valid_caches_}}) {
+        auto c = in.tensor(fmt::format("state.{}_cache.{}", key, l));
+        if (c.dim() != 3 || c.size(2) != H || c.size(1) > config_.model.attn_span + config_.model.block_size)
+          fail("checkpoint {}: cache '{}' of layer {} has shape {}", in.path(), key, l, fmt::join(c.sizes(), "x"));
+        if (c.size(0) != batch)
+          fail("checkpoint {} was trained with batch_size {}, the config says {}", in.path(), c.size(0), batch);
+        if (!torch::isfinite(c).all().item<bool>()) fail("checkpoint {}: cache of layer {} holds non-finite values", in.path(), l);
+        target->push_back(c.narrow(0, first, count).contiguous().to(device()));
+      }
+    }
+  }
+
+  void log_extras(int64_t, nlohmann::json& record, std::string& text) override {
+    std::vector<double> mean, max;
+    for (const auto& z : model_->spans()) {
+      double s = 0, m = 0;
+      for (double v : z) s += v, m = std::max(m, v);
+      mean.push_back(s / static_cast<double>(z.size()));
+      max.push_back(m);
+    }
+    record["span_mean"] = mean;
+    record["span_max"] = max;
+    text += fmt::format(" | spans {:.0f}", fmt::join(mean, " "));
+  }
+
+  EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& r) override {
+    if (!r.overrides.empty()) fail("unexpected arguments for an adaptive-span checkpoint: {}", fmt::join(r.overrides, " "));
+    const int64_t batch = r.batch > 0 ? r.batch : config_.train.eval_batch_size;
+    auto result = train::evaluate(model_, tokens, batch, r.progress, r.group, r.dump_logprobs);
+    EvalReport report;
+    report.nll = result.nll;
+    report.tokens = result.tokens;
+    report.blocks = result.blocks;
+    report.details = fmt::format("{} blocks, {} tokens", result.blocks, result.tokens);
+    return report;
+  }
+
+  void sample(const data::Vocab& vocab, const SampleRequest& r) override {
+    models::SamplingOptions options{r.temperature, r.top_k, r.top_p};
+    models::check(options);
+    if (r.tokens < 0) fail("the number of tokens must be >= 0 (got {})", r.tokens);
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    auto ids = prompt_ids(vocab, r.prompt);
+    auto caches = model_->initial_caches(1);
+    to_device(caches);
+    const int64_t M = config_.model.block_size;
+    torch::Tensor last;
+    for (size_t start = 0; start < ids.size(); start += M) {
+      const int64_t n = std::min<int64_t>(M, static_cast<int64_t>(ids.size() - start));
+      auto x = torch::from_blob(ids.data() + start, {1, n}, torch::kLong).to(device());  // (1, n)
+      last = model_->forward(x, caches).narrow(1, n - 1, 1);                               // (1, 1, H)
+    }
+    for (int64_t t = 0; t < r.tokens; ++t) {
+      const int64_t id = models::sample_token(model_->logits(last).view({-1}), options);  // logits (V)
+      if (r.on_text) r.on_text(vocab.decode(id));
+      if (t + 1 < r.tokens) last = model_->forward(torch::full({1, 1}, id, torch::kLong).to(device()), caches);
+    }
+  }
+
+  std::vector<std::vector<double>> spans() const override { return model_->spans(); }
+  int64_t span_limit() const override { return config_.model.attn_span; }
+  int64_t span_ramp() const override { return config_.model.adapt_span_ramp; }
+
+  void bench(const BenchRequest& r) override;
+
+  void import_weights(const std::string& kind, const std::string& path) override {
+    if (kind != "adaptive-span") Family::import_weights(kind, path);
+    io::load_reference_state_dict(model_, path);
+  }
+  void export_weights(const std::string& kind, const std::string& path) override {
+    if (kind != "adaptive-span") Family::export_weights(kind, path);
+    io::save_reference_state_dict(model_, path);
+  }
+
+ private:
+  torch::Device device() const { return model_->key_pe.device(); }
+  void to_device(std::vector<torch::Tensor>& v) const {
+    for (auto& t : v) t = t.to(device());
+  }
+  static void zero(std::vector<torch::Tensor>& v) {
+    for (auto& t : v) t = torch::zeros_like(t);
+  }
+
+  torch::Tensor step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) {
+    return train::train_step(model_, *optimizer_, x, y, train_caches_, config_.train.batch_split, ctx);
+  }
+
+  Config config_;
+  models::TransformerSeq model_{nullptr};
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<torch::Tensor> train_caches_, valid_caches_;
+};
+
+// Spans as adaptive-span models learn them: most heads short, a few long (fixed seed).
+void set_bimodal_spans(models::TransformerSeq& model) {
+  if (!model->config().adapt_span) fail("--span-dist needs adapt_span");
+  const double L = static_cast<double>(model->config().attn_span);
+  std::mt19937 rng(1);
+  torch::NoGradGuard no_grad;
+  for (auto& layer : model->layers) {
+    auto& r = layer->attn->span->span_ratio;
+    for (int64_t h = 0; h < r.size(0); ++h) {
+      const double z = h % 4 == 3 ? std::uniform_real_distribution<double>(std::min(2048.0, L), L)(rng)
+                                  : std::uniform_real_distribution<double>(16.0, std::min(256.0, L))(rng);
+      r[h] = z / L;
+    }
+  }
+  model->sync_spans();
+}
+
+// The learned spans of a checkpoint's model (same layers and heads), for benchmarking at them.
+void copy_spans(models::TransformerSeq& model, const std::string& path) {
+  Checkpoint checkpoint(path);
+  auto source_family = family_from_checkpoint(checkpoint);
+  auto* source = dynamic_cast<AdaptiveSpanFamily*>(source_family.get());
+  if (!source) fail("--spans-from {}: not an adaptive-span checkpoint", path);
+  auto& s = source->model();
+  if (s->layers.size() != model->layers.size() || s->config().nb_heads != model->config().nb_heads)
+    fail("--spans-from {}: {} layers x {} heads, the benchmark model has {} x {}", path, s->layers.size(),
+         s->config().nb_heads, model->layers.size(), model->config().nb_heads);
+  if (!model->config().adapt_span || !s->config().adapt_span) fail("--spans-from needs adapt_span on both models");
+  torch::NoGradGuard no_grad;
+  const double scale = static_cast<double>(s->config().attn_span) / static_cast<double>(model->config().attn_span);
+  for (size_t l = 0; l < model->layers.size(); ++l)
+    model->layers[l]->attn->span->span_ratio.copy_((s->layers[l]->attn->span->span_ratio * scale).clamp(0.0, 1.0));
+  model->sync_spans();
+}
+
+void AdaptiveSpanFamily::bench(const BenchRequest& r) {
+  if (r.mem_len >= 0 || r.tgt_len > 0) fail("bench: --mem-len and --tgt-len are Transformer-XL/PAR settings");
+  if (config_.model.vocab_size == 0) config_.model.vocab_size = 256;
+  if (r.span >= 0) config_.model.adapt_span_init = std::min(1.0, r.span / static_cast<double>(config_.model.attn_span));
+  validate();
+  torch::manual_seed(config_.train.seed);
+  build();
+  if (r.span_dist == "bimodal") set_bimodal_spans(model_);
+  if (!r.spans_from.empty()) copy_spans(model_, checkpoint_file(r.spans_from));
+  model_->to(r.device);
+  make_optimizers();
+  const int64_t B = config_.train.batch_size, M = config_.model.block_size, V = config_.model.vocab_size;
+  init_state(B);
+  StepContext ctx;
+  ctx.lr = 1e-9;
+  const double per_step = time_steps(r, [&] {
+    auto x = torch::randint(V, {B, M}, torch::kLong).to(device());
+    auto y = torch::randint(V, {B, M}, torch::kLong).to(device());
+    if (r.eval) {
+      torch::NoGradGuard no_grad;
+      model_->eval();
+      eval_block(model_, x, y, train_caches_).item<double>();
+    } else {
+      step(x, y, ctx).item<double>();
+    }
+  });
+  double mean_span = 0;
+  int64_t used = 0;
+  std::string paths;
+  for (auto& l : model_->layers) {
+    used += l->attn->used_span();
+    paths += l->attn->uses_fused_op(B, M) ? 'f' : 'p';
+  }
+  for (auto& z : model_->spans())
+    for (double v : z) mean_span += v / static_cast<double>(z.size() * model_->layers.size());
+  const auto& c = config_.model;
+  fmt::print("bench: {} {}, {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, attention {} (layers {}), "
+             "mean span {:.0f}, keys/layer {:.0f}\n",
+             r.eval ? "eval" : "train", r.eval ? "forward" : "step", c.nb_layers, c.hidden_size, c.nb_heads, c.attn_span,
+             M, B, r.threads, attention::attn_impl_name(c.attn_impl), paths, mean_span,
+             static_cast<double>(used) / static_cast<double>(model_->layers.size()));
+  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
+             static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);
+}
+
+}  // namespace
+
+std::unique_ptr<Family> make_adaptive_span_family(const nlohmann::json& config, const std::string& origin,
+                                                  const std::vector<std::string>& overrides) {
+  Config c = config_from_json(config, origin);
+  apply_overrides(c, overrides);
+  return std::make_unique<AdaptiveSpanFamily>(std::move(c));
+}
+
+}  // namespace spanformer::train

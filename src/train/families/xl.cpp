@@ -1,0 +1,343 @@
+// The Transformer-XL / PAR family on the one engine (kimiyoung/transformer-xl's train.py / eval.py,
+// with the PAR architecture search).
+//
+// Segment k reads tokens [pos - e, pos + M) of every stream (e = min(ext_len, pos) re-read tokens,
+// not scored); memories carry over between segments; at the end of the data: position 0, memories
+// emptied (an epoch). Step: mean NLL over B x M (+ span loss) -> backward (batch_split groups
+// accumulate) -> gradient mean over processes -> clip the global norm to grad_clip -> the optimizer;
+// a super-network's alpha has its own Adam (arch_lr, arch_weight_decay), frozen for the first
+// arch_freeze_steps steps; one Gumbel noise sample per block per step, shared by the batch.
+// Validation: eval_blocks segments of the valid split from fresh memories (0 = all of it).
+#include "families.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+
+#include <fmt/ranges.h>
+
+#include "spanformer/config/xl_config.h"
+#include "spanformer/dist/group.h"
+#include "spanformer/models/sampling.h"
+#include "spanformer/models/xl.h"
+#include "spanformer/nn/gumbel.h"
+#include "spanformer/train/evaluate.h"
+#include "spanformer/train/optim.h"
+#include "spanformer/train/xl.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/runtime.h"
+
+namespace spanformer::train {
+namespace {
+
+using models::xl::XlModel;
+
+// Token ids with Zipf-like frequencies (P(id) ~ 1 / (id + 1), ids in frequency order as in a prepared
+// vocabulary): the adaptive softmax then sees clusters as often as on real text.
+torch::Tensor zipf_tokens(int64_t V, at::IntArrayRef sizes, torch::Device device) {
+  auto u = torch::rand(sizes, torch::kDouble);
+  return (torch::exp(u * std::log(static_cast<double>(V))) - 1).floor().clamp(0, V - 1).to(torch::kLong).to(device);
+}
+
+class XlFamily : public Family {
+ public:
+  explicit XlFamily(XlConfig config) : config_(std::move(config)) {}
+
+  const char* name() const override { return "xl"; }
+  nlohmann::json config_json() const override { return to_json(config_); }
+  TrainConfig& train() override { return config_.train; }
+  void set_vocab_size(int64_t V, const std::string& origin) override {
+    if (config_.model.vocab_size == 0) config_.model.vocab_size = V;
+    if (config_.model.vocab_size != V)
+      fail("config vocab_size {} does not match the vocabulary of {} ({} tokens)", config_.model.vocab_size, origin, V);
+  }
+  void validate() const override { spanformer::validate(config_); }
+  std::string model_difference(const nlohmann::json& checkpoint_config) const override {
+    return xl_model_difference(config_.model, xl_config_from_json(checkpoint_config, "checkpoint").model);
+  }
+
+  void build() override {
+    spanformer::validate(config_.model);
+    model_ = XlModel(config_.model);
+  }
+  torch::nn::Module& module() override { return *model_; }
+
+  void make_optimizers() override {
+    OptimizerOptions o;
+    o.kind = config_.train.optim;
+    o.momentum = config_.train.momentum;
+    o.grad_clip = config_.train.grad_clip;
+    optimizer_ = std::make_unique<Optimizer>(model_->weight_parameters(), o);
+    if (config_.model.search) {
+      OptimizerOptions a;
+      a.kind = OptimKind::kAdam;
+      a.weight_decay = config_.search.arch_weight_decay;
+      arch_ = std::make_unique<Optimizer>(model_->arch_parameters(), a);
+    }
+  }
+  void save_optimizers(CheckpointWriter& out) const override {
+    optimizer_->save(out, "optim.");
+    if (arch_) arch_->save(out, "arch_optim.");
+  }
+  void load_optimizers(const Checkpoint& in) override {
+    optimizer_->load(in, "optim.");
+    if (arch_) arch_->load(in, "arch_optim.");
+  }
+
+  int64_t block_length() const override { return config_.model.tgt_len; }
+  int64_t context(int64_t pos) const override { return std::min(config_.model.ext_len, pos); }
+  DataRestart data_restart() const override { return DataRestart::kEpoch; }
+
+  void init_state(int64_t streams) override {
+    streams_ = streams;
+    reset_train_state();
+  }
+  void reset_train_state() override {
+    mems_ = model_->initial_mems(streams_);
+    for (auto& m : mems_) m = m.to(device());
+  }
+
+  torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) override {
+    const double tau = config_.model.search ? xl::temperature(config_.search, ctx.step, config_.train.nb_steps) : 1.0;
+    last_tau_ = tau;
+    Optimizer* arch = arch_ && ctx.step > config_.search.arch_freeze_steps ? arch_.get() : nullptr;
+    return step(x, y, ctx, arch, tau);
+  }
+
+  double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count, int64_t&) override {
+    xl::EvalOptions o;
+    o.batch = batch;
+    o.first = first;
+    o.count = count;
+    o.tgt_len = config_.model.tgt_len;
+    o.lengths = models::xl::Lengths::of(config_.model);
+    o.max_segments = config_.train.eval_blocks;
+    return xl::evaluate(model_, valid, o).nll();
+  }
+
+  void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) override {
+    out.put_int("state.nb_mems", static_cast<int64_t>(mems_.size()));
+    for (size_t b = 0; b < mems_.size(); ++b) out.put(fmt::format("state.mem.{}", b), gather(mems_[b]));
+  }
+  void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) override {
+    const int64_t N = static_cast<int64_t>(model_->blocks().size());
+    if (in.integer("state.nb_mems") != N) fail("checkpoint {} holds memories for another number of blocks", in.path());
+    streams_ = count;
+    mems_.clear();
+    for (int64_t b = 0; b < N; ++b) {
+      auto m = in.tensor(fmt::format("state.mem.{}", b));
+      if (m.dim() != 3 || m.size(2) != config_.model.d_model || m.size(1) > config_.model.mem_len + config_.model.tgt_len)
+        fail("checkpoint {}: memory of block {} has shape {}", in.path(), b, fmt::join(m.sizes(), "x"));
+      if (m.size(0) != batch)
+        fail("checkpoint {} was trained with batch_size {}, the config says {}", in.path(), m.size(0), batch);
+      if (!torch::isfinite(m).all().item<bool>()) fail("checkpoint {}: memory of block {} holds non-finite values", in.path(), b);
+      mems_.push_back(m.narrow(0, first, count).contiguous().to(device()));
+    }
+  }
+
+  void log_extras(int64_t, nlohmann::json& record, std::string& text) override {
+    if (config_.model.search) {
+      auto p = model_->probs().to(torch::kCPU, torch::kDouble);  // (N, 3)
+      std::vector<std::vector<double>> rows;
+      std::string argmax;
+      for (int64_t b = 0; b < p.size(0); ++b) {
+        rows.push_back({p[b][0].item<double>(), p[b][1].item<double>(), p[b][2].item<double>()});
+        argmax += "afi"[p[b].argmax().item<int64_t>()];
+      }
+      record["tau"] = last_tau_;
+      record["probs"] = rows;
+      record["argmax"] = argmax;
+      text += fmt::format(" | tau {:.3f} | argmax {}", last_tau_, argmax);
+    }
+    if (config_.model.adapt_span) {
+      std::vector<double> mean;
+      for (const auto& z : model_->spans()) {
+        double s = 0;
+        for (double v : z) s += v;
+        mean.push_back(s / static_cast<double>(z.size()));
+      }
+      record["span_mean"] = mean;
+      text += fmt::format(" | spans {:.0f}", fmt::join(mean, " "));
+    }
+  }
+
+  EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& r) override {
+    auto o = xl::eval_options(config_);
+    if (r.batch > 0) o.batch = r.batch;
+    const int64_t world = r.group ? r.group->world() : 1, rank = r.group ? r.group->rank() : 0;
+    if (o.batch % world != 0) fail("the evaluation batch ({}) must divide by the number of processes ({})", o.batch, world);
+    if (!r.dump_logprobs.empty() && world > 1) fail("--dump-logprobs runs in one process");
+    o.count = o.batch / world;
+    o.first = rank * o.count;
+    o.dump_logprobs = r.dump_logprobs;
+    auto result = xl::evaluate(model_, tokens, o, r.progress);
+    double nll_sum = result.nll_sum;
+    int64_t scored = result.tokens;
+    if (r.group) {
+      nll_sum = r.group->all_reduce_sum(nll_sum);
+      scored = static_cast<int64_t>(r.group->all_reduce_sum(static_cast<double>(scored)));
+    }
+    EvalReport report;
+    report.nll = nll_sum / static_cast<double>(scored);
+    report.tokens = scored;
+    report.blocks = result.segments;
+    report.details = fmt::format("{} tokens, {} segments; tgt_len {}, mem_len {}, clamp_len {}, same_length {}, batch {}",
+                                 scored, result.segments, o.tgt_len, o.lengths.mem_len, o.lengths.clamp_len,
+                                 o.lengths.same_length, o.batch);
+    return report;
+  }
+
+  // Memory-carrying sampling: the prompt in segments of tgt_len, then one token per forward step
+  // against the memories (mem_len states per block), so each token costs one step.
+  void sample(const data::Vocab& vocab, const SampleRequest& r) override {
+    models::SamplingOptions options{r.temperature, r.top_k, r.top_p};
+    models::check(options);
+    if (r.tokens < 0) fail("the number of tokens must be >= 0 (got {})", r.tokens);
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    auto ids = prompt_ids(vocab, r.prompt);
+    auto mems = model_->initial_mems(1);
+    for (auto& m : mems) m = m.to(device());
+    auto lengths = models::xl::Lengths::of(config_.model);
+    lengths.ext_len = 0;
+    auto weights = config_.model.search ? model_->eval_weights() : torch::Tensor();
+    const int64_t M = config_.model.tgt_len;
+    torch::Tensor last;
+    for (size_t start = 0; start < ids.size(); start += M) {
+      const int64_t n = std::min<int64_t>(M, static_cast<int64_t>(ids.size() - start));
+      auto x = torch::from_blob(ids.data() + start, {1, n}, torch::kLong).to(device());  // (1, n)
+      last = model_->forward(x, mems, lengths, weights).narrow(1, n - 1, 1);              // (1, 1, H)
+    }
+    for (int64_t t = 0; t < r.tokens; ++t) {
+      const int64_t id = models::sample_token(model_->log_prob(last).view({-1}), options);  // (V)
+      if (r.on_text) r.on_text(vocab.decode(id));
+      if (t + 1 < r.tokens) {
+        auto x = torch::full({1, 1}, id, torch::kLong).to(device());
+        last = model_->forward(x, mems, lengths, weights);  // (1, 1, H)
+      }
+    }
+  }
+
+  std::vector<std::vector<double>> spans() const override {
+    if (!config_.model.adapt_span) return {};
+    return model_->spans();
+  }
+  int64_t span_limit() const override { return config_.model.span_limit(); }
+  int64_t span_ramp() const override { return config_.model.adapt_span_ramp; }
+
+  void bench(const BenchRequest& r) override;
+
+ private:
+  torch::Device device() const { return model_->word_emb->tables[0].device(); }
+
+  torch::Tensor step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx, Optimizer* arch, double tau) {
+    model_->train();
+    optimizer_->zero_grad();
+    const bool search = config_.model.search;
+    if (search && model_->alpha.grad().defined()) model_->alpha.mutable_grad().zero_();
+    // One noise sample per block for the whole step (all stream groups see the same architecture).
+    torch::Tensor noise = search ? nn::gumbel_noise(model_->alpha.sizes(), model_->alpha.options()) : torch::Tensor();
+    const int64_t B = x.size(0), Q = x.size(1), split = config_.train.batch_split, part = B / split;
+    const int64_t scored = config_.model.tgt_len;
+    const auto lengths = models::xl::Lengths::of(config_.model);
+    auto loss_sum = torch::zeros({}, x.options().dtype(torch::kFloat));
+    std::vector<std::vector<torch::Tensor>> next(mems_.size());
+    for (int64_t s = 0; s < split; ++s) {
+      std::vector<torch::Tensor> part_mems;
+      for (auto& m : mems_) part_mems.push_back(m.narrow(0, s * part, part));   // (B/split, Mm, H)
+      auto xs = x.narrow(0, s * part, part), ys = y.narrow(0, s * part, part);  // (B/split, Q)
+      auto w = search ? nn::gumbel_softmax(model_->alpha, noise, tau, config_.model.search_hard) : torch::Tensor();
+      auto h = model_->forward(xs, part_mems, lengths, w);                       // (B/split, Q, H)
+      auto nll = model_->nll(h.narrow(1, Q - scored, scored), ys.narrow(1, Q - scored, scored)).mean();
+      if (s == split - 1) ctx.before_last_backward();
+      ((nll + model_->span_loss()) / static_cast<double>(split)).backward();
+      loss_sum = loss_sum + nll.detach() / static_cast<double>(split);
+      for (size_t b = 0; b < mems_.size(); ++b) next[b].push_back(part_mems[b]);
+    }
+    for (size_t b = 0; b < mems_.size(); ++b) mems_[b] = split == 1 ? next[b][0] : torch::cat(next[b], 0);
+    ctx.reduce_gradients(model_->parameters());
+    optimizer_->step(ctx.lr);
+    if (arch) arch->step(config_.search.arch_lr);
+    model_->clamp_spans();
+    return loss_sum;
+  }
+
+  XlConfig config_;
+  XlModel model_{nullptr};
+  std::unique_ptr<Optimizer> optimizer_, arch_;
+  std::vector<torch::Tensor> mems_;
+  int64_t streams_ = 0;
+  double last_tau_ = 1.0;
+};
+
+void XlFamily::bench(const BenchRequest& r) {
+  if (r.span >= 0 || !r.span_dist.empty() || !r.spans_from.empty())
+    fail("bench: --span, --span-dist and --spans-from are adaptive-span settings");
+  if (config_.model.vocab_size == 0) {  // random tokens: any vocabulary the cutoffs fit in
+    config_.model.vocab_size =
+        config_.model.adaptive && !config_.model.cutoffs.empty() ? config_.model.cutoffs.back() * 4 / 3 + 1 : 10000;
+    fmt::print(stderr, "bench: vocab_size {} (set --vocab_size to the data's)\n", config_.model.vocab_size);
+  }
+  validate();
+  torch::manual_seed(config_.train.seed);
+  build();
+  model_->to(r.device);
+  const int64_t V = config_.model.vocab_size;
+  int64_t params = 0;
+  for (auto& p : model_->weight_parameters()) params += p.second.numel();
+  const auto& c = config_.model;
+  if (!r.eval) {
+    make_optimizers();
+    const int64_t B = config_.train.batch_size, M = c.tgt_len;
+    init_state(B);
+    StepContext ctx;
+    ctx.lr = 1e-9;
+    const double per_step = time_steps(r, [&] {
+      auto x = zipf_tokens(V, {B, M}, device()), y = zipf_tokens(V, {B, M}, device());
+      step(x, y, ctx, arch_.get(), 1.0).item<double>();
+    });
+    fmt::print("bench xl train: blocks {} ({}), H {}, K {}x{}, I {}, M {}, mem {}, B {}, V {}, {:.1f}M weights, threads {}\n",
+               model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
+               c.d_inner, M, c.mem_len, B, V, static_cast<double>(params) / 1e6, r.threads);
+    fmt::print("bench xl train: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
+               static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);
+    return;
+  }
+  // Evaluation speed with a full memory: the protocol's tgt_len and mem_len (or the flags').
+  auto options = xl::eval_options(config_);
+  if (r.mem_len >= 0) options.lengths.mem_len = r.mem_len;
+  if (r.tgt_len > 0) options.tgt_len = r.tgt_len;
+  const int64_t B = options.batch, M = options.tgt_len;
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  auto mems = model_->initial_mems(B);
+  auto weights = c.search ? model_->eval_weights() : torch::Tensor();
+  // A full memory (random states: the cost does not depend on their values), then timed segments.
+  for (size_t b = 0; b < mems.size(); ++b)
+    mems[b] = model_->blocks()[b] != 'f'
+                  ? torch::randn({B, options.lengths.mem_len, c.d_model}, torch::TensorOptions().device(device()))
+                  : mems[b].to(device());
+  const double per_segment = time_steps(r, [&] {
+    auto x = zipf_tokens(V, {B, M}, device()), y = zipf_tokens(V, {B, M}, device());
+    auto h = model_->forward(x, mems, options.lengths, weights);
+    model_->nll(h, y).sum().item<double>();
+  });
+  fmt::print("bench xl eval: blocks {} ({}), H {}, K {}x{}, I {}, tgt_len {}, mem_len {}, B {}, V {}, threads {}\n",
+             model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
+             c.d_inner, M, options.lengths.mem_len, B, V, r.threads);
+  fmt::print("bench xl eval: {:.1f} ms/segment, {:.4f} ms/token, {:.0f} tokens/s, peak RSS {:.0f} MB\n",
+             per_segment * 1e3, per_segment * 1e3 / static_cast<double>(B * M), static_cast<double>(B * M) / per_segment,
+             peak_rss_bytes() / 1e6);
+}
+
+}  // namespace
+
+std::unique_ptr<Family> make_xl_family(const nlohmann::json& config, const std::string& origin,
+                                       const std::vector<std::string>& overrides) {
+  XlConfig c = xl_config_from_json(config, origin);
+  apply_overrides(c, overrides);
+  return std::make_unique<XlFamily>(std::move(c));
+}
+
+}  // namespace spanformer::train

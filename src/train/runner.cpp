@@ -1,0 +1,245 @@
+#include "spanformer/train/runner.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "spanformer/dist/group.h"
+#include "spanformer/dist/group.h"
+#include "spanformer/train/evaluate.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
+#include "spanformer/util/runtime.h"
+#include "spanformer/util/torch_compat.h"
+#include "spanformer/version.h"
+
+namespace spanformer::train {
+namespace {
+
+// Training state the Runner owns; the family's recurrent state is saved beside it.
+struct RunState {
+  int64_t step = 0, train_pos = 0, valid_pos = 0;
+  double elapsed_seconds = 0;
+  double best_valid = std::numeric_limits<double>::infinity();
+};
+
+double in_unit(double nll, bool words) { return words ? std::exp(nll) : nll / std::log(2.0); }
+
+}  // namespace
+
+RunResult run_training(Family& family, const RunOptions& options) {
+  TrainConfig& tc = family.train();
+  if (tc.data.empty()) fail("no data: set train.data in the config or pass --data DIR");
+  data::Corpus corpus = data::load_corpus(tc.data);
+  family.set_vocab_size(corpus.vocab.size(), tc.data + "/vocab.txt");
+  family.validate();
+  set_threads(static_cast<int>(tc.threads));
+  dist::Group* group = options.group.get();
+  const int64_t world = group ? group->world() : 1, rank = group ? group->rank() : 0;
+  const bool main_rank = rank == 0, words = corpus.vocab.word_level;
+  const std::string unit = words ? "ppl" : "bpc";
+  if (tc.batch_size % world != 0 || (tc.batch_size / world) % tc.batch_split != 0)
+    fail("batch_size {} must divide by the number of processes ({}) times batch_split ({})", tc.batch_size, world,
+         tc.batch_split);
+  if (group) {
+    // Same model, optimisation and code on every rank (paths and thread counts may differ).
+    auto shared = family.config_json();
+    shared["train"].erase("data");
+    shared["train"].erase("threads");
+    group->check_same_as_main("config", shared.dump());
+    group->check_same_as_main("code version", std::string(kVersion) + " torch " + compat::torch_version());
+  }
+  if (options.out_dir.empty()) fail("no run directory: --out must name a directory");
+  const std::string checkpoint_path = options.out_dir + "/checkpoint.pt";
+  const std::string best_path = options.out_dir + "/best.pt";
+  const std::string log_path = options.out_dir + "/log.jsonl";
+  make_dirs(options.out_dir);
+
+  const torch::Device device = parse_device(tc.device);
+  torch::manual_seed(tc.seed);
+  family.build();
+  family.module().to(device);
+  family.make_optimizers();
+  std::unique_ptr<dist::GradientReducer> reducer;
+  if (options.group && tc.dist_bucket_kb > 0)
+    reducer = std::make_unique<dist::GradientReducer>(options.group, family.module().parameters(), tc.dist_bucket_kb * 1024);
+  if (group && main_rank)
+    fmt::print(stderr, "spanformer: {} processes; gradients all-reduced in {}\n", world,
+               reducer ? fmt::format("{} bucket(s) during backward", reducer->nb_buckets()) : "one bucket after backward");
+  const int64_t B = tc.batch_size, M = family.block_length();
+  const int64_t local = B / world, first = rank * local;  // this rank's streams [first, first + local)
+  data::Streams train_streams(*corpus.train, B), valid_streams(*corpus.valid, B);
+  const int64_t min_length = family.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
+  if (train_streams.length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", tc.data, B, M);
+  if (valid_streams.length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", tc.data, B, M);
+
+  RunState state;
+  if (options.resume && file_exists(checkpoint_path)) {
+    Checkpoint ck(checkpoint_path);
+    family.load_weights(ck);
+    family.load_optimizers(ck);
+    if (!ck.has_train_state()) fail("checkpoint {} has no training state; it cannot be resumed", checkpoint_path);
+    if (data::vocab_to_text(ck.vocab()) != data::vocab_to_text(corpus.vocab))
+      fail("checkpoint {} was trained with another vocabulary than {}/vocab.txt", checkpoint_path, tc.data);
+    if (ck.has("state.train_tokens") &&
+        (ck.integer("state.train_tokens") != corpus.train->size() || ck.integer("state.valid_tokens") != corpus.valid->size()))
+      fail("checkpoint {} was trained on data of {} train / {} valid tokens; {} has {} / {}: not the same data",
+           checkpoint_path, ck.integer("state.train_tokens"), ck.integer("state.valid_tokens"), tc.data,
+           corpus.train->size(), corpus.valid->size());
+    state.step = ck.integer("state.step");
+    state.train_pos = ck.integer("state.train_pos");
+    if (ck.has("state.valid_pos")) state.valid_pos = ck.integer("state.valid_pos");
+    state.elapsed_seconds = ck.number("state.elapsed_seconds");
+    if (ck.has("state.best_valid")) state.best_valid = ck.number("state.best_valid");
+    if (state.step < 0 || state.train_pos < 0 || state.train_pos + M >= train_streams.length() || state.valid_pos < 0 ||
+        state.valid_pos >= valid_streams.length() || !(state.elapsed_seconds >= 0))
+      fail("checkpoint {} is damaged: its training position (step {}, train {}, valid {}) is outside the data",
+           checkpoint_path, state.step, state.train_pos, state.valid_pos);
+    family.load_state(ck, B, first, local);
+    compat::set_generator_state(c10::DeviceType::CPU, ck.tensor("state.rng"));
+    if (device.is_cuda() && ck.has("state.cuda_rng"))
+      compat::set_generator_state(c10::DeviceType::CUDA, ck.tensor("state.cuda_rng"));
+    if (main_rank)
+      fmt::print(stderr, "spanformer: resumed {} at step {} ({} process{})\n", checkpoint_path, state.step, world,
+                 world > 1 ? "es" : "");
+  } else {
+    if (options.resume && main_rank) fmt::print(stderr, "spanformer: no checkpoint in {}, starting a new run\n", options.out_dir);
+    if (!options.init_from.empty()) {
+      Checkpoint init(options.init_from);
+      if (data::vocab_to_text(init.vocab()) != data::vocab_to_text(corpus.vocab))
+        fail("{} was trained with another vocabulary than {}/vocab.txt", options.init_from, tc.data);
+      family.load_weights(init);
+      if (main_rank) fmt::print(stderr, "spanformer: starting from the weights of {}\n", options.init_from);
+    }
+    family.init_state(local);
+    if (main_rank) write_file_atomic(log_path, "");  // a new run starts a new log
+  }
+  if (main_rank) write_file_atomic(options.out_dir + "/config.json", family.config_json().dump(2) + "\n");
+
+  install_interrupt_handler();
+  std::ofstream log;
+  if (main_rank) log.open(log_path, std::ios::app);
+  const bool tty = main_rank && options.progress && isatty(STDERR_FILENO);
+  const int64_t first_step = state.step;
+  const int64_t last_step = options.stop_after >= 0 ? std::min(tc.nb_steps, first_step + options.stop_after) : tc.nb_steps;
+  const int64_t checkpoint_every = tc.checkpoint_interval > 0 ? tc.checkpoint_interval : tc.eval_interval;
+  const double session_start = now_seconds();
+
+  auto save = [&](const std::string& path) {  // collective: every rank calls it at the same steps
+    auto gather = [&](const torch::Tensor& t) { return group ? group->all_gather_cat(t.cpu()) : t.cpu(); };
+    CheckpointWriter out(family.name(), family.config_json(), corpus.vocab);
+    for (const auto& item : family.module().named_parameters()) out.put("model." + item.key(), item.value());
+    family.save_optimizers(out);
+    out.put_int("state.step", state.step);
+    out.put_int("state.train_pos", state.train_pos);
+    out.put_int("state.valid_pos", state.valid_pos);
+    out.put_int("state.train_tokens", corpus.train->size());
+    out.put_int("state.valid_tokens", corpus.valid->size());
+    out.put_double("state.elapsed_seconds", state.elapsed_seconds + (now_seconds() - session_start));
+    out.put_double("state.best_valid", state.best_valid);
+    out.put("state.rng", compat::generator_state(c10::DeviceType::CPU));
+    if (device.is_cuda()) out.put("state.cuda_rng", compat::generator_state(c10::DeviceType::CUDA));
+    family.save_state(out, gather);
+    if (main_rank) out.save(path);
+  };
+
+  RunResult result;
+  result.unit = unit;
+  double interval_loss = 0, interval_start = now_seconds(), interval_collective = 0;
+  int64_t interval_steps = 0;
+  while (state.step < last_step) {
+    const bool stop = group ? group->all_reduce_sum(interrupted() ? 1.0 : 0.0) > 0 : interrupted();
+    if (stop) {
+      save(checkpoint_path);
+      if (main_rank) fmt::print(stderr, "\nspanformer: checkpoint saved at step {} in {}\n", state.step, checkpoint_path);
+      result.interrupted = true;
+      break;
+    }
+    StepContext ctx;
+    ctx.step = state.step + 1;
+    ctx.lr = learning_rate(tc, ctx.step);
+    ctx.group = group;
+    ctx.reducer = reducer.get();
+    const int64_t e = family.context(state.train_pos);
+    auto [x, y] = make_block(train_streams, state.train_pos - e, e + M, device, first, local);  // (b, e + M)
+    auto loss = family.train_step(x, y, ctx);
+    double loss_value = loss.item<double>();  // the one host read of the step
+    if (group) loss_value = group->all_reduce_sum(loss_value) / static_cast<double>(world);
+    if (!std::isfinite(loss_value))
+      fail("training diverged at step {}: the loss is {} (lower lr or grad_clip; the last checkpoint is kept)", ctx.step,
+           loss_value);
+    state.step = ctx.step;
+    interval_loss += loss_value;
+    ++interval_steps;
+    state.train_pos += M;
+    if (state.train_pos + M > train_streams.length() - 1) {  // no full block left
+      state.train_pos = family.data_restart() == DataRestart::kRandomOffset
+                            ? torch::randint(M, {1}, torch::kLong).item<int64_t>()  // the reference's rule
+                            : 0;
+      family.reset_train_state();
+    }
+
+    const double elapsed = now_seconds() - session_start;
+    const double per_step = elapsed / static_cast<double>(state.step - first_step);
+    if (tty)
+      fmt::print(stderr, "\r  step {}/{} | train {:.3f} {} | lr {:.2e} | {:.0f} ms/step | {:.0f} tok/s | left {}   ",
+                 state.step, tc.nb_steps, in_unit(loss_value, words), unit, ctx.lr, per_step * 1e3, B * M / per_step,
+                 format_duration(per_step * static_cast<double>(last_step - state.step)));
+
+    // Validation only at interval ends and at the end of the run, never at a session stop: a stopped and
+    // resumed run then reads exactly the same validation blocks as an uninterrupted one.
+    if (state.step % tc.eval_interval == 0 || state.step == tc.nb_steps) {
+      const double interval_seconds = now_seconds() - interval_start;
+      double valid_nll = family.validate(*corpus.valid, B, first, local, state.valid_pos);
+      if (group) valid_nll = group->all_reduce_sum(valid_nll) / static_cast<double>(world);  // equal shares
+      const double train_nll = interval_loss / static_cast<double>(interval_steps);
+      result.last_train = in_unit(train_nll, words);
+      result.last_valid = in_unit(valid_nll, words);
+      const double ms_per_step = interval_seconds * 1e3 / static_cast<double>(interval_steps);
+      const bool best = valid_nll < state.best_valid;
+      if (best) state.best_valid = valid_nll;
+      nlohmann::json record = {
+          {"step", state.step},
+          {"train_loss", train_nll},
+          {"valid_loss", valid_nll},
+          {"train_" + unit, result.last_train},
+          {"valid_" + unit, result.last_valid},
+          {"lr", ctx.lr},
+          {"ms_per_step", ms_per_step},
+          {"tokens_per_s", static_cast<double>(B * M) * 1e3 / ms_per_step},
+          {"elapsed_s", state.elapsed_seconds + elapsed},
+          {"eta_s", per_step * static_cast<double>(tc.nb_steps - state.step)},
+          {"processes", world},
+          {"best_valid_loss", state.best_valid},
+      };
+      if (group) {
+        record["allreduce_ms_per_step"] = (group->collective_seconds() - interval_collective) * 1e3 / interval_steps;
+        interval_collective = group->collective_seconds();
+      }
+      std::string extra;
+      family.log_extras(state.step, record, extra);
+      if (main_rank) log << record.dump() << std::endl;
+      if (main_rank && options.progress)
+        fmt::print(stderr, "{}step {:>7} | train {:.3f} {} | valid {:.3f} {} | {:.0f} ms/step | {:.0f} tok/s | left {}{}\n",
+                   tty ? "\r" : "", state.step, result.last_train, unit, result.last_valid, unit, ms_per_step,
+                   static_cast<double>(B * M) * 1e3 / ms_per_step,
+                   format_duration(per_step * static_cast<double>(tc.nb_steps - state.step)), extra);
+      if (best) save(best_path);
+      interval_loss = 0;
+      interval_steps = 0;
+      interval_start = now_seconds();
+    }
+    if (state.step % checkpoint_every == 0 || state.step == last_step) save(checkpoint_path);
+  }
+  result.steps = state.step;
+  result.session_steps = state.step - first_step;
+  return result;
+}
+
+}  // namespace spanformer::train
