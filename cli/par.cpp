@@ -15,56 +15,58 @@
 namespace spanformer::cli {
 
 void add_par(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
+  struct Options {
+    std::string checkpoint, out, rule = "par", run_dir, picture = "search.png";
+    double ratio = 5.0;
+  };
+  auto o = std::make_shared<Options>();
   auto* par = app.add_subcommand("par", "PAR architecture search: derive a plain model, draw the search");
   par->require_subcommand(1);
-  {
-    static std::string checkpoint, out, rule = "par";
-    static double ratio = 5.0;
-    auto* cmd = par->add_subcommand("derive", "write the plain model config a trained super-network chose");
-    cmd->add_option("checkpoint", checkpoint, "super-network checkpoint or run directory")->required();
-    cmd->add_option("--out,-o", out, "config to write (JSON)")->required();
-    cmd->add_option("--rule", rule, "argmax (per block) or par (attention only in the lower two thirds, "
-                                    "total:attention = ratio)")->capture_default_str();
-    cmd->add_option("--ratio,-p", ratio, "total:attention block ratio of the par rule")->capture_default_str();
-    cmd->callback([&run] {
-      run = [] {
-        if (rule != "argmax" && rule != "par") fail("--rule must be argmax or par (got '{}')", rule);
-        train::Checkpoint ck(checkpoint);
-        if (ck.family() != "xl") fail("{} is a {} checkpoint, not a PAR super-network", checkpoint, ck.family());
-        const XlConfig config = xl_config_from_json(ck.config(), ck.path());
-        if (!config.model.search) fail("{} is not a super-network (model.search is false)", checkpoint);
-        models::xl::XlModel model(config.model);
-        ck.read_parameters(model->named_parameters());
-        auto p = model->probs().to(torch::kDouble);
-        models::par::BlockProbs probs;
-        for (int64_t b = 0; b < p.size(0); ++b) probs.push_back({p[b][0].item<double>(), p[b][1].item<double>(), p[b][2].item<double>()});
-        const std::string layers = rule == "argmax" ? models::par::derive_argmax(probs) : models::par::derive_par(probs, ratio);
-        auto j = to_json(models::par::derived_config(config, layers));
-        j["description"] = fmt::format("PAR model derived from {} by the {} rule{}", checkpoint, rule,
-                                       rule == "par" ? fmt::format(" (ratio {})", ratio) : "");
-        write_file_atomic(out, j.dump(2) + "\n");
-        for (size_t b = 0; b < probs.size(); ++b)
-          fmt::print("block {:>2}: P(attention) {:.3f}  P(feed-forward) {:.3f}  P(identity) {:.3f}\n", b, probs[b][0],
-                     probs[b][1], probs[b][2]);
-        size_t attn = std::count(layers.begin(), layers.end(), 'a');
-        fmt::print("derived layers \"{}\" ({} blocks, {} attention) -> {}\n", layers, layers.size(), attn, out);
-      };
-    });
-  }
-  {
-    static std::string run_dir, out = "search.png";
-    auto* cmd = par->add_subcommand("plot", "draw P(block type) per block against step, and the final choice");
-    cmd->add_option("run", run_dir, "run directory of a super-network (its log.jsonl)")->required();
-    cmd->add_option("--out,-o", out, "PNG to write")->capture_default_str();
-    cmd->callback([&run] {
-      run = [] {
-        const std::string log = file_exists(run_dir + "/log.jsonl") ? run_dir + "/log.jsonl" : run_dir;
-        auto history = viz::read_search_history(log);
-        viz::write_search_plot(out, history, fmt::format("PAR search: {}", run_dir));
-        fmt::print("search picture: {} ({} records, {} blocks)\n", out, history.steps.size(), history.probs[0].size());
-      };
-    });
-  }
+
+  auto* derive = par->add_subcommand("derive", "write the plain model config a trained super-network chose");
+  derive->add_option("checkpoint", o->checkpoint, "super-network checkpoint or run directory")->required();
+  derive->add_option("--out,-o", o->out, "config to write (JSON)")->required();
+  derive->add_option("--rule", o->rule, "argmax (per block) or par (attention only in the lower two thirds, "
+                                        "total:attention = ratio)")->capture_default_str();
+  derive->add_option("--ratio,-p", o->ratio, "total:attention block ratio of the par rule")->capture_default_str();
+  derive->callback([o, &run] {
+    run = [o] {
+      if (o->rule != "argmax" && o->rule != "par") fail("--rule must be argmax or par (got '{}')", o->rule);
+      train::Checkpoint ck(o->checkpoint);
+      if (ck.family() != "xl") fail("{} is a {} checkpoint, not a PAR super-network", o->checkpoint, ck.family());
+      const XlConfig config = xl_config_from_json(ck.config(), ck.path());
+      if (!config.model.search) fail("{} is not a super-network (model.search is false)", o->checkpoint);
+      models::xl::XlModel model(config.model);
+      ck.read_parameters(model->named_parameters());
+      auto p = model->probs().to(torch::kDouble);  // (N, 3)
+      models::par::BlockProbs probs;
+      for (int64_t b = 0; b < p.size(0); ++b)
+        probs.push_back({p[b][0].item<double>(), p[b][1].item<double>(), p[b][2].item<double>()});
+      const std::string layers =
+          o->rule == "argmax" ? models::par::derive_argmax(probs) : models::par::derive_par(probs, o->ratio);
+      auto j = to_json(models::par::derived_config(config, layers));
+      j["description"] = fmt::format("PAR model derived from {} by the {} rule{}", o->checkpoint, o->rule,
+                                     o->rule == "par" ? fmt::format(" (ratio {})", o->ratio) : "");
+      write_file_atomic(o->out, j.dump(2) + "\n");
+      for (size_t b = 0; b < probs.size(); ++b)
+        fmt::print("block {:>2}: P(attention) {:.3f}  P(feed-forward) {:.3f}  P(identity) {:.3f}\n", b, probs[b][0],
+                   probs[b][1], probs[b][2]);
+      const size_t attn = std::count(layers.begin(), layers.end(), 'a');
+      fmt::print("derived layers \"{}\" ({} blocks, {} attention) -> {}\n", layers, layers.size(), attn, o->out);
+    };
+  });
+
+  auto* plot = par->add_subcommand("plot", "draw P(block type) per block against step, and the final choice");
+  plot->add_option("run", o->run_dir, "run directory of a super-network (its log.jsonl)")->required();
+  plot->add_option("--out,-o", o->picture, "PNG to write")->capture_default_str();
+  plot->callback([o, &run] {
+    run = [o] {
+      const std::string log = file_exists(o->run_dir + "/log.jsonl") ? o->run_dir + "/log.jsonl" : o->run_dir;
+      auto history = viz::read_search_history(log);
+      viz::write_search_plot(o->picture, history, fmt::format("PAR search: {}", o->run_dir));
+      fmt::print("search picture: {} ({} records, {} blocks)\n", o->picture, history.steps.size(), history.probs[0].size());
+    };
+  });
 }
 
 }  // namespace spanformer::cli

@@ -1,7 +1,7 @@
 #include <cstdlib>
 
 #include "command.h"
-#include "spanformer/dist/group.h"
+#include "spanformer/dist/launcher.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer::cli {

@@ -199,9 +199,12 @@ torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Te
     }
   }
   h = drop(h);
-  // New memories: the last min(mem_len, end) rows of [mem; input], end = mlen + max(0, Q - ext_len).
+  // New memories: rows [end - mem_len, end) of [mem; input] with end = Q + max(0, mlen - ext_len): the
+  // reference's _update_mems(hids, mems, qlen, mlen) computes mlen + max(0, qlen - ext_len) but is
+  // called with the two lengths swapped, and we keep its results (equal to mlen + Q - ext_len once
+  // mlen >= ext_len; different while the memory fills, e.g. on the first segment).
   torch::NoGradGuard no_grad;
-  const int64_t end = mlen + std::max<int64_t>(0, Q - len.ext_len), begin = std::max<int64_t>(0, end - len.mem_len);
+  const int64_t end = Q + std::max<int64_t>(0, mlen - len.ext_len), begin = std::max<int64_t>(0, end - len.mem_len);
   for (int64_t b = 0; b < N; ++b) {
     if (blocks_[b] == 'f') {
       mems[b] = torch::zeros({B, 0, config_.d_model}, h.options());

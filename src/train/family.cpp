@@ -9,6 +9,7 @@
 
 #include "families/families.h"
 #include "spanformer/dist/group.h"
+#include "spanformer/dist/reducer.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"

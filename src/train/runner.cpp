@@ -11,7 +11,9 @@
 #include <fmt/format.h>
 
 #include "spanformer/dist/group.h"
+#include "spanformer/dist/reducer.h"
 #include "spanformer/dist/group.h"
+#include "spanformer/dist/reducer.h"
 #include "spanformer/train/evaluate.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"

@@ -16,7 +16,8 @@
 //
 // A Transformer-XL layer is "af"; the classic model is "af" x n_layer. Memory: every block that can
 // attend keeps its own INPUT hidden states of the previous segments, (B, Mm, H), detached; after a
-// segment it holds the last min(mem_len, Mm + Q - ext_len) of [mem, h_in] (the reference's _update_mems).
+// segment it holds rows [end - mem_len, end) of [mem, h_in] with end = Q + max(0, Mm - ext_len), as the
+// reference's _update_mems computes it (called there with qlen and mlen swapped).
 //
 // RelAttn (the four terms of the paper, sec. 3.3), heads K of width D:
 //   q, k, v = split(W_qkv [mem; h])          q (B, K, M, D) from the last M rows, k, v (B, K, Kl, D)
