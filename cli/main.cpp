@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <exception>
 
 #include "command.h"
@@ -46,6 +48,10 @@ int main(int argc, char** argv) {
   }
   try {
     if (run) run();
+    // Results written to a full or closed stdout are lost: say so and fail instead of exiting 0.
+    std::cout.flush();
+    if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))
+      spanformer::fail("cannot write the results to standard output (closed or full)");
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "spanformer: error: {}\n", spanformer::one_line_message(e));

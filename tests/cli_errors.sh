@@ -65,5 +65,20 @@ leftovers=$(find "$tmp" -name '*.tmp.*' | wc -l)
 if [ "$leftovers" -ne 0 ]; then echo "FAIL: temporary files left: $(find "$tmp" -name '*.tmp.*')"; failures=$((failures + 1)); fi
 [ -e "$tmp/d2/train.bin" ] && { echo "FAIL: a failed prepare wrote train.bin"; failures=$((failures + 1)); }
 
+# Outputs: no run directory, a run directory in use, results to a closed or full stdout, a device as an
+# output file; a symbolic link is written through; stale temporaries of killed writers are removed.
+expect_error "no run directory" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out ""
+expect_error "is in use by another training run" flock "$tmp/run/.lock" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run" --resume --nb_steps=4
+expect_error "cannot write the results to standard output" sh -c "exec \"\$0\" eval \"\$1\" --batch 2 >&-" "$bin" "$tmp/run"
+expect_error "cannot write the results to standard output" sh -c "exec \"\$0\" eval \"\$1\" --batch 2 > /dev/full" "$bin" "$tmp/run"
+expect_error "is not a regular file" "$bin" eval "$tmp/run" --batch 2 --dump-logprobs /dev/null
+ln -s "$tmp/real_lp.txt" "$tmp/link_lp.txt"
+if "$bin" eval "$tmp/run" --batch 2 --dump-logprobs "$tmp/link_lp.txt" > /dev/null 2>&1 && [ -L "$tmp/link_lp.txt" ] \
+    && [ -s "$tmp/real_lp.txt" ]; then passed=$((passed + 1)); else echo "FAIL: write through a symbolic link"; failures=$((failures + 1)); fi
+touch "$tmp/run/checkpoint.pt.tmp.999999999"
+"$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run" --resume --nb_steps=4 --quiet > /dev/null 2>&1
+if [ ! -e "$tmp/run/checkpoint.pt.tmp.999999999" ]; then passed=$((passed + 1)); else echo "FAIL: stale temporary kept"; failures=$((failures + 1)); fi
+
 echo "cli errors: $passed passed, $failures failed"
 [ "$failures" -eq 0 ]

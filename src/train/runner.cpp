@@ -62,6 +62,11 @@ RunResult run_training(Family& family, const RunOptions& options) {
   const std::string best_path = options.out_dir + "/best.pt";
   const std::string log_path = options.out_dir + "/log.jsonl";
   make_dirs(options.out_dir);
+  std::unique_ptr<DirectoryLock> lock;  // the main rank owns the run directory
+  if (main_rank) {
+    lock = std::make_unique<DirectoryLock>(options.out_dir, "training run");
+    remove_stale_temporaries(options.out_dir);
+  }
 
   const torch::Device device = parse_device(tc.device);
   torch::manual_seed(tc.seed);

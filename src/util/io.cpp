@@ -1,6 +1,8 @@
 #include "spanformer/util/io.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,7 +39,18 @@ void make_dirs(const std::string& path) {
   if (ec) fail("cannot create directory {}: {}", path, ec.message());
 }
 
-void write_atomic_with(const std::string& path, const std::function<void(const std::string&)>& write) {
+void write_atomic_with(const std::string& path_in, const std::function<void(const std::string&)>& write) {
+  // A symbolic link is written through (its target is replaced), never replaced by a file; anything
+  // that is not a regular file (a device, a directory, a pipe) is refused rather than renamed over.
+  std::string path = path_in;
+  std::error_code ec;
+  if (std::filesystem::is_symlink(path, ec)) {
+    auto target = std::filesystem::read_symlink(path, ec);
+    if (ec) fail("cannot write {}: {}", path_in, ec.message());
+    path = (target.is_absolute() ? target : std::filesystem::path(path).parent_path() / target).string();
+  }
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    fail("cannot write {}: it exists and is not a regular file", path_in);
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) make_dirs(parent.string());
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -63,6 +76,36 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     out.close();
     if (!out) fail("cannot write {}: disk full?", path);
   });
+}
+
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto at = name.rfind(".tmp.");
+    if (at == std::string::npos || !entry.is_regular_file(ec)) continue;
+    const std::string pid = name.substr(at + 5);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    // Only files of writers that are gone: a live process may still be renaming its file.
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
+  make_dirs(dir);
+  const std::string path = dir + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot lock {}: {}", dir, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+    fail("{} is in use by another {} (one run directory, one writer)", dir, what);
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {

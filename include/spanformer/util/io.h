@@ -17,10 +17,27 @@ std::string read_file(const std::string& path);
 void write_file_atomic(const std::string& path, const std::string& content);
 
 // Calls `write(tmp_path)` and then renames tmp_path over `path`; on any exception the temporary file
-// is removed and the exception propagates, leaving `path` untouched.
+// is removed and the exception propagates, leaving `path` untouched. A symbolic link is written
+// through; a path that exists and is not a regular file (a device, a directory) is refused.
 void write_atomic_with(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
 
 bool file_exists(const std::string& path);
+
+// Removes "<name>.tmp.<pid>" files in `dir` left by writers that were killed (their process is gone).
+void remove_stale_temporaries(const std::string& dir);
+
+// An exclusive lock on a directory (flock on DIR/.lock) for as long as the object lives: a second
+// writer fails at once with a one-line error instead of interleaving with the first.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& dir, const std::string& what);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 void make_dirs(const std::string& path);
 
 // A read-only memory map of a whole file (move-only).
