@@ -47,13 +47,7 @@ train::StepContext lr_of(double lr) {
 
 // A run of the adaptive-span family on the one runner.
 train::RunResult run(const Config& config, const std::string& out, bool resume = false, int64_t stop_after = -1) {
-  auto family = train::family_from_json(to_json(config), "test config");
-  train::RunOptions o;
-  o.out_dir = out;
-  o.resume = resume;
-  o.progress = false;
-  o.stop_after = stop_after;
-  return train::run_training(*family, o);
+  return tu::run_family(to_json(config), out, resume, stop_after);
 }
 
 std::vector<nlohmann::json> read_log(const std::string& path) {

@@ -168,13 +168,7 @@ TEST(XlTraining, ResumedRunContinuesBitForBitAndTheLossFalls) {
   o.test = o.valid;
   data::prepare_words(o, dir.file("data"));
   auto run = [](const XlConfig& c, const std::string& out, bool resume, int64_t stop_after) {
-    auto family = train::family_from_json(to_json(c), "test config");
-    train::RunOptions o;
-    o.out_dir = out;
-    o.resume = resume;
-    o.progress = false;
-    o.stop_after = stop_after;
-    return train::run_training(*family, o);
+    return tu::run_family(to_json(c), out, resume, stop_after);
   };
   for (bool search : {false, true}) {
     auto c = run_config(dir.file("data"), search);

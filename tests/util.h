@@ -10,6 +10,7 @@
 #include <string>
 
 #include "spanformer/data/corpus.h"
+#include "spanformer/train/runner.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -85,6 +86,18 @@ inline void write_text(const std::string& path, const std::string& text) {
 }
 
 // The first `bytes` of Dickens, prepared (CRLF -> LF, 90/5/5) into dir.
+// A run of any family's config (JSON) on the engine's runner, without progress output.
+inline spanformer::train::RunResult run_family(const nlohmann::json& config, const std::string& out, bool resume = false,
+                                               int64_t stop_after = -1) {
+  auto family = spanformer::train::family_from_json(config, "test config");
+  spanformer::train::RunOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  o.progress = false;
+  o.stop_after = stop_after;
+  return spanformer::train::run_training(*family, o);
+}
+
 inline void prepare_dickens_slice(const std::string& dir, int64_t bytes) {
   std::ifstream in(shared_dir() + "/data/dickens.txt", std::ios::binary);
   ASSERT_TRUE(in) << "missing ../shared/data/dickens.txt";

@@ -51,6 +51,11 @@ void save_weights(Family& family, const data::Vocab& vocab, const std::string& p
   out.save(path);
 }
 
+void Family::fill_vocab_size(int64_t& vocab_size, int64_t V, const std::string& origin) {
+  if (vocab_size == 0) vocab_size = V;
+  if (vocab_size != V) fail("config vocab_size {} does not match the vocabulary of {} ({} tokens)", vocab_size, origin, V);
+}
+
 void Family::unsupported(const std::string& what) const { fail("the {} family has no {}", name(), what); }
 
 namespace {

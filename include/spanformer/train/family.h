@@ -57,7 +57,6 @@ struct EvalReport {
 
 struct EvalRequest {
   int64_t batch = -1;       // streams (-1: the config's eval_batch_size)
-  std::vector<std::string> overrides;  // evaluation-protocol keys the family accepts (XL: eval_mem_len ...)
   std::function<void(int64_t, int64_t)> progress;
   dist::Group* group = nullptr;
   std::string dump_logprobs;  // "" or a file: one log-probability per scored token, in order
@@ -143,6 +142,8 @@ class Family {
   virtual void export_weights(const std::string& kind, const std::string& path);
 
  protected:
+  // The vocab_size rule every family follows: 0 takes the data's V, another value must equal it.
+  static void fill_vocab_size(int64_t& vocab_size, int64_t V, const std::string& origin);
   // Fails with "<command>: the <family> family has no <what>".
   [[noreturn]] void unsupported(const std::string& what) const;
 };

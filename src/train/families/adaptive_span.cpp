@@ -64,11 +64,7 @@ class AdaptiveSpanFamily : public Family {
   const char* name() const override { return "adaptive-span"; }
   nlohmann::json config_json() const override { return to_json(config_); }
   TrainConfig& train() override { return config_.train; }
-  void set_vocab_size(int64_t V, const std::string& origin) override {
-    if (config_.model.vocab_size == 0) config_.model.vocab_size = V;
-    if (config_.model.vocab_size != V)
-      fail("config vocab_size {} does not match the vocabulary of {} ({} tokens)", config_.model.vocab_size, origin, V);
-  }
+  void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
   void validate() const override { spanformer::validate(config_); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
     auto other = config_from_json(checkpoint_config, "checkpoint");
@@ -179,7 +175,6 @@ class AdaptiveSpanFamily : public Family {
   }
 
   EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& r) override {
-    if (!r.overrides.empty()) fail("unexpected arguments for an adaptive-span checkpoint: {}", fmt::join(r.overrides, " "));
     const int64_t batch = r.batch > 0 ? r.batch : config_.train.eval_batch_size;
     auto result = train::evaluate(model_, tokens, batch, r.progress, r.group, r.dump_logprobs);
     EvalReport report;

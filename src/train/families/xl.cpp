@@ -47,11 +47,7 @@ class XlFamily : public Family {
   const char* name() const override { return "xl"; }
   nlohmann::json config_json() const override { return to_json(config_); }
   TrainConfig& train() override { return config_.train; }
-  void set_vocab_size(int64_t V, const std::string& origin) override {
-    if (config_.model.vocab_size == 0) config_.model.vocab_size = V;
-    if (config_.model.vocab_size != V)
-      fail("config vocab_size {} does not match the vocabulary of {} ({} tokens)", config_.model.vocab_size, origin, V);
-  }
+  void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
   void validate() const override { spanformer::validate(config_); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
     return xl_model_difference(config_.model, xl_config_from_json(checkpoint_config, "checkpoint").model);
