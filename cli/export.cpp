@@ -12,7 +12,7 @@ void add_export(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("export", "write a checkpoint's weights in another implementation's format");
-  cmd->add_option("kind", o->kind, "adaptive-span (a state_dict the Python reference loads)")->required();
+  cmd->add_option("kind", o->kind, "adaptive-span or transformer-xl (a state_dict the Python reference loads)")->required();
   cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
   cmd->add_option("--out,-o", o->out, "file to write (torch.save format)")->required();
   cmd->callback([o, &run] {

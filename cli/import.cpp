@@ -10,21 +10,24 @@ void print_spans(const std::vector<std::vector<double>>& spans);  // spans.cpp
 
 void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   struct Options {
-    std::string kind, model, config, vocab, out;
+    std::string kind, model, config, vocab, out, level = "byte";
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("import", "convert another implementation's weights into a spanformer checkpoint");
-  cmd->add_option("kind", o->kind, "adaptive-span (facebookresearch/adaptive-span's state_dict)")->required();
+  cmd->add_option("kind", o->kind, "adaptive-span (facebookresearch/adaptive-span's state_dict) or transformer-xl "
+                                   "(kimiyoung/transformer-xl's MemTransformerLM state_dict)")->required();
   cmd->add_option("model", o->model, "the state_dict file (see README for the one-line extraction)")->required();
   cmd->add_option("--config,-c", o->config, "spanformer config describing the model")->required();
-  cmd->add_option("--vocab", o->vocab, "the model's vocabulary (vocab.txt: a byte value or <eos> per line)")->required();
+  cmd->add_option("--vocab", o->vocab, "the model's vocabulary, in id order (vocab.txt: a byte value or <eos> per "
+                                       "line; words.txt with --vocab-level word)")->required();
+  cmd->add_option("--vocab-level", o->level, "byte or word")->check(CLI::IsMember({"byte", "word"}))->capture_default_str();
   cmd->add_option("--out,-o", o->out, "spanformer checkpoint to write")->required();
   cmd->allow_extras();
   cmd->callback([cmd, o, &run] {
     auto overrides = cmd->remaining();
     run = [o, overrides] {
       auto family = train::family_from_config_file(o->config, overrides);
-      auto vocab = data::read_vocab(o->vocab);
+      auto vocab = o->level == "word" ? data::read_word_vocab(o->vocab) : data::read_vocab(o->vocab);
       family->set_vocab_size(vocab.size(), o->vocab);
       family->validate();
       family->build();

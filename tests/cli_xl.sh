@@ -55,6 +55,37 @@ done
 "$bin" eval "$tmp/txl/best.pt" --split test | grep -q "^test ppl"
 "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/init" --init "$tmp/txl" --nb_steps=2 --quiet | grep -q "trained 2 steps"
 
+# Weights in kimiyoung/transformer-xl's MemTransformerLM layout: export, load into an independent Python
+# model with those module names (strict), the same log-probabilities there, its own state_dict imported
+# back, the same figures again. Two layouts: div_val 2 with tied weights and projections; div_val 1 with
+# d_embed != d_model, untied r biases, pre-norm, untied output weights and a clamp.
+V=$(wc -l < "$tmp/wt/words.txt")
+roundtrip() {  # roundtrip NAME RUN_DIR PYTHON_CONFIG_JSON OVERRIDES...
+  local name="$1" run="$2" pyconf="$3"; shift 3
+  echo "$pyconf" > "$tmp/$name.py.json"
+  "$bin" export transformer-xl "$run" -o "$tmp/$name.state.pt" | grep -q "exported"
+  "$bin" eval "$run" --split test --batch 1 --dump-logprobs "$tmp/$name.lp" > /dev/null
+  /usr/bin/python3 "$src/tests/xl_reference.py" "$tmp/$name.py.json" "$tmp/$name.state.pt" "$tmp/wt/test.bin" \
+    "$tmp/$name.py.lp" "$tmp/$name.py.state.pt"
+  "$bin" import transformer-xl "$tmp/$name.py.state.pt" -c "$tmp/xl.json" --vocab "$tmp/wt/words.txt" \
+    --vocab-level word -o "$tmp/$name.back.pt" "$@" > /dev/null
+  "$bin" eval "$tmp/$name.back.pt" --data "$tmp/wt" --split test --batch 1 --dump-logprobs "$tmp/$name.back.lp" "$@" > /dev/null
+  cmp "$tmp/$name.lp" "$tmp/$name.back.lp"
+  # float32 on both sides, other operation orders: 1e-4 nats per token (a wrong tensor moves them by ~1)
+  paste "$tmp/$name.lp" "$tmp/$name.py.lp" | awk -v n="$name" '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; c++ }
+    END { if (c < 100 || m > 1e-4) { print "FAIL: " n ": " c " tokens, max |diff| " m; exit 1 }
+          print "transformer-xl layout " n ": " c " tokens, max |log p diff| vs Python " m }'
+}
+roundtrip tied "$tmp/txl" "{\"n_layer\": 2, \"d_model\": 32, \"n_head\": 2, \"d_head\": 16, \"d_inner\": 64, \"d_embed\": 32,
+  \"div_val\": 2, \"cutoffs\": [$cutoffs], \"vocab\": $V, \"tie_weight\": true, \"tie_projs\": true, \"untie_r\": false,
+  \"pre_lnorm\": false, \"tgt_len\": 8, \"mem_len\": 24, \"clamp_len\": 0, \"same_length\": true}"
+untied=(--div_val=1 --d_embed=24 --untie_r=true --pre_lnorm=true --tie_weight=false --eval_clamp_len=6
+        --eval_same_length=false)
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/untied" --nb_steps=2 "${untied[@]}" --quiet > /dev/null
+roundtrip untied "$tmp/untied" "{\"n_layer\": 2, \"d_model\": 32, \"n_head\": 2, \"d_head\": 16, \"d_inner\": 64, \"d_embed\": 24,
+  \"div_val\": 1, \"cutoffs\": [$cutoffs], \"vocab\": $V, \"tie_weight\": false, \"tie_projs\": true, \"untie_r\": true,
+  \"pre_lnorm\": true, \"tgt_len\": 8, \"mem_len\": 24, \"clamp_len\": 6, \"same_length\": false}" "${untied[@]}"
+
 # The PAR search, its picture, the derived model.
 "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/par" --search=true --quiet | grep -q "trained 20 steps"
 grep -q '"probs"' "$tmp/par/log.jsonl"
@@ -82,10 +113,18 @@ expect_error "tau0 and tau1 must be positive" "$bin" train -c "$tmp/xl.json" --d
 expect_error "not a super-network" "$bin" par derive "$tmp/txl" --out "$tmp/e5.json"
 expect_error "learns no spans (adapt_span is off)" "$bin" spans "$tmp/txl"
 expect_error "the xl family has no export to adaptive-span" "$bin" export adaptive-span "$tmp/txl" -o "$tmp/x.pt"
+expect_error "'layers.0.pos_ff.CoreNet.0.weight' has shape 64x32, the config expects 48x32" "$bin" import transformer-xl \
+  "$tmp/tied.state.pt" -c "$tmp/xl.json" --vocab "$tmp/wt/words.txt" --vocab-level word -o "$tmp/e8.pt" --d_inner=48
+expect_error "missing tensor 'layers.0.dec_attn.r_w_bias'" "$bin" import transformer-xl "$tmp/tied.state.pt" \
+  -c "$tmp/xl.json" --vocab "$tmp/wt/words.txt" --vocab-level word -o "$tmp/e8.pt" --untie_r=true
+expect_error "differs from 'word_emb.emb_layers.0.weight', which this config ties" "$bin" import transformer-xl \
+  "$tmp/untied.state.pt" -c "$tmp/xl.json" --vocab "$tmp/wt/words.txt" --vocab-level word -o "$tmp/e8.pt" \
+  "${untied[@]}" --tie_weight=true
+expect_error "block order (af)^n_layer" "$bin" export transformer-xl "$tmp/derived" -o "$tmp/e9.pt"
 expect_error "another model" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/txl" --resume --d_inner=48
 expect_error "another model: d_model" "$bin" eval "$tmp/txl" --d_model=8
 expect_error "train split is not on this machine" "$bin" data words "$wt2" --out "$tmp/e6"
 expect_error "no search records" "$bin" par plot "$tmp/txl" --out "$tmp/e7.png"
-test ! -e "$tmp/e5.json" && test ! -e "$tmp/e7.png"
+test ! -e "$tmp/e5.json" && test ! -e "$tmp/e7.png" && test ! -e "$tmp/e8.pt" && test ! -e "$tmp/e9.pt"
 test "$(find "$tmp" -name '*.tmp.*' | wc -l)" -eq 0
 echo "cli xl: passed"

@@ -43,15 +43,7 @@ std::string reference_name(const std::string& name) {
 }
 
 void load_reference_state_dict(models::TransformerSeq& model, const std::string& path) {
-  std::string bytes = read_file(path);
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception&) {
-    fail("{} is not a readable state_dict (extract one in Python with: "
-         "torch.save(dict(torch.load(path, map_location='cpu')['model']), 'model.pt'))", path);
-  }
-  if (!value.isGenericDict()) fail("{} does not hold a dict of tensors", path);
+  auto dict = read_state_dict(path, "torch.save(dict(torch.load(path, map_location='cpu')['model']), 'model.pt')");
 
   // Reference name -> our parameter.
   auto params = model->named_parameters();
@@ -61,12 +53,8 @@ void load_reference_state_dict(models::TransformerSeq& model, const std::string&
 
   std::map<std::string, bool> loaded;
   torch::NoGradGuard no_grad;
-  for (const auto& entry : value.toGenericDict()) {
-    if (!entry.key().isString()) fail("{}: a key of the dict is not a string", path);
-    std::string name = entry.key().toStringRef();
+  for (auto [name, t] : dict) {
     if (name.rfind(kPrefix, 0) != 0) name = kPrefix + name;
-    if (!entry.value().isTensor()) fail("{}: '{}' is not a tensor", path, name);
-    auto t = entry.value().toTensor();
     static const std::regex mask_template(R"(^module\.layers\.\d+\.attn\.attn\.adaptive_span\._mask\.mask_template$)");
     if (std::regex_match(name, mask_template)) {
       if (t.dim() != 1 || t.size(0) != L)
@@ -90,15 +78,38 @@ void load_reference_state_dict(models::TransformerSeq& model, const std::string&
 }
 
 void save_reference_state_dict(models::TransformerSeq& model, const std::string& path) {
-  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
-  for (const auto& item : model->named_parameters()) {
-    dict.insert(reference_name(item.key()), to_reference_shape(item.key(), item.value().detach().cpu()).contiguous());
-  }
+  std::vector<std::pair<std::string, torch::Tensor>> entries;
+  for (const auto& item : model->named_parameters())
+    entries.emplace_back(reference_name(item.key()), to_reference_shape(item.key(), item.value()));
   const int64_t L = model->config().attn_span;
   for (size_t l = 0; l < model->layers.size(); ++l) {
     if (model->layers[l]->attn->span)
-      dict.insert(mask_template_name(static_cast<int64_t>(l)), torch::linspace(1 - L, 0, L));
+      entries.emplace_back(mask_template_name(static_cast<int64_t>(l)), torch::linspace(1 - L, 0, L));
   }
+  write_state_dict(entries, path);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(const std::string& path, const std::string& extraction) {
+  std::string bytes = read_file(path);
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception&) {
+    fail("{} is not a readable state_dict (extract one in Python with: {})", path, extraction);
+  }
+  if (!value.isGenericDict()) fail("{} does not hold a dict of tensors (extract one in Python with: {})", path, extraction);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString()) fail("{}: a key of the dict is not a string", path);
+    if (!entry.value().isTensor()) fail("{}: '{}' is not a tensor", path, entry.key().toStringRef());
+    out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return out;
+}
+
+void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& entries, const std::string& path) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : entries) dict.insert(name, t.detach().cpu().contiguous());
   std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
   write_atomic_with(path, [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary);

@@ -23,9 +23,12 @@ torch::Tensor rel_shift(const torch::Tensor& x) {
   return padded.narrow(-2, 1, R).reshape(sizes);                             // (..., Q, R)
 }
 
+torch::Tensor inv_freq(int64_t d_model, const torch::TensorOptions& options) {
+  return 1.0 / torch::pow(10000.0, torch::arange(0, d_model, 2, options) / static_cast<double>(d_model));  // (H / 2)
+}
+
 torch::Tensor sinusoid(const torch::Tensor& pos, int64_t d_model) {
-  auto inv_freq = 1.0 / torch::pow(10000.0, torch::arange(0, d_model, 2, pos.options()) / static_cast<double>(d_model));
-  auto angles = torch::outer(pos, inv_freq);                  // (R, H / 2)
+  auto angles = torch::outer(pos, inv_freq(d_model, pos.options()));  // (R, H / 2)
   return torch::cat({torch::sin(angles), torch::cos(angles)}, -1);  // (R, H)
 }
 

@@ -16,6 +16,8 @@
 //   torch.save(dict(torch.load(path, map_location='cpu')['model']), 'model.pt')
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "spanformer/models/transformer_seq.h"
 
@@ -31,5 +33,11 @@ void load_reference_state_dict(models::TransformerSeq& model, const std::string&
 // Writes the model as a state_dict the reference's model.load_state_dict accepts (with the
 // "module." prefix of its DataParallel wrapper), in torch.save's zip format, atomically.
 void save_reference_state_dict(models::TransformerSeq& model, const std::string& path);
+
+// A plain dict of tensors written by torch.save (names in file order); `extraction` is the Python line
+// that makes one, for the error message.
+std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(const std::string& path, const std::string& extraction);
+// Writes name -> tensor as torch.save does (zip format; torch.load reads it), atomically.
+void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& entries, const std::string& path);
 
 }  // namespace spanformer::io

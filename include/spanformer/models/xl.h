@@ -49,6 +49,8 @@ torch::Tensor rel_shift(const torch::Tensor& x);
 // pos (R) distances -> (R, H): [sin(pos * f) | cos(pos * f)], f_k = 1 / 10000^(2k / H) (concatenated,
 // not interleaved, as the reference).
 torch::Tensor sinusoid(const torch::Tensor& pos, int64_t d_model);
+// The sinusoid's frequencies 1 / 10000^(2j / H), j < H / 2 (the reference's pos_emb.inv_freq).
+torch::Tensor inv_freq(int64_t d_model, const torch::TensorOptions& options = {});
 
 // (Q, Mm + Q) bool, true where query i may NOT see key j: j > Mm + i, and with same_length also
 // j <= i - s where s = Q - (Mm + Q - mem_len) if that is positive, else Q (the reference's dec_attn_mask).

@@ -19,6 +19,7 @@
 
 #include "spanformer/config/xl_config.h"
 #include "spanformer/dist/group.h"
+#include "spanformer/io/xl_reference.h"
 #include "spanformer/models/sampling.h"
 #include "spanformer/models/xl.h"
 #include "spanformer/nn/gumbel.h"
@@ -223,6 +224,15 @@ class XlFamily : public Family {
   int64_t span_ramp() const override { return config_.model.adapt_span_ramp; }
 
   void bench(const BenchRequest& r) override;
+
+  void import_weights(const std::string& kind, const std::string& path) override {
+    if (kind != "transformer-xl") Family::import_weights(kind, path);
+    io::load_xl_state_dict(model_, path);
+  }
+  void export_weights(const std::string& kind, const std::string& path) override {
+    if (kind != "transformer-xl") Family::export_weights(kind, path);
+    io::save_xl_state_dict(model_, path);
+  }
 
  private:
   torch::Device device() const { return model_->word_emb->tables[0].device(); }
