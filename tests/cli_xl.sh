@@ -55,6 +55,19 @@ done
 "$bin" eval "$tmp/txl/best.pt" --split test | grep -q "^test ppl"
 "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/init" --init "$tmp/txl" --nb_steps=2 --quiet | grep -q "trained 2 steps"
 
+# Adaptive span inside Transformer-XL attention: trains, logs spans, draws them, evaluates, samples.
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/span" --nb_steps=4 --eval_interval=2 --adapt_span=true \
+  --adapt_span_init=0.2 --adapt_span_loss=0.001 --quiet > /dev/null
+grep -q '"span_mean"' "$tmp/span/log.jsonl"
+"$bin" spans "$tmp/span" -o "$tmp/span.png" | tee "$tmp/spans.out"
+test "$(grep -c '^layer' "$tmp/spans.out")" -eq 2
+head -c 8 "$tmp/span.png" | od -An -c | grep -q "P   N   G"
+"$bin" eval "$tmp/span" --split test | grep -q "^test ppl"
+"$bin" generate "$tmp/span" --prompt "the" --tokens 5 --seed 1 > /dev/null
+if "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e10" --adapt_span=true --ext_len=4 2> "$tmp/err"; then
+  echo "FAIL: ext_len with adapt_span accepted"; exit 1; fi
+grep -q "ext_len > 0 with adapt_span is not supported" "$tmp/err"
+
 # Weights in kimiyoung/transformer-xl's MemTransformerLM layout: export, load into an independent Python
 # model with those module names (strict), the same log-probabilities there, its own state_dict imported
 # back, the same figures again. Two layouts: div_val 2 with tied weights and projections; div_val 1 with

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -41,14 +42,31 @@ TEST(XlRelShift, MatchesTheReferencePaddingOnEveryEntryAndTheDistanceOnUnmaskedO
         }
 }
 
-TEST(XlAttention, EqualsTheFourTermDefinitionComputedByLoops) {
+// The attention of one block against loops over its definition, in double precision. With adaptive
+// span (z_k per head, ramp R): head k's softmax runs over the keys at distances 0 .. S_k - 1 with
+// S_k = min(window, floor(z_k + R) + 1) (0 = the query itself), the probabilities are multiplied by
+// m = clamp((R + z_k - d) / R, 0, 1) and renormalised with + 1e-8; the layer reads only the memory rows
+// some head reaches (here 5 of 8).
+void check_attention_against_loops(bool with_span) {
   auto c = tiny_config();
   c.untie_r = true;
+  const double R = 2, L = 20;
+  const std::vector<double> z = {1.5, 3.2};
+  if (with_span) {
+    c.adapt_span = true;
+    c.attn_span = static_cast<int64_t>(L);
+    c.adapt_span_ramp = static_cast<int64_t>(R);
+  }
   torch::manual_seed(5);
   models::xl::RelAttention attn(c);
   attn->to(torch::kDouble);
   attn->eval();
-  const int64_t B = 2, M = 4, Mm = 3, Kl = Mm + M, K = c.n_head, D = c.d_head, H = c.d_model;
+  if (with_span) {
+    torch::NoGradGuard g;
+    attn->span->span_ratio.copy_(torch::tensor({z[0] / L, z[1] / L}, torch::kDouble));
+    attn->span->sync_host();
+  }
+  const int64_t B = 2, M = 4, Mm = with_span ? 8 : 3, Kl = Mm + M, K = c.n_head, D = c.d_head, H = c.d_model;
   auto h = torch::randn({B, M, H}, torch::kDouble), mem = torch::randn({B, Mm, H}, torch::kDouble);
   auto pos = torch::arange(Kl - 1, -1, -1.0, torch::kDouble);
   auto r = models::xl::sinusoid(pos, H);
@@ -67,7 +85,12 @@ TEST(XlAttention, EqualsTheFourTermDefinitionComputedByLoops) {
       for (int64_t k = 0; k < K; ++k) {
         std::vector<double> score(Kl, -INFINITY);
         double mx = -INFINITY;
-        for (int64_t j = 0; j <= Mm + i; ++j) {
+        auto visible = [&](int64_t j) {
+          return j <= Mm + i && (!with_span || Mm + i - j < std::min<int64_t>(Kl, static_cast<int64_t>(std::floor(z[k] + R)) + 1));
+        };
+        auto m = [&](int64_t j) { return with_span ? std::clamp((R + z[k] - static_cast<double>(Mm + i - j)) / R, 0.0, 1.0) : 1.0; };
+        for (int64_t j = 0; j < Kl; ++j) {
+          if (!visible(j)) continue;
           const double dist = static_cast<double>(Mm + i - j);
           // r for this distance, directly from the sinusoid formula.
           std::vector<double> rd(H);
@@ -87,19 +110,25 @@ TEST(XlAttention, EqualsTheFourTermDefinitionComputedByLoops) {
           score[j] = s / std::sqrt(static_cast<double>(D));
           mx = std::max(mx, score[j]);
         }
-        double z = 0;
-        for (int64_t j = 0; j <= Mm + i; ++j) z += std::exp(score[j] - mx);
-        for (int64_t j = 0; j <= Mm + i; ++j) {
-          const double p = std::exp(score[j] - mx) / z;
+        double Z = 0, masked = 0;
+        for (int64_t j = 0; j < Kl; ++j)
+          if (visible(j)) Z += std::exp(score[j] - mx), masked += std::exp(score[j] - mx) * m(j);
+        const double denominator = with_span ? masked / Z + 1e-8 : 1.0;
+        for (int64_t j = 0; j < Kl; ++j) {
+          if (!visible(j)) continue;
+          const double p = std::exp(score[j] - mx) / Z * m(j) / denominator;
           for (int64_t d = 0; d < D; ++d) attn_vec[k * D + d] += p * heads[j][2 * K * D + k * D + d].item<double>();
         }
       }
       auto av = torch::tensor(attn_vec, torch::kDouble);
       auto expected = torch::layer_norm(h[b][i] + torch::matmul(Wo, av), {H}, attn->norm->weight, attn->norm->bias, 1e-5);
-      EXPECT_LT((out[b][i] - expected).abs().max().item<double>(), 1e-10) << b << "," << i;
+      EXPECT_LT((out[b][i] - expected).abs().max().item<double>(), 1e-10) << b << "," << i << " span " << with_span;
     }
   }
 }
+
+TEST(XlAttention, EqualsTheFourTermDefinitionComputedByLoops) { check_attention_against_loops(false); }
+TEST(XlAttention, AdaptiveSpanEqualsLoopsOverEachHeadsWindow) { check_attention_against_loops(true); }
 
 TEST(XlMask, SameLengthGivesEveryQueryMemLenKeysAndNoFutureKey) {
   for (int64_t mlen : {0, 3, 6}) {
@@ -230,8 +259,38 @@ TEST(XlModelTest, AdaptiveSpanAtFullSpanChangesNothingAndShortSpansCutDistantKey
   auto m3 = with_span->initial_mems(2), m4 = with_span->initial_mems(2);
   auto p = with_span->forward(x, m3, models::xl::Lengths::of(c));
   auto q = with_span->forward(y, m4, models::xl::Lengths::of(c));
-  EXPECT_LT((p[0][5] - q[0][5]).abs().max().item<double>(), 1e-7);
+  EXPECT_EQ((p[0][5] - q[0][5]).abs().max().item<double>(), 0.0);  // beyond every head's window
   EXPECT_GT((p[0][3] - q[0][3]).abs().max().item<double>(), 1e-4);
+}
+
+// Compute and memory follow the spans: with short spans each block keeps only cache_size() states of
+// its memory (here 136 of mem_len 150) and reads only the rows its heads reach, and five segments with
+// these memories give what one pass over the whole sequence gives (every key a head visits is there).
+TEST(XlModelTest, AdaptiveSpanTrimsMemoriesAndSegmentsStillEqualOnePass) {
+  auto c = tiny_config();
+  c.adapt_span = true;
+  c.attn_span = 200;
+  c.adapt_span_ramp = 4;
+  c.mem_len = 150;
+  c.tgt_len = 40;
+  auto model = double_model(c);
+  {
+    torch::NoGradGuard g;
+    for (auto& a : model->attn)
+      if (a) a->span->span_ratio.copy_(torch::tensor({10.0 / 200, 60.0 / 200}, torch::kDouble));
+  }
+  auto x = torch::randint(c.vocab_size, {2, 200}, torch::kLong);
+  auto lengths = models::xl::Lengths::of(c);
+  auto mems = model->initial_mems(2);
+  std::vector<torch::Tensor> parts;
+  for (int64_t s = 0; s < 5; ++s) parts.push_back(model->forward(x.narrow(1, 40 * s, 40), mems, lengths));
+  for (size_t b = 0; b < mems.size(); ++b)
+    if (model->blocks()[b] == 'a') EXPECT_EQ(mems[b].size(1), 136) << b;  // min(L, L - 128 + 64)
+  auto whole_lengths = lengths;
+  whole_lengths.mem_len = 0;
+  auto one = model->initial_mems(2);
+  auto whole = model->forward(x, one, whole_lengths);
+  EXPECT_LT((torch::cat(parts, 1) - whole).abs().max().item<double>(), 1e-10);
 }
 
 }  // namespace

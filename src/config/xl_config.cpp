@@ -31,14 +31,14 @@ const std::vector<Field<XlModelConfig>>& model_fields() {
       field("untie_r", &C::untie_r, "a separate (u, v) per attention block instead of one pair for all"),             field("adaptive", &C::adaptive, "adaptive input and adaptive softmax with `cutoffs`"),
       field("cutoffs", &C::cutoffs, "cluster boundaries in the frequency-sorted vocabulary"),             field("div_val", &C::div_val, "cluster i has width E / div_val^i"),
       field("tie_weight", &C::tie_weight, "output cluster weights = input embeddings"),       field("tie_projs", &C::tie_projs, "output projections of clusters 1.. = input projections"),
-      field("init_std", &C::init_std, "N(0, init_std) weights; LayerNorm weight N(1, init_std)"),           field("proj_init_std", &C::proj_init_std, "N(0, proj_init_std) for adaptive projections PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}."),
+      field("init_std", &C::init_std, "N(0, init_std) weights; LayerNorm weight N(1, init_std)"),           field("proj_init_std", &C::proj_init_std, "N(0, proj_init_std) for adaptive projections"),
       field("search", &C::search, "PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}"),               field("search_hard", &C::search_hard, "straight-through one-hot samples instead of soft ones"),
-      config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name, "weights without noise at evaluation: softmax | argmax Adaptive span (Sukhbaatar et al. 2019) inside every attention block."),
+      config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name, "weights without noise at evaluation: softmax | argmax"),
       field("adapt_span", &C::adapt_span, "adaptive span (Sukhbaatar et al. 2019) inside every attention block"),
       field("attn_span", &C::attn_span, "L, the largest span (0 = mem_len + tgt_len)"),         field("adapt_span_ramp", &C::adapt_span_ramp, "R"),
-      field("adapt_span_init", &C::adapt_span_init, "initial z / L"), field("adapt_span_loss", &C::adapt_span_loss, "span-loss coefficient Evaluation protocol of `spanformer eval` (validation during training uses the training lengths)."),
-      field("eval_tgt_len", &C::eval_tgt_len, "0 = tgt_len"),   field("eval_mem_len", &C::eval_mem_len, "-1 = mem_len"),
-      field("eval_clamp_len", &C::eval_clamp_len, "-1 = clamp_len"), field("eval_same_length", &C::eval_same_length, "evaluation: every query sees the same number of keys"),
+      field("adapt_span_init", &C::adapt_span_init, "initial z / L"), field("adapt_span_loss", &C::adapt_span_loss, "span-loss coefficient"),
+      field("eval_tgt_len", &C::eval_tgt_len, "evaluation segment length (0 = tgt_len; validation during training uses the training lengths)"),   field("eval_mem_len", &C::eval_mem_len, "evaluation memory length (-1 = mem_len)"),
+      field("eval_clamp_len", &C::eval_clamp_len, "evaluation clamp_len (-1 = clamp_len)"), field("eval_same_length", &C::eval_same_length, "evaluation: every query sees the same number of keys"),
   };
   return fields;
 }
@@ -208,6 +208,7 @@ void validate(const XlModelConfig& c) {
     if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
       fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
     if (!(c.adapt_span_loss >= 0)) fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
+    if (c.ext_len > 0) fail("config: ext_len > 0 with adapt_span is not supported (memories follow the spans)");
   }
 }
 

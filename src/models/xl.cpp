@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "spanformer/nn/gumbel.h"
@@ -63,39 +64,47 @@ RelAttentionImpl::RelAttentionImpl(const XlModelConfig& c) : K_(c.n_head), D_(c.
                                                         .ramp(c.adapt_span_ramp)
                                                         .init(c.adapt_span_init)
                                                         .loss_coeff(c.adapt_span_loss)
-                                                        .adapt_cache(false)));
+                                                        .adapt_cache(true)));
   }
 }
 
 torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Tensor& mem, const torch::Tensor& r,
                                         const torch::Tensor& u_shared, const torch::Tensor& v_shared,
                                         const torch::Tensor& mask) {
-  const int64_t B = h.size(0), M = h.size(1), Mm = mem.size(1), Kl = Mm + M;
+  const int64_t B = h.size(0), M = h.size(1), Mm = mem.size(1);
   const auto& u = r_w_bias.defined() ? r_w_bias : u_shared;
   const auto& v = r_r_bias.defined() ? r_r_bias : v_shared;
-  auto cat = Mm > 0 ? torch::cat({mem, h}, 1) : h;                           // (B, Kl, H)
-  auto heads = qkv(pre_lnorm_ ? norm(cat) : cat);                           // (B, Kl, 3KD)
-  auto parts = heads.chunk(3, -1);
-  auto q = parts[0].narrow(1, Mm, M).view({B, M, K_, D_}).transpose(1, 2);  // (B, K, M, D)
-  auto k = parts[1].view({B, Kl, K_, D_}).permute({0, 2, 3, 1});            // (B, K, D, Kl)
-  auto val = parts[2].view({B, Kl, K_, D_}).transpose(1, 2);                // (B, K, Kl, D)
-  auto rk = r_net(r).view({Kl, K_, D_}).permute({1, 2, 0});                 // (K, D, Kl)
-  auto ac = torch::matmul(q + u.view({1, K_, 1, D_}), k);                   // (B, K, M, Kl) content
-  auto bd = rel_shift(torch::matmul(q + v.view({1, K_, 1, D_}), rk));       // (B, K, M, Kl) position
-  auto score = (ac + bd) * (1.0 / std::sqrt(static_cast<double>(D_)));
-  score = score.masked_fill(mask.view({1, 1, M, Kl}), -std::numeric_limits<float>::infinity());
-  auto prob = torch::softmax(score, -1);                                    // (B, K, M, Kl)
+  // With adaptive span, head k reads the distances 0 .. S_k - 1 (S_k = visited_distance(z_k, R, window),
+  // counting the query itself as the first): the layer reads only the last S - 1 memory rows,
+  // S = max_k S_k, and each head's softmax runs over its own S_k keys.
+  std::vector<int64_t> visited;
+  int64_t keep = Mm;
   if (span) {
-    // m_z(d) = clamp((R + z - d) / R, 0, 1) at distance d = Mm + i - j (0: the query itself).
-    const double L = static_cast<double>(span->options().attn_span()), R = static_cast<double>(span->options().ramp());
-    auto i = torch::arange(M, h.options()).view({M, 1});
-    auto j = torch::arange(Kl, h.options()).view({1, Kl});
-    auto d = (static_cast<double>(Mm) + i - j).view({1, M, Kl});            // (1, M, Kl)
-    auto z = (span->span_ratio * L).view({K_, 1, 1});                       // (K, 1, 1)
-    auto m = ((R + z - d) / R).clamp(0, 1);                                 // (K, M, Kl)
-    prob = prob * m.unsqueeze(0);
-    prob = prob / (prob.sum(-1, true) + 1e-8);
+    visited = span->visited(Mm + M);
+    keep = std::min<int64_t>(Mm, *std::max_element(visited.begin(), visited.end()) - 1);
   }
+  const int64_t Kl = keep + M, Kfull = r.size(0);
+  auto cat = keep > 0 ? torch::cat({mem.narrow(1, Mm - keep, keep), h}, 1) : h;  // (B, Kl, H)
+  auto heads = qkv(pre_lnorm_ ? norm(cat) : cat);                                  // (B, Kl, 3KD)
+  auto parts = heads.chunk(3, -1);
+  auto q = parts[0].narrow(1, keep, M).view({B, M, K_, D_}).transpose(1, 2);       // (B, K, M, D)
+  auto k = parts[1].view({B, Kl, K_, D_}).permute({0, 2, 3, 1});                   // (B, K, D, Kl)
+  auto val = parts[2].view({B, Kl, K_, D_}).transpose(1, 2);                       // (B, K, Kl, D)
+  auto rk = r_net(r.narrow(0, Kfull - Kl, Kl)).view({Kl, K_, D_}).permute({1, 2, 0});  // (K, D, Kl)
+  auto ac = torch::matmul(q + u.view({1, K_, 1, D_}), k);                          // (B, K, M, Kl) content
+  auto bd = rel_shift(torch::matmul(q + v.view({1, K_, 1, D_}), rk));              // (B, K, M, Kl) position
+  auto score = (ac + bd) * (1.0 / std::sqrt(static_cast<double>(D_)));
+  auto hidden = mask.narrow(1, Kfull - Kl, Kl).view({1, 1, M, Kl});                // (1, 1, M, Kl)
+  torch::Tensor distance;                                                          // (M, Kl), 1 = the query
+  if (span) {
+    auto i = torch::arange(M, h.options()).view({M, 1}), j = torch::arange(Kl, h.options()).view({1, Kl});
+    distance = static_cast<double>(keep + 1) + i - j;
+    auto limit = torch::tensor(visited, h.options()).view({K_, 1, 1});             // (K, 1, 1)
+    hidden = hidden | (distance.unsqueeze(0) > limit).unsqueeze(0);                // (1, K, M, Kl)
+  }
+  score = score.masked_fill(hidden, -std::numeric_limits<float>::infinity());
+  auto prob = torch::softmax(score, -1);                                           // (B, K, M, Kl)
+  if (span) prob = span->forward_at(prob, distance);                                 // masked, renormalised
   prob = dropatt(prob);
   auto out = torch::matmul(prob, val).transpose(1, 2).reshape({B, M, K_ * D_});  // (B, M, KD)
   out = drop(o_net(out));                                                        // (B, M, H)
@@ -166,7 +175,13 @@ torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Te
   const auto N = static_cast<int64_t>(blocks_.size());
   if (static_cast<int64_t>(mems.size()) != N) fail("model: {} memories given for {} blocks", mems.size(), N);
   if (config_.search && !weights.defined()) fail("model: a super-network needs block weights");
+  if (config_.adapt_span) {
+    if (len.ext_len > 0) fail("model: ext_len > 0 with adapt_span is not supported");
+    sync_spans();
+  }
   const int64_t B = x.size(0), Q = x.size(1);
+  // mlen: the longest memory. Without adaptive span every attending block holds the same length; with
+  // it each block keeps what its spans need (below), and reads the last rows of r and of the mask.
   int64_t mlen = 0;
   for (int64_t b = 0; b < N; ++b)
     if (blocks_[b] != 'f') mlen = std::max(mlen, mems[b].size(1));
@@ -182,9 +197,10 @@ torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Te
   std::vector<torch::Tensor> inputs(N);
   for (int64_t b = 0; b < N; ++b) {
     inputs[b] = h;
-    torch::Tensor mem;  // (B, mlen, H)
+    torch::Tensor mem;  // (B, Mm, H)
     if (blocks_[b] != 'f') {
-      if (mems[b].size(1) != mlen) fail("model: block {} has a memory of {} states, the others {}", b, mems[b].size(1), mlen);
+      if (!config_.adapt_span && mems[b].size(1) != mlen)
+        fail("model: block {} has a memory of {} states, the others {}", b, mems[b].size(1), mlen);
       mem = mems[b];
     }
     if (blocks_[b] == 'a') {
@@ -205,18 +221,37 @@ torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Te
   // New memories: rows [end - mem_len, end) of [mem; input] with end = Q + max(0, mlen - ext_len): the
   // reference's _update_mems(hids, mems, qlen, mlen) computes mlen + max(0, qlen - ext_len) but is
   // called with the two lengths swapped, and we keep its results (equal to mlen + Q - ext_len once
-  // mlen >= ext_len; different while the memory fills, e.g. on the first segment).
+  // mlen >= ext_len; different while the memory fills, e.g. on the first segment). With adaptive span
+  // (ext_len 0) a block keeps at most its AdaptiveSpan::cache_size() last states.
   torch::NoGradGuard no_grad;
-  const int64_t end = Q + std::max<int64_t>(0, mlen - len.ext_len), begin = std::max<int64_t>(0, end - len.mem_len);
+  const int64_t end = Q + std::max<int64_t>(0, mlen - len.ext_len);
   for (int64_t b = 0; b < N; ++b) {
     if (blocks_[b] == 'f') {
       mems[b] = torch::zeros({B, 0, config_.d_model}, h.options());
       continue;
     }
-    auto cat = mlen > 0 ? torch::cat({mems[b], inputs[b].detach()}, 1) : inputs[b].detach();  // (B, mlen + Q, H)
-    mems[b] = cat.narrow(1, begin, end - begin).contiguous();                               // (B, Mm', H)
+    const int64_t Mm = mems[b].size(1), rows = end - (mlen - Mm);  // [mem; input] rows up to end
+    const int64_t keep = std::min(len.mem_len, attn[b]->span ? attn[b]->span->cache_size() : len.mem_len);
+    auto cat = Mm > 0 ? torch::cat({mems[b], inputs[b].detach()}, 1) : inputs[b].detach();  // (B, Mm + Q, H)
+    const int64_t begin = std::max<int64_t>(0, rows - keep);
+    mems[b] = cat.narrow(1, begin, rows - begin).contiguous();                              // (B, Mm', H)
   }
   return h;
+}
+
+void XlModelImpl::sync_spans() {
+  std::vector<torch::Tensor> ratios;
+  for (auto& a : attn)
+    if (a && a->span) ratios.push_back(a->span->span_ratio.detach());
+  if (ratios.empty()) return;
+  auto host = torch::cat(ratios).to(torch::kCPU, torch::kDouble).contiguous();  // one transfer
+  const double* p = host.data_ptr<double>();
+  for (auto& a : attn) {
+    if (!a || !a->span) continue;
+    const int64_t K = a->span->options().nb_heads();
+    a->span->set_host_ratios(std::vector<double>(p, p + K));
+    p += K;
+  }
 }
 
 torch::Tensor XlModelImpl::nll(const torch::Tensor& hidden, const torch::Tensor& targets) const {

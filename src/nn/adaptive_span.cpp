@@ -14,21 +14,32 @@ AdaptiveSpanImpl::AdaptiveSpanImpl(AdaptiveSpanOptions options) : options_(std::
   sync_host();
 }
 
-torch::Tensor AdaptiveSpanImpl::mask(int64_t width) const {
-  const int64_t L = options_.attn_span();
-  TORCH_CHECK(width >= 0 && width <= L, "span mask width ", width, " outside [0, ", L, "]");
-  // template_j = -(d - 1) for distance d = width - j; computed in the parameter's dtype like the
-  // reference: (template + ratio * L) / R + 1.
-  auto distance_minus_one = torch::arange(width - 1, -1, -1, span_ratio.options());  // (W): d - 1
-  auto z = (span_ratio * static_cast<double>(L)).view({-1, 1, 1});                  // (K, 1, 1)
-  auto m = (z - distance_minus_one) / static_cast<double>(options_.ramp()) + 1.0;     // (K, 1, W)
+torch::Tensor AdaptiveSpanImpl::mask_at(const torch::Tensor& distance) const {
+  // Computed in the parameter's dtype like the reference: (z - (d - 1)) / R + 1, clamped to [0, 1].
+  auto z = (span_ratio * static_cast<double>(options_.attn_span()));  // (K)
+  std::vector<int64_t> shape{-1};
+  for (int64_t i = 0; i < distance.dim(); ++i) shape.push_back(1);
+  auto m = (z.view(shape) - (distance - 1).unsqueeze(0)) / static_cast<double>(options_.ramp()) + 1.0;  // (K, S)
   return m.clamp(0.0, 1.0);
 }
 
+torch::Tensor AdaptiveSpanImpl::mask(int64_t width) const {
+  const int64_t L = options_.attn_span();
+  TORCH_CHECK(width >= 0 && width <= L, "span mask width ", width, " outside [0, ", L, "]");
+  return mask_at(torch::arange(width, 0, -1, span_ratio.options())).unsqueeze(1);  // (K, 1, W)
+}
+
+namespace {
+torch::Tensor renormalize(const torch::Tensor& masked) { return masked / (masked.sum(-1, /*keepdim=*/true) + 1e-8); }
+}  // namespace
+
 torch::Tensor AdaptiveSpanImpl::forward(const torch::Tensor& attn, bool normalize) const {
   auto masked = attn * mask(attn.size(-1));  // (B, K, M, W)
-  if (normalize) masked = masked / (masked.sum(-1, /*keepdim=*/true) + 1e-8);
-  return masked;
+  return normalize ? renormalize(masked) : masked;
+}
+
+torch::Tensor AdaptiveSpanImpl::forward_at(const torch::Tensor& attn, const torch::Tensor& distance) const {
+  return renormalize(attn * mask_at(distance).unsqueeze(0));  // (B, K, M, N)
 }
 
 torch::Tensor AdaptiveSpanImpl::loss() const {

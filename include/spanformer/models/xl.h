@@ -121,6 +121,9 @@ class XlModelImpl : public torch::nn::Module {
 
   torch::Tensor span_loss() const;  // 0-dim; 0 without adaptive span
   void clamp_spans();
+  // Host copies of the span ratios (one transfer), from which the attention's windows and the memory
+  // lengths are computed; forward() calls it, so the sizes always follow the parameters.
+  void sync_spans();
   std::vector<std::vector<double>> spans() const;  // per attention block, z per head
 
   // Parameters trained by the main optimizer (everything but alpha) and by the architecture optimizer.

@@ -38,12 +38,18 @@ class AdaptiveSpanImpl : public torch::nn::Module {
  public:
   explicit AdaptiveSpanImpl(AdaptiveSpanOptions options);
 
+  // Soft mask m_z(d) at distances d (any shape S, the parameter's dtype; 1 = the nearest key) -> (K, S).
+  // The one home of the formula.
+  torch::Tensor mask_at(const torch::Tensor& distance) const;
   // Soft mask over the last `width` distances: (K, 1, width), column j = distance width - j.
   torch::Tensor mask(int64_t width) const;
 
   // attn: (B, K, M, W) probabilities over the last W distances. Multiplies by the mask and, when
   // `normalize`, divides each row by its sum + 1e-8.
   torch::Tensor forward(const torch::Tensor& attn, bool normalize = true) const;
+  // attn (B, K, M, N) probabilities at distances (M, N) (any layout, e.g. Transformer-XL's key order):
+  // masked and renormalised the same way.
+  torch::Tensor forward_at(const torch::Tensor& attn, const torch::Tensor& distance) const;
 
   // Span-loss term: loss_coeff * L * mean(span_ratio) (a 0-dim tensor).
   torch::Tensor loss() const;

@@ -278,8 +278,11 @@ class XlFamily : public Family {
 };
 
 void XlFamily::bench(const BenchRequest& r) {
-  if (r.span >= 0 || !r.span_dist.empty() || !r.spans_from.empty())
-    fail("bench: --span, --span-dist and --spans-from are adaptive-span settings");
+  if (!r.span_dist.empty() || !r.spans_from.empty()) fail("bench: --span-dist and --spans-from are adaptive-span settings");
+  if (r.span >= 0) {  // every head's span, for models with adapt_span
+    if (!config_.model.adapt_span) fail("bench: --span needs adapt_span");
+    config_.model.adapt_span_init = std::min(1.0, r.span / static_cast<double>(config_.model.span_limit()));
+  }
   if (config_.model.vocab_size == 0) {  // random tokens: any vocabulary the cutoffs fit in
     config_.model.vocab_size =
         config_.model.adaptive && !config_.model.cutoffs.empty() ? config_.model.cutoffs.back() * 4 / 3 + 1 : 10000;
@@ -290,6 +293,8 @@ void XlFamily::bench(const BenchRequest& r) {
   build();
   model_->to(r.device);
   const int64_t V = config_.model.vocab_size;
+  const std::string span_note =
+      config_.model.adapt_span ? fmt::format(", adaptive span z {:.0f}", config_.model.adapt_span_init * config_.model.span_limit()) : "";
   int64_t params = 0;
   for (auto& p : model_->weight_parameters()) params += p.second.numel();
   const auto& c = config_.model;
@@ -303,9 +308,9 @@ void XlFamily::bench(const BenchRequest& r) {
       auto x = zipf_tokens(V, {B, M}, device()), y = zipf_tokens(V, {B, M}, device());
       step(x, y, ctx, arch_.get(), 1.0).item<double>();
     });
-    fmt::print("bench xl train: blocks {} ({}), H {}, K {}x{}, I {}, M {}, mem {}, B {}, V {}, {:.1f}M weights, threads {}\n",
+    fmt::print("bench xl train: blocks {} ({}), H {}, K {}x{}, I {}, M {}, mem {}, B {}, V {}, {:.1f}M weights, threads {}{}\n",
                model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
-               c.d_inner, M, c.mem_len, B, V, static_cast<double>(params) / 1e6, r.threads);
+               c.d_inner, M, c.mem_len, B, V, static_cast<double>(params) / 1e6, r.threads, span_note);
     fmt::print("bench xl train: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
                static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);
     return;
@@ -329,9 +334,9 @@ void XlFamily::bench(const BenchRequest& r) {
     auto h = model_->forward(x, mems, options.lengths, weights);
     model_->nll(h, y).sum().item<double>();
   });
-  fmt::print("bench xl eval: blocks {} ({}), H {}, K {}x{}, I {}, tgt_len {}, mem_len {}, B {}, V {}, threads {}\n",
+  fmt::print("bench xl eval: blocks {} ({}), H {}, K {}x{}, I {}, tgt_len {}, mem_len {}, B {}, V {}, threads {}{}\n",
              model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
-             c.d_inner, M, options.lengths.mem_len, B, V, r.threads);
+             c.d_inner, M, options.lengths.mem_len, B, V, r.threads, span_note);
   fmt::print("bench xl eval: {:.1f} ms/segment, {:.4f} ms/token, {:.0f} tokens/s, peak RSS {:.0f} MB\n",
              per_segment * 1e3, per_segment * 1e3 / static_cast<double>(B * M), static_cast<double>(B * M) / per_segment,
              peak_rss_bytes() / 1e6);
