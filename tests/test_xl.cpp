@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "spanformer/config/xl_config.h"
 #include "spanformer/data/words.h"
@@ -47,8 +48,9 @@ TEST(XlRelShift, MatchesTheReferencePaddingOnEveryEntryAndTheDistanceOnUnmaskedO
 // S_k = min(window, floor(z_k + R) + 1) (0 = the query itself), the probabilities are multiplied by
 // m = clamp((R + z_k - d) / R, 0, 1) and renormalised with + 1e-8; the layer reads only the memory rows
 // some head reaches (here 5 of 8).
-void check_attention_against_loops(bool with_span) {
+void check_attention_against_loops(bool with_span, attention::AttnImpl impl = attention::AttnImpl::kAuto) {
   auto c = tiny_config();
+  c.attn_impl = impl;
   c.untie_r = true;
   const double R = 2, L = 20;
   const std::vector<double> z = {1.5, 3.2};
@@ -122,13 +124,16 @@ void check_attention_against_loops(bool with_span) {
       }
       auto av = torch::tensor(attn_vec, torch::kDouble);
       auto expected = torch::layer_norm(h[b][i] + torch::matmul(Wo, av), {H}, attn->norm->weight, attn->norm->bias, 1e-5);
-      EXPECT_LT((out[b][i] - expected).abs().max().item<double>(), 1e-10) << b << "," << i << " span " << with_span;
+      EXPECT_LT((out[b][i] - expected).abs().max().item<double>(), 1e-10) << b << "," << i << " span " << with_span << " " << attention::attn_impl_name(impl);
     }
   }
 }
 
 TEST(XlAttention, EqualsTheFourTermDefinitionComputedByLoops) { check_attention_against_loops(false); }
-TEST(XlAttention, AdaptiveSpanEqualsLoopsOverEachHeadsWindow) { check_attention_against_loops(true); }
+TEST(XlAttention, AdaptiveSpanEqualsLoopsOverEachHeadsWindow) {
+  check_attention_against_loops(true, attention::AttnImpl::kPlain);  // one masked product
+  check_attention_against_loops(true, attention::AttnImpl::kFused);  // per-head windows
+}
 
 TEST(XlMask, SameLengthGivesEveryQueryMemLenKeysAndNoFutureKey) {
   for (int64_t mlen : {0, 3, 6}) {
@@ -267,7 +272,9 @@ TEST(XlModelTest, AdaptiveSpanAtFullSpanChangesNothingAndShortSpansCutDistantKey
 // its memory (here 136 of mem_len 150) and reads only the rows its heads reach, and five segments with
 // these memories give what one pass over the whole sequence gives (every key a head visits is there).
 TEST(XlModelTest, AdaptiveSpanTrimsMemoriesAndSegmentsStillEqualOnePass) {
+ for (auto impl : {attention::AttnImpl::kPlain, attention::AttnImpl::kFused}) {
   auto c = tiny_config();
+  c.attn_impl = impl;
   c.adapt_span = true;
   c.attn_span = 200;
   c.adapt_span_ramp = 4;
@@ -290,7 +297,52 @@ TEST(XlModelTest, AdaptiveSpanTrimsMemoriesAndSegmentsStillEqualOnePass) {
   whole_lengths.mem_len = 0;
   auto one = model->initial_mems(2);
   auto whole = model->forward(x, one, whole_lengths);
-  EXPECT_LT((torch::cat(parts, 1) - whole).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((torch::cat(parts, 1) - whole).abs().max().item<double>(), 1e-10) << attention::attn_impl_name(impl);
+ }
+}
+
+// Per-head windows and the one masked product are the same function: outputs and every gradient
+// (span ratios included) agree in double precision over two segments with carried memories.
+TEST(XlModelTest, AdaptiveSpanPerHeadWindowsGiveThePlainPathsGradients) {
+  std::map<std::string, torch::Tensor> grads[2];
+  torch::Tensor outs[2];
+  auto x = torch::randint(50, {2, 24}, torch::kLong), y = torch::randint(50, {2, 24}, torch::kLong);
+  int n = 0;
+  for (auto impl : {attention::AttnImpl::kPlain, attention::AttnImpl::kFused}) {
+    auto c = tiny_config();
+    c.adapt_span = true;
+    c.attn_span = 30;
+    c.adapt_span_ramp = 3;
+    c.mem_len = 20;
+    c.attn_impl = impl;
+    auto model = double_model(c);
+    model->train();  // dropout is 0: deterministic
+    {
+      torch::NoGradGuard g;
+      for (auto& a : model->attn)
+        if (a) a->span->span_ratio.copy_(torch::tensor({2.5 / 30, 11.0 / 30}, torch::kDouble));
+    }
+    auto mems = model->initial_mems(2);
+    auto lengths = models::xl::Lengths::of(c);
+    torch::Tensor loss = torch::zeros({}, torch::kDouble);
+    std::vector<torch::Tensor> hs;
+    for (int64_t s = 0; s < 2; ++s) {
+      auto h = model->forward(x.narrow(1, 12 * s, 12), mems, lengths);
+      hs.push_back(h);
+      loss = loss + model->nll(h, y.narrow(1, 12 * s, 12)).mean();
+    }
+    (loss + model->span_loss()).backward();
+    outs[n] = torch::cat(hs, 1).detach();
+    for (auto& item : model->named_parameters())
+      if (item.value().grad().defined()) grads[n][item.key()] = item.value().grad().clone();
+    ++n;
+  }
+  EXPECT_LT((outs[0] - outs[1]).abs().max().item<double>(), 1e-12);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (auto& [name, g] : grads[0]) {
+    EXPECT_LT((g - grads[1][name]).abs().max().item<double>(), 1e-12) << name;
+    if (name.find("span_ratio") != std::string::npos) EXPECT_GT(g.abs().max().item<double>(), 0.0) << name;
+  }
 }
 
 }  // namespace

@@ -37,6 +37,8 @@ const std::vector<Field<XlModelConfig>>& model_fields() {
       field("adapt_span", &C::adapt_span, "adaptive span (Sukhbaatar et al. 2019) inside every attention block"),
       field("attn_span", &C::attn_span, "L, the largest span (0 = mem_len + tgt_len)"),         field("adapt_span_ramp", &C::adapt_span_ramp, "R"),
       field("adapt_span_init", &C::adapt_span_init, "initial z / L"), field("adapt_span_loss", &C::adapt_span_loss, "span-loss coefficient"),
+      config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
+                                "with adapt_span: plain (one masked product per block) | fused (per-head windows) | auto; checkpoints load under any"),
       field("eval_tgt_len", &C::eval_tgt_len, "evaluation segment length (0 = tgt_len; validation during training uses the training lengths)"),   field("eval_mem_len", &C::eval_mem_len, "evaluation memory length (-1 = mem_len)"),
       field("eval_clamp_len", &C::eval_clamp_len, "evaluation clamp_len (-1 = clamp_len)"), field("eval_same_length", &C::eval_same_length, "evaluation: every query sees the same number of keys"),
   };
@@ -230,7 +232,7 @@ std::string xl_model_difference(const XlModelConfig& a, const XlModelConfig& b) 
   for (const auto& [key, value] : ja.items()) {
     // Lengths and the evaluation mode of the super-network are run-time choices, not the model.
     if (key == "tgt_len" || key == "mem_len" || key == "ext_len" || key == "clamp_len" || key == "same_length" ||
-        key == "search_eval" || key == "dropout" || key == "dropatt" || key.rfind("eval_", 0) == 0)
+        key == "search_eval" || key == "attn_impl" || key == "dropout" || key == "dropatt" || key.rfind("eval_", 0) == 0)
       continue;
     if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
   }

@@ -47,7 +47,28 @@ torch::Tensor attention_mask(int64_t qlen, int64_t mlen, bool same_length, int64
 
 // ---- blocks ------------------------------------------------------------------------------------
 
-RelAttentionImpl::RelAttentionImpl(const XlModelConfig& c) : K_(c.n_head), D_(c.d_head), pre_lnorm_(c.pre_lnorm) {
+namespace {
+// Distances (1 = the query itself) of the last W keys from the M queries of a window of W keys:
+// W - M + 1 + i - j.                                                              (M, W)
+torch::Tensor key_distances(int64_t M, int64_t W, const torch::TensorOptions& options) {
+  auto i = torch::arange(M, options).view({M, 1}), j = torch::arange(W, options).view({1, W});
+  return static_cast<double>(W - M + 1) + i - j;
+}
+}  // namespace
+
+bool RelAttentionImpl::per_head_windows(const std::vector<int64_t>& visited, int64_t Kl, int64_t M) const {
+  switch (impl_) {
+    case attention::AttnImpl::kPlain: return false;
+    case attention::AttnImpl::kFused: return true;
+    case attention::AttnImpl::kAuto: break;
+  }
+  int64_t keys = 0;  // per-head products pay off once they skip a quarter of the keys
+  for (int64_t S : visited) keys += std::min(Kl, S - 1 + M);
+  return 4 * keys <= 3 * K_ * Kl;
+}
+
+RelAttentionImpl::RelAttentionImpl(const XlModelConfig& c)
+    : K_(c.n_head), D_(c.d_head), pre_lnorm_(c.pre_lnorm), impl_(c.attn_impl) {
   const int64_t H = c.d_model, KD = c.n_head * c.d_head;
   qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(H, 3 * KD).bias(false)));
   r_net = register_module("r_net", torch::nn::Linear(torch::nn::LinearOptions(H, KD).bias(false)));
@@ -91,22 +112,39 @@ torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
   auto k = parts[1].view({B, Kl, K_, D_}).permute({0, 2, 3, 1});                   // (B, K, D, Kl)
   auto val = parts[2].view({B, Kl, K_, D_}).transpose(1, 2);                       // (B, K, Kl, D)
   auto rk = r_net(r.narrow(0, Kfull - Kl, Kl)).view({Kl, K_, D_}).permute({1, 2, 0});  // (K, D, Kl)
-  auto ac = torch::matmul(q + u.view({1, K_, 1, D_}), k);                          // (B, K, M, Kl) content
-  auto bd = rel_shift(torch::matmul(q + v.view({1, K_, 1, D_}), rk));              // (B, K, M, Kl) position
-  auto score = (ac + bd) * (1.0 / std::sqrt(static_cast<double>(D_)));
-  auto hidden = mask.narrow(1, Kfull - Kl, Kl).view({1, 1, M, Kl});                // (1, 1, M, Kl)
-  torch::Tensor distance;                                                          // (M, Kl), 1 = the query
-  if (span) {
-    auto i = torch::arange(M, h.options()).view({M, 1}), j = torch::arange(Kl, h.options()).view({1, Kl});
-    distance = static_cast<double>(keep + 1) + i - j;
-    auto limit = torch::tensor(visited, h.options()).view({K_, 1, 1});             // (K, 1, 1)
-    hidden = hidden | (distance.unsqueeze(0) > limit).unsqueeze(0);                // (1, K, M, Kl)
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D_));
+  auto full_mask = mask.narrow(1, Kfull - Kl, Kl);                                 // (M, Kl)
+  torch::Tensor heads_out;                                                         // (B, K, M, D)
+  if (span && per_head_windows(visited, Kl, M)) {
+    // Head k's products over its own last W_k = min(Kl, S_k - 1 + M) keys only.
+    std::vector<torch::Tensor> outs;
+    for (int64_t hd = 0; hd < K_; ++hd) {
+      const int64_t W = std::min(Kl, visited[hd] - 1 + M);
+      auto qh = q.select(1, hd);                                                   // (B, M, D)
+      auto ac = torch::matmul(qh + u[hd], k.select(1, hd).narrow(2, Kl - W, W));   // (B, M, W)
+      auto bd = rel_shift(torch::matmul(qh + v[hd], rk.select(0, hd).narrow(1, Kl - W, W)));  // (B, M, W)
+      auto distance = key_distances(M, W, h.options());                            // (M, W)
+      auto hidden = full_mask.narrow(1, Kl - W, W) | (distance > static_cast<double>(visited[hd]));
+      auto prob = torch::softmax(((ac + bd) * scale).masked_fill(hidden, -std::numeric_limits<float>::infinity()), -1);
+      prob = dropatt(span->forward_at(prob, distance, hd));                        // (B, M, W)
+      outs.push_back(torch::matmul(prob, val.select(1, hd).narrow(1, Kl - W, W))); // (B, M, D)
+    }
+    heads_out = torch::stack(outs, 1);
+  } else {
+    auto ac = torch::matmul(q + u.view({1, K_, 1, D_}), k);                        // (B, K, M, Kl) content
+    auto bd = rel_shift(torch::matmul(q + v.view({1, K_, 1, D_}), rk));            // (B, K, M, Kl) position
+    auto hidden = full_mask.view({1, 1, M, Kl});                                   // (1, 1, M, Kl)
+    torch::Tensor distance;                                                        // (M, Kl), 1 = the query
+    if (span) {
+      distance = key_distances(M, Kl, h.options());
+      auto limit = torch::tensor(visited, h.options()).view({K_, 1, 1});           // (K, 1, 1)
+      hidden = hidden | (distance.unsqueeze(0) > limit).unsqueeze(0);              // (1, K, M, Kl)
+    }
+    auto prob = torch::softmax(((ac + bd) * scale).masked_fill(hidden, -std::numeric_limits<float>::infinity()), -1);
+    if (span) prob = span->forward_at(prob, distance);                             // masked, renormalised
+    heads_out = torch::matmul(dropatt(prob), val);                                 // (B, K, M, D)
   }
-  score = score.masked_fill(hidden, -std::numeric_limits<float>::infinity());
-  auto prob = torch::softmax(score, -1);                                           // (B, K, M, Kl)
-  if (span) prob = span->forward_at(prob, distance);                                 // masked, renormalised
-  prob = dropatt(prob);
-  auto out = torch::matmul(prob, val).transpose(1, 2).reshape({B, M, K_ * D_});  // (B, M, KD)
+  auto out = heads_out.transpose(1, 2).reshape({B, M, K_ * D_});                 // (B, M, KD)
   out = drop(o_net(out));                                                        // (B, M, H)
   return pre_lnorm_ ? h + out : norm(h + out);
 }

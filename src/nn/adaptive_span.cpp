@@ -14,9 +14,10 @@ AdaptiveSpanImpl::AdaptiveSpanImpl(AdaptiveSpanOptions options) : options_(std::
   sync_host();
 }
 
-torch::Tensor AdaptiveSpanImpl::mask_at(const torch::Tensor& distance) const {
+torch::Tensor AdaptiveSpanImpl::mask_at(const torch::Tensor& distance, int64_t head) const {
   // Computed in the parameter's dtype like the reference: (z - (d - 1)) / R + 1, clamped to [0, 1].
-  auto z = (span_ratio * static_cast<double>(options_.attn_span()));  // (K)
+  auto z = span_ratio * static_cast<double>(options_.attn_span());  // (K)
+  if (head >= 0) return ((z[head] - (distance - 1)) / static_cast<double>(options_.ramp()) + 1.0).clamp(0.0, 1.0);
   std::vector<int64_t> shape{-1};
   for (int64_t i = 0; i < distance.dim(); ++i) shape.push_back(1);
   auto m = (z.view(shape) - (distance - 1).unsqueeze(0)) / static_cast<double>(options_.ramp()) + 1.0;  // (K, S)
@@ -38,8 +39,8 @@ torch::Tensor AdaptiveSpanImpl::forward(const torch::Tensor& attn, bool normaliz
   return normalize ? renormalize(masked) : masked;
 }
 
-torch::Tensor AdaptiveSpanImpl::forward_at(const torch::Tensor& attn, const torch::Tensor& distance) const {
-  return renormalize(attn * mask_at(distance).unsqueeze(0));  // (B, K, M, N)
+torch::Tensor AdaptiveSpanImpl::forward_at(const torch::Tensor& attn, const torch::Tensor& distance, int64_t head) const {
+  return renormalize(attn * mask_at(distance, head).unsqueeze(0));  // (B, K, M, N) or (B, M, N)
 }
 
 torch::Tensor AdaptiveSpanImpl::loss() const {

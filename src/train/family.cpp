@@ -1,8 +1,10 @@
 #include "spanformer/train/family.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include <random>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -136,6 +138,18 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
     if (byte_to_id[c] >= 0) ids.push_back(byte_to_id[c]);
   if (ids.empty()) ids.push_back(byte_to_id['\n'] >= 0 ? byte_to_id['\n'] : 0);  // start from <eos>
   return ids;
+}
+
+void set_bimodal_spans(const std::vector<torch::Tensor>& span_ratios, double L) {
+  std::mt19937 rng(1);
+  torch::NoGradGuard no_grad;
+  for (auto r : span_ratios) {
+    for (int64_t h = 0; h < r.size(0); ++h) {
+      const double z = h % 4 == 3 ? std::uniform_real_distribution<double>(std::min(2048.0, L), L)(rng)
+                                  : std::uniform_real_distribution<double>(16.0, std::min(256.0, L))(rng);
+      r[h] = z / L;
+    }
+  }
 }
 
 double time_steps(const BenchRequest& r, const std::function<void()>& step) {

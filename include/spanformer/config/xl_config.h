@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/attention/attn_impl.h"
 #include "spanformer/config/train_config.h"
 
 namespace spanformer {
@@ -64,6 +65,9 @@ struct XlModelConfig {
   int64_t adapt_span_ramp = 32;        // R
   double adapt_span_init = 1.0;        // initial z / L
   double adapt_span_loss = 2e-6;       // span-loss coefficient
+  // With adapt_span: plain = one masked product over the block's window; fused = each head's product
+  // over its own window only; auto = fused when that skips a quarter of the keys or more.
+  attention::AttnImpl attn_impl = attention::AttnImpl::kAuto;
   // Evaluation protocol of `spanformer eval` (validation during training uses the training lengths).
   int64_t eval_tgt_len = 0;            // 0 = tgt_len
   int64_t eval_mem_len = -1;           // -1 = mem_len

@@ -77,8 +77,11 @@ class RelAttentionImpl : public torch::nn::Module {
   nn::AdaptiveSpan span{nullptr};    // only with adapt_span
 
  private:
+  // With adapt_span: each head's products over its own window instead of one masked product.
+  bool per_head_windows(const std::vector<int64_t>& visited, int64_t Kl, int64_t M) const;
   int64_t K_, D_;
   bool pre_lnorm_;
+  attention::AttnImpl impl_;
 };
 TORCH_MODULE(RelAttention);
 

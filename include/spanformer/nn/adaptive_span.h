@@ -40,7 +40,8 @@ class AdaptiveSpanImpl : public torch::nn::Module {
 
   // Soft mask m_z(d) at distances d (any shape S, the parameter's dtype; 1 = the nearest key) -> (K, S).
   // The one home of the formula.
-  torch::Tensor mask_at(const torch::Tensor& distance) const;
+  // With head >= 0: that head's mask only, shape S.
+  torch::Tensor mask_at(const torch::Tensor& distance, int64_t head = -1) const;
   // Soft mask over the last `width` distances: (K, 1, width), column j = distance width - j.
   torch::Tensor mask(int64_t width) const;
 
@@ -48,8 +49,8 @@ class AdaptiveSpanImpl : public torch::nn::Module {
   // `normalize`, divides each row by its sum + 1e-8.
   torch::Tensor forward(const torch::Tensor& attn, bool normalize = true) const;
   // attn (B, K, M, N) probabilities at distances (M, N) (any layout, e.g. Transformer-XL's key order):
-  // masked and renormalised the same way.
-  torch::Tensor forward_at(const torch::Tensor& attn, const torch::Tensor& distance) const;
+  // masked and renormalised the same way. With head >= 0, attn (B, M, N) is that head's.
+  torch::Tensor forward_at(const torch::Tensor& attn, const torch::Tensor& distance, int64_t head = -1) const;
 
   // Span-loss term: loss_coeff * L * mean(span_ratio) (a 0-dim tensor).
   torch::Tensor loss() const;

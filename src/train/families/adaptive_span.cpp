@@ -14,7 +14,6 @@
 #include <torch/autograd.h>
 
 #include <cmath>
-#include <random>
 
 #include <fmt/ranges.h>
 
@@ -242,23 +241,6 @@ class AdaptiveSpanFamily : public Family {
   std::vector<torch::Tensor> train_caches_, valid_caches_;
 };
 
-// Spans as adaptive-span models learn them: most heads short, a few long (fixed seed).
-void set_bimodal_spans(models::TransformerSeq& model) {
-  if (!model->config().adapt_span) fail("--span-dist needs adapt_span");
-  const double L = static_cast<double>(model->config().attn_span);
-  std::mt19937 rng(1);
-  torch::NoGradGuard no_grad;
-  for (auto& layer : model->layers) {
-    auto& r = layer->attn->span->span_ratio;
-    for (int64_t h = 0; h < r.size(0); ++h) {
-      const double z = h % 4 == 3 ? std::uniform_real_distribution<double>(std::min(2048.0, L), L)(rng)
-                                  : std::uniform_real_distribution<double>(16.0, std::min(256.0, L))(rng);
-      r[h] = z / L;
-    }
-  }
-  model->sync_spans();
-}
-
 // The learned spans of a checkpoint's model (same layers and heads), for benchmarking at them.
 void copy_spans(models::TransformerSeq& model, const std::string& path) {
   Checkpoint checkpoint(path);
@@ -284,7 +266,13 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
   validate();
   torch::manual_seed(config_.train.seed);
   build();
-  if (r.span_dist == "bimodal") set_bimodal_spans(model_);
+  if (r.span_dist == "bimodal") {
+    if (!model_->config().adapt_span) fail("--span-dist needs adapt_span");
+    std::vector<torch::Tensor> ratios;
+    for (auto& layer : model_->layers) ratios.push_back(layer->attn->span->span_ratio);
+    set_bimodal_spans(ratios, static_cast<double>(config_.model.attn_span));
+    model_->sync_spans();
+  }
   if (!r.spans_from.empty()) copy_spans(model_, checkpoint_file(r.spans_from));
   model_->to(r.device);
   make_optimizers();

@@ -22,4 +22,8 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
 // of the timed ones.
 double time_steps(const BenchRequest& request, const std::function<void()>& step);
 
+// Spans as adaptive-span models learn them (bench --span-dist bimodal): in each layer's span_ratio (K),
+// 3 of 4 heads get z in [16, min(256, L)], 1 of 4 in [min(2048, L), L] (fixed seed).
+void set_bimodal_spans(const std::vector<torch::Tensor>& span_ratios, double L);
+
 }  // namespace spanformer::train

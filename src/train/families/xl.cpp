@@ -278,10 +278,10 @@ class XlFamily : public Family {
 };
 
 void XlFamily::bench(const BenchRequest& r) {
-  if (!r.span_dist.empty() || !r.spans_from.empty()) fail("bench: --span-dist and --spans-from are adaptive-span settings");
-  if (r.span >= 0) {  // every head's span, for models with adapt_span
-    if (!config_.model.adapt_span) fail("bench: --span needs adapt_span");
-    config_.model.adapt_span_init = std::min(1.0, r.span / static_cast<double>(config_.model.span_limit()));
+  if (!r.spans_from.empty()) fail("bench: --spans-from is an adaptive-span setting");
+  if (r.span >= 0 || !r.span_dist.empty()) {  // every head's span, or a span layout, for models with adapt_span
+    if (!config_.model.adapt_span) fail("bench: --span and --span-dist need adapt_span");
+    if (r.span >= 0) config_.model.adapt_span_init = std::min(1.0, r.span / static_cast<double>(config_.model.span_limit()));
   }
   if (config_.model.vocab_size == 0) {  // random tokens: any vocabulary the cutoffs fit in
     config_.model.vocab_size =
@@ -291,10 +291,18 @@ void XlFamily::bench(const BenchRequest& r) {
   validate();
   torch::manual_seed(config_.train.seed);
   build();
+  if (r.span_dist == "bimodal") {
+    std::vector<torch::Tensor> ratios;
+    for (auto& a : model_->attn)
+      if (a) ratios.push_back(a->span->span_ratio);
+    set_bimodal_spans(ratios, static_cast<double>(config_.model.span_limit()));
+  }
   model_->to(r.device);
   const int64_t V = config_.model.vocab_size;
   const std::string span_note =
-      config_.model.adapt_span ? fmt::format(", adaptive span z {:.0f}", config_.model.adapt_span_init * config_.model.span_limit()) : "";
+      !config_.model.adapt_span ? ""
+      : r.span_dist.empty()    ? fmt::format(", adaptive span z {:.0f}, attention {}", config_.model.adapt_span_init * config_.model.span_limit(), attention::attn_impl_name(config_.model.attn_impl))
+                               : fmt::format(", adaptive spans {}, attention {}", r.span_dist, attention::attn_impl_name(config_.model.attn_impl));
   int64_t params = 0;
   for (auto& p : model_->weight_parameters()) params += p.second.numel();
   const auto& c = config_.model;
