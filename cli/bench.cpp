@@ -39,7 +39,7 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       auto request = o->request;
       request.eval = o->mode == "eval";
       request.threads = set_threads(static_cast<int>(family->train().threads));
-      request.device = train::parse_device(g->device);
+      request.device = train::parse_device(g->device.empty() ? "cpu" : g->device);
       family->bench(request);
     };
   });

@@ -14,7 +14,7 @@ namespace spanformer::cli {
 // Flags every command sees (before or after the command name).
 struct Globals {
   int threads = 0;             // LibTorch CPU threads (0 = all cores)
-  std::string device = "cpu";  // eval, generate, bench
+  std::string device;  // empty: cpu (eval, generate, bench) or train.device (train)
   std::string attn_impl;       // adaptive span: auto | fused | plain ("" = the checkpoint's)
   std::vector<std::string> argv;  // for launchers that start copies of this program
 };

@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 
@@ -9,6 +11,7 @@
 #include "spanformer/dist/group.h"
 #include "spanformer/train/family.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
 
 namespace spanformer::cli {
@@ -18,6 +21,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
     std::string checkpoint, data, split = "test", unit, ids, vocab, dump;
     int64_t batch = -1;
     int nproc = 1;
+    bool json = false;
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the family's reference protocol)");
@@ -31,6 +35,8 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--vocab", o->vocab, "vocab.txt the ids were made with; must be the checkpoint's vocabulary");
   cmd->add_option("--dump-logprobs", o->dump, "write the log-probability of every scored token to this file "
                                               "(one per line, in text order)");
+  cmd->add_flag("--json", o->json, "print one JSON record instead of the text line (run directories also keep it "
+                                   "in eval.jsonl either way)");
   cmd->add_option("--nproc-per-node", o->nproc, "split the streams over N local processes (or use torchrun/SLURM variables)");
   cmd->allow_extras();  // evaluation-protocol overrides, e.g. --eval_mem_len=1600 (Transformer-XL/PAR)
   cmd->callback([cmd, o, g, &run] {
@@ -45,7 +51,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       auto all = execution_overrides(*g);
       all.insert(all.end(), overrides.begin(), overrides.end());
       auto family = train::family_from_checkpoint(ck, all);
-      family->module().to(train::parse_device(g->device));
+      family->module().to(train::parse_device(g->device.empty() ? "cpu" : g->device));
       if (!o->vocab.empty()) {
         auto v = ck.vocab().word_level ? data::read_word_vocab(o->vocab) : data::read_vocab(o->vocab);
         if (data::vocab_to_text(v) != data::vocab_to_text(ck.vocab()))
@@ -76,9 +82,26 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (tty) fmt::print(stderr, "\r{:40}\r", "");
       const std::string unit = !o->unit.empty() ? o->unit : ck.vocab().word_level ? "ppl" : "bpc";
       const double value = unit == "ppl" ? std::exp(report.nll) : report.nll / std::log(2.0);
-      fmt::print("{} {} {:.7f} (nll {:.6f} nats/token; {}; {:.1f} s)\n", raw ? o->ids : o->split, unit, value, report.nll,
-                 report.details, now_seconds() - start);
-      if (!o->dump.empty()) fmt::print("log-probabilities: {} ({} tokens)\n", o->dump, report.tokens);
+      const double seconds = now_seconds() - start;
+      const nlohmann::json record{{"checkpoint", ck.path()}, {"split", raw ? o->ids : o->split},
+                                  {"data", raw ? o->ids : (o->data.empty() ? family->train().data : o->data)},
+                                  {"unit", unit}, {unit, value}, {"nll", report.nll}, {"tokens", report.tokens},
+                                  {"blocks", report.blocks}, {"protocol", report.details}, {"seconds", seconds},
+                                  {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
+      if (o->json)
+        fmt::print("{}\n", record.dump());
+      else
+        fmt::print("{} {} {:.7f} (nll {:.6f} nats/token; {}; {:.1f} s)\n", raw ? o->ids : o->split, unit, value,
+                   report.nll, report.details, seconds);
+      if (!o->dump.empty() && !o->json) fmt::print("log-probabilities: {} ({} tokens)\n", o->dump, report.tokens);
+      // A checkpoint inside a run directory: the result joins the run's records.
+      const std::string dir = std::filesystem::path(ck.path()).parent_path().string();
+      const std::string run_dir = dir.empty() ? "." : dir;
+      if (file_exists(run_dir + "/log.jsonl")) {
+        std::ofstream out(run_dir + "/eval.jsonl", std::ios::app);
+        out << record.dump() << "\n";
+        if (!out) fmt::print(stderr, "spanformer: warning: cannot record the result in {}/eval.jsonl\n", run_dir);
+      }
     };
   });
 }

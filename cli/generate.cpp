@@ -29,7 +29,7 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       set_threads(g->threads);
       train::Checkpoint ck(o->checkpoint);
       auto family = train::family_from_checkpoint(ck, execution_overrides(*g));
-      family->module().to(train::parse_device(g->device));
+      family->module().to(train::parse_device(g->device.empty() ? "cpu" : g->device));
       torch::manual_seed(o->seed);
       auto request = o->request;
       request.on_text = [](const std::string& piece) { std::cout << piece << std::flush; };

@@ -3,6 +3,7 @@
 
 #include "command.h"
 #include "spanformer/train/family.h"
+#include "spanformer/util/error.h"
 
 namespace spanformer::cli {
 
@@ -14,18 +15,28 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("import", "convert another implementation's weights into a spanformer checkpoint");
-  cmd->add_option("kind", o->kind, "adaptive-span (facebookresearch/adaptive-span's state_dict) or transformer-xl "
+  cmd->add_option("kind", o->kind, "safetensors (written by `spanformer export safetensors`, any family), "
+                                   "adaptive-span (facebookresearch/adaptive-span's state_dict) or transformer-xl "
                                    "(kimiyoung/transformer-xl's MemTransformerLM state_dict)")->required();
-  cmd->add_option("model", o->model, "the state_dict file (see README for the one-line extraction)")->required();
-  cmd->add_option("--config,-c", o->config, "spanformer config describing the model")->required();
+  cmd->add_option("model", o->model, "the safetensors or state_dict file (see README for the one-line extraction)")->required();
+  cmd->add_option("--config,-c", o->config, "spanformer config describing the model (reference kinds)");
   cmd->add_option("--vocab", o->vocab, "the model's vocabulary, in id order (vocab.txt: a byte value or <eos> per "
-                                       "line; words.txt with --vocab-level word)")->required();
+                                       "line; words.txt with --vocab-level word; reference kinds)");
   cmd->add_option("--vocab-level", o->level, "byte or word")->check(CLI::IsMember({"byte", "word"}))->capture_default_str();
   cmd->add_option("--out,-o", o->out, "spanformer checkpoint to write")->required();
   cmd->allow_extras();
   cmd->callback([cmd, o, &run] {
     auto overrides = cmd->remaining();
     run = [o, overrides] {
+      if (o->kind == "safetensors") {
+        if (!o->config.empty() || !o->vocab.empty() || !overrides.empty())
+          fail("import safetensors: the file carries its config and vocabulary; --config, --vocab and overrides "
+               "are not used");
+        train::import_safetensors(o->model, o->out);
+        fmt::print("imported {} -> {}\n", o->model, o->out);
+        return;
+      }
+      if (o->config.empty() || o->vocab.empty()) fail("import {}: --config and --vocab are required", o->kind);
       auto family = train::family_from_config_file(o->config, overrides);
       auto vocab = o->level == "word" ? data::read_word_vocab(o->vocab) : data::read_vocab(o->vocab);
       family->set_vocab_size(vocab.size(), o->vocab);

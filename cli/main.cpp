@@ -12,6 +12,7 @@
 #include <exception>
 
 #include "command.h"
+#include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
 
@@ -36,15 +37,18 @@ int main(int argc, char** argv) {
   spanformer::cli::Run run;
   auto globals = std::make_shared<spanformer::cli::Globals>();
   globals->argv.assign(argv, argv + argc);
+  app.set_version_flag("--version", [] { return spanformer::version_line(); }, "version, git commit, LibTorch, CUDA");
   app.add_option("--threads", globals->threads, "CPU threads for LibTorch (default: all cores)");
-  app.add_option("--device", globals->device, "cpu | cuda | cuda:N (eval, generate, bench; train uses train.device)");
+  app.add_option("--device", globals->device, "cpu | cuda | cuda:N (default cpu; for train it sets train.device)");
   app.add_option("--attn-impl", globals->attn_impl,
                  "adaptive span: auto | fused | plain, how attention is computed (default: the checkpoint's or config's)");
   for (const auto& command : spanformer::cli::commands()) command.add(app, globals, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    fmt::print(stderr, "spanformer: error: {} (--help lists the options)\n", spanformer::one_line_message(e));
+    return 2;
   }
   try {
     if (run) run();

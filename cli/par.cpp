@@ -53,6 +53,9 @@ void add_par(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
                    probs[b][1], probs[b][2]);
       const size_t attn = std::count(layers.begin(), layers.end(), 'a');
       fmt::print("derived layers \"{}\" ({} blocks, {} attention) -> {}\n", layers, layers.size(), attn, o->out);
+      if (attn == 0)
+        fmt::print(stderr, "spanformer: warning: the derived model has no attention block: it cannot look at any "
+                           "earlier token (use --rule par, or search longer)\n");
     };
   });
 

@@ -21,24 +21,31 @@ void print_spans(const std::vector<std::vector<double>>& spans) {
 void add_spans(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   struct Options {
     std::string checkpoint, out = "spans.png";
+    bool json = false;
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("spans", "print per-layer, per-head spans and draw them");
   cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
   cmd->add_option("--out,-o", o->out, "PNG to write")->capture_default_str();
+  cmd->add_flag("--json", o->json, "print one JSON record (spans per layer and head, in tokens) instead of the text");
   cmd->callback([o, &run] {
     run = [o] {
       train::Checkpoint ck(o->checkpoint);
       auto family = train::family_from_checkpoint(ck);
       const auto spans = family->spans();
       if (spans.empty()) fail("{}: this {} model learns no spans (adapt_span is off)", o->checkpoint, family->name());
-      print_spans(spans);
+      if (!o->json) print_spans(spans);
       viz::SpanPlotOptions options;
       options.attn_span = family->span_limit();
       options.ramp = family->span_ramp();
       options.title = fmt::format("Learned spans: {}", o->checkpoint);
       viz::write_span_plot(o->out, spans, options);
-      fmt::print("span picture: {}\n", o->out);
+      if (o->json)
+        fmt::print("{}\n", nlohmann::json{{"checkpoint", ck.path()}, {"family", family->name()}, {"spans", spans},
+                                          {"span_limit", family->span_limit()}, {"ramp", family->span_ramp()},
+                                          {"picture", o->out}}.dump());
+      else
+        fmt::print("span picture: {}\n", o->out);
     };
   });
 }

@@ -12,7 +12,7 @@ namespace spanformer::cli {
 void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   struct Options {
     std::string config, data, out = "runs/default", init;
-    bool resume = false, quiet = false;
+    bool resume = false, overwrite = false, quiet = false;
     int64_t stop_after = -1;
     int nproc = 1;
   };
@@ -21,7 +21,9 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--config,-c", o->config, "JSON config (configs/*.json, configs/xl/*.json)")->required();
   cmd->add_option("--data", o->data, "prepared data directory (overrides train.data)");
   cmd->add_option("--out,-o", o->out, "run directory: config.json, log.jsonl, checkpoint.pt, best.pt")->capture_default_str();
-  cmd->add_flag("--resume", o->resume, "continue from OUT/checkpoint.pt (exactly where it stopped)");
+  auto* resume = cmd->add_flag("--resume", o->resume, "continue from OUT/checkpoint.pt (exactly where it stopped)");
+  cmd->add_flag("--overwrite", o->overwrite, "start a new run in OUT even if it holds one (its checkpoints are replaced)")
+      ->excludes(resume);
   cmd->add_option("--init", o->init, "start a new run from the weights of this checkpoint (e.g. an imported model)");
   cmd->add_option("--stop-after", o->stop_after, "stop with a checkpoint after this many steps of this session");
   cmd->add_option("--nproc-per-node", o->nproc, "data-parallel: start N local worker processes (Gloo on loopback); "
@@ -35,6 +37,7 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       auto& tc = family->train();
       if (!o->data.empty()) tc.data = o->data;
       if (g->threads > 0) tc.threads = g->threads;
+      if (!g->device.empty()) tc.device = g->device;
       family->validate();
       if (launch_workers(o->nproc, g->argv)) return;
       dist::GroupOptions group_options;
@@ -52,6 +55,8 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       train::RunOptions options;
       options.out_dir = o->out;
       options.resume = o->resume;
+      options.overwrite = o->overwrite;
+      options.command_line = g->argv;
       options.progress = !o->quiet;
       options.stop_after = o->stop_after;
       options.init_from = o->init;
@@ -60,6 +65,9 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (main && r.session_steps == 0)
         fmt::print("{}/checkpoint.pt is already at step {}: nothing to train (raise nb_steps to continue)\n", o->out,
                    r.steps);
+      else if (main && !r.evaluated)
+        fmt::print("stopped at step {} before this session's first evaluation; checkpoint {}/checkpoint.pt\n", r.steps,
+                   o->out);
       else if (main)
         fmt::print("trained {} steps: train {:.4f} {}, valid {:.4f} {}; checkpoint {}/checkpoint.pt\n", r.steps,
                    r.last_train, r.unit, r.last_valid, r.unit, o->out);

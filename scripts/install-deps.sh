@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Installs every system package spanformer needs (Debian 12 / Ubuntu 22.04+). Idempotent: packages
-# already present are skipped by apt-get, and apt's package lists are refreshed only when stale.
+# Installs every system package spanformer needs (Debian 12). Idempotent: packages already present are
+# skipped by apt-get, and apt's package lists are refreshed only when stale.
+#   --tool-only   leave out the test and benchmark libraries (then configure with
+#                 -DSPANFORMER_TESTS=OFF -DSPANFORMER_BENCH=OFF)
 set -euo pipefail
+tool_only=false
+[ "${1:-}" = "--tool-only" ] && tool_only=true
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
@@ -12,12 +16,12 @@ packages=(
   nlohmann-json3-dev      # configs, logs, metadata
   libfmt-dev              # formatting
   libcairo2-dev           # span pictures (PNG)
-  zlib1g-dev libzip-dev   # reading the enwik8.zip / text8.zip archives
+  libzip-dev              # reading the enwik8.zip / text8.zip archives
   libcurl4-openssl-dev    # `spanformer data get`
   libssl-dev              # md5 / sha1 / sha256 checksums
-  libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv               # the default corpus (King James Bible)
 )
+$tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch)  # tests (Python checks use /usr/bin/python3), benchmarks
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

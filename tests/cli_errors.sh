@@ -80,5 +80,86 @@ touch "$tmp/run/checkpoint.pt.tmp.999999999"
 "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run" --resume --nb_steps=4 --quiet > /dev/null 2>&1
 if [ ! -e "$tmp/run/checkpoint.pt.tmp.999999999" ]; then passed=$((passed + 1)); else echo "FAIL: stale temporary kept"; failures=$((failures + 1)); fi
 
+# Command-line parse errors: one prefixed line, exit status 2.
+expect_exit2() {  # expect_exit2 "message part" command...
+  local want="$1"; shift
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: .*$want" "$tmp/err"; then
+    echo "FAIL: $* (rc $rc) -> $(cat "$tmp/err")"; failures=$((failures + 1))
+  else passed=$((passed + 1)); fi
+}
+expect_exit2 "Could not convert: --tokens = 1e12" "$bin" generate "$tmp/run" --tokens 1e12
+expect_exit2 "subcommand is required" "$bin" frobnicate
+expect_exit2 "subcommand is required" "$bin"
+# Config values: duplicate keys, integers out of range, absurd sizes, a port out of range.
+printf '{"model": {"nb_layers": 1, "nb_layers": 2}}' > "$tmp/dup.json"
+expect_error "key 'nb_layers' is given twice" "$bin" train -c "$tmp/dup.json" --data "$tmp/data" --out "$tmp/r13"
+expect_error "config key 'seed': integer out of range" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r14" \
+  --seed=9223372036854775808
+expect_error "config key 'lr': expected a finite number" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r15" --lr=nan
+expect_error "more than this machine's" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r16" --nb_layers=100000 \
+  --hidden_size=4096 --nb_heads=8
+expect_error "MASTER_PORT='99999' is not an integer in \[0, 65535\]" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+  MASTER_PORT=99999 "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r17"
+# A token file whose header count overflows the size check (count * 4 wraps around to the file size).
+cp -r "$tmp/data" "$tmp/overflow"
+/usr/bin/python3 - "$tmp/overflow/test.bin" <<'PY'
+import struct, sys
+body = b"\0" * 40
+open(sys.argv[1], "wb").write(b"SPFTOK01" + struct.pack("<IIQ", 4, 300, (1 << 62) + 10) + body)
+PY
+expect_error "test.bin is truncated or corrupt: header says 4611686018427387914 tokens" "$bin" eval "$tmp/run" \
+  --data "$tmp/overflow" --split test
+# Resuming on other data with the same vocabulary and sizes: refused by the fingerprints.
+cp -r "$tmp/data" "$tmp/other"
+/usr/bin/python3 - "$tmp/other/train.bin" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read()); b[30], b[31] = b[31], b[30]
+open(sys.argv[1], "wb").write(bytes(b))
+PY
+expect_error "was trained on other data" "$bin" train -c "$tmp/tiny.json" --data "$tmp/other" --out "$tmp/run" --resume \
+  --nb_steps=6
+
+# Numbers beyond double range name their key, from an override and from a config file.
+expect_error "config key 'lr': 1e999 is out of range" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r18" --lr=1e999
+printf '{"train": {"lr": 1e999}}' > "$tmp/big.json"
+expect_error "big.json: the value of key 'lr' is out of range" "$bin" train -c "$tmp/big.json" --data "$tmp/data" --out "$tmp/r19"
+expect_error "steps must be >= 1" "$bin" bench -c "$tmp/tiny.json" --steps 0
+# A run directory that holds a run is never silently replaced; --overwrite replaces it, never with --resume.
+expect_error "already holds a run: continue it with --resume, or replace it with --overwrite" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run"
+expect_error "--resume excludes --overwrite" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run" --resume --overwrite
+cp -r "$tmp/run" "$tmp/replaced"
+if "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/replaced" --overwrite --nb_steps=1 --eval_interval=1 \
+    2>/dev/null | grep -q "trained 1 steps" && [ "$(grep -c '"step"' "$tmp/replaced/log.jsonl")" -eq 1 ]; then
+  passed=$((passed + 1))
+else
+  echo "FAIL: --overwrite did not start a new run"; failures=$((failures + 1))
+fi
+# A checkpoint this user may not read: the reason, not "corrupt".
+cp "$tmp/run/checkpoint.pt" "$tmp/private.pt"
+if [ "$(id -u)" -eq 0 ]; then
+  chmod 600 "$tmp/private.pt"; chmod 755 "$tmp"
+  expect_error "cannot open .*private.pt: Permission denied" setpriv --reuid=65534 --regid=65534 --clear-groups \
+    "$bin" eval "$tmp/private.pt" --data "$tmp/data"
+else
+  chmod 000 "$tmp/private.pt"
+  expect_error "cannot open .*private.pt: Permission denied" "$bin" eval "$tmp/private.pt" --data "$tmp/data"
+fi
+
+# --device before the subcommand reaches train too (it used to train on the CPU without a word).
+expect_error "no CUDA device is available" "$bin" --device cuda train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r20"
+# An override the command does not use is refused, not ignored.
+expect_error "override of train.eval_blocks is not used" "$bin" eval "$tmp/run" --eval_segments=5
+# A session stopped before its first evaluation says so (it used to print "train 0.0000 bpc").
+if "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/early" --nb_steps=4 --eval_interval=4 --stop-after 1 \
+    --quiet 2> /dev/null | grep -q "stopped at step 1 before this session's first evaluation"; then passed=$((passed + 1))
+else echo "FAIL: summary of a session stopped before its first evaluation"; failures=$((failures + 1)); fi
+# Prompt characters outside the vocabulary: a warning naming them, then the sample.
+"$bin" generate "$tmp/run" --prompt "God§Z" --tokens 2 > /dev/null 2> "$tmp/err"
+if grep -q "warning: prompt characters not in the vocabulary were left out: 0xc2 0xa7 'Z'" "$tmp/err"; then passed=$((passed + 1))
+else echo "FAIL: prompt warning: $(cat "$tmp/err")"; failures=$((failures + 1)); fi
+
 echo "cli errors: $passed passed, $failures failed"
 [ "$failures" -eq 0 ]

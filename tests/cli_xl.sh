@@ -104,7 +104,11 @@ roundtrip untied "$tmp/untied" "{\"n_layer\": 2, \"d_model\": 32, \"n_head\": 2,
 grep -q '"probs"' "$tmp/par/log.jsonl"
 "$bin" par plot "$tmp/par" --out "$tmp/search.png" | grep -q "2 records, 4 blocks"
 head -c 8 "$tmp/search.png" | od -An -c | grep -q "P   N   G"
-"$bin" par derive "$tmp/par" --rule argmax --out "$tmp/derived_argmax.json" | grep -q "derived layers"
+"$bin" par derive "$tmp/par" --rule argmax --out "$tmp/derived_argmax.json" > "$tmp/argmax.out" 2> "$tmp/argmax.err"
+grep -q "derived layers" "$tmp/argmax.out"
+# A derived model without attention is announced (it cannot look back); one with attention is not.
+if grep -q ", 0 attention)" "$tmp/argmax.out"; then grep -q "warning: the derived model has no attention block" "$tmp/argmax.err"
+else ! grep -q "warning" "$tmp/argmax.err"; fi
 "$bin" par derive "$tmp/par" --ratio 2 --out "$tmp/derived.json" | tee "$tmp/derive.out"
 grep -q '"search": false' "$tmp/derived.json"
 "$bin" train -c "$tmp/derived.json" --data "$tmp/wt" --out "$tmp/derived" --nb_steps=10 --quiet | grep -q "trained 10 steps"

@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "spanformer/train/checkpoint.h"
@@ -260,6 +261,57 @@ TEST(Checkpoint, FlippedBytesFailTheirChecksum) {
   EXPECT_EQ(ok.family(), "adaptive-span");
 }
 
+
+// Values that pass their checksum (the file was written so, not damaged in transit) are still checked
+// against their bounds on load: positions within the data, steps non-negative, finite tensors, byte
+// vocabularies.
+TEST(Checkpoint, StoredValuesAreCheckedAgainstTheirBounds) {
+  tu::TempDir tmp;
+  tu::prepare_dickens_slice(tmp.path(), 12000);
+  Config config = tiny(tmp.path());
+  config.train.nb_steps = 3;
+  run(config, tmp.file("run"));
+  const std::string good = tmp.file("run/checkpoint.pt");
+  // Rewrites the checkpoint as run "bad" with one entry replaced (and re-signed).
+  auto resign = [&](const std::string& key, const torch::Tensor& value, const data::Vocab* vocab = nullptr) {
+    train::Checkpoint in(good);
+    train::CheckpointWriter out(in.family(), in.config(), vocab ? *vocab : in.vocab());
+    for (const auto& [k, is_text] : in.entries()) {
+      if (is_text) out.put_text(k, in.text(k));
+      else out.put(k, k == key ? value : in.tensor(k));
+    }
+    std::filesystem::remove_all(tmp.file("bad"));
+    std::filesystem::create_directories(tmp.file("bad"));
+    out.save(tmp.file("bad/checkpoint.pt"));
+    std::filesystem::copy_file(tmp.file("run/config.json"), tmp.file("bad/config.json"));
+  };
+  auto resume_error = [&] {
+    Config more = config;
+    more.train.nb_steps = 6;
+    return error_of([&] { run(more, tmp.file("bad"), true); });
+  };
+  train::Checkpoint ok(good);
+  resign("state.step", torch::tensor(int64_t{-3}));
+  EXPECT_NE(resume_error().find("is outside the data"), std::string::npos);
+  resign("state.train_pos", torch::tensor(int64_t{1} << 40));
+  EXPECT_NE(resume_error().find("is outside the data"), std::string::npos);
+  auto nan_weight = ok.tensor("model.key_pe").clone();
+  nan_weight.view(-1)[3] = std::nan("");
+  resign("model.key_pe", nan_weight);
+  EXPECT_NE(resume_error().find("parameter 'key_pe' holds non-finite values"), std::string::npos) << resume_error();
+  auto inf_moment = ok.tensor("optim.key_pe.state1").clone();
+  inf_moment.view(-1)[0] = INFINITY;
+  resign("optim.key_pe.state1", inf_moment);
+  EXPECT_NE(resume_error().find("optimizer state 'optim.key_pe.state1' holds non-finite values"), std::string::npos)
+      << resume_error();
+  for (const std::string token : {"999", "-51", "x"}) {
+    data::Vocab vocab = ok.vocab();
+    vocab.tokens[1] = token;
+    resign("", torch::Tensor(), &vocab);
+    const auto message = error_of([&] { train::Checkpoint c(tmp.file("bad")); });
+    EXPECT_NE(message.find("expected a byte value 0..255 or <eos>, got '" + token + "'"), std::string::npos) << message;
+  }
+}
 
 // Checkpoints written before the one engine (format version 1, one per family, written here with the
 // exact keys the old writers used) still open, with their weights, state and old config spellings.

@@ -85,7 +85,6 @@ inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-// The first `bytes` of Dickens, prepared (CRLF -> LF, 90/5/5) into dir.
 // A run of any family's config (JSON) on the engine's runner, without progress output.
 inline spanformer::train::RunResult run_family(const nlohmann::json& config, const std::string& out, bool resume = false,
                                                int64_t stop_after = -1) {

@@ -69,8 +69,8 @@ Config config_from_json(const json& j, const std::string& origin) {
       read_section(config.model, value, model_fields(), "model", origin);
     } else if (key == "train") {
       config_detail::read_train_section(config.train, value, origin);
-    } else if (key == "description") {
-      // free text for people
+    } else if (key == "description" || key == "arch") {
+      // free text for people; the family (already chosen: train::family_from_json)
     } else {
       fail("{}: unknown config section '{}' (expected 'model' and 'train')", origin, key);
     }
@@ -114,6 +114,10 @@ void validate(const ModelConfig& c) {
     if (!(c.adapt_span_loss >= 0 && std::isfinite(c.adapt_span_loss)))
       fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
   }
+  const double H = static_cast<double>(c.hidden_size), V = static_cast<double>(std::max<int64_t>(c.vocab_size, 256));
+  check_model_fits(2 * V * H + H * static_cast<double>(c.attn_span) / static_cast<double>(c.nb_heads) +
+                   static_cast<double>(c.nb_layers) *
+                       (4 * H * H + 2 * H * static_cast<double>(c.inner_hidden_size) + 2 * H * static_cast<double>(c.pers_mem_size)));
 }
 
 void validate(const Config& config) {

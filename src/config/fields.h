@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -43,6 +44,10 @@ Field<T> field(const char* name, V T::*member, const char* help) {
               } else if constexpr (std::is_integral_v<V>) {
                 if (!j.is_number_integer() && !(j.is_number_float() && std::floor(j.get<double>()) == j.get<double>()))
                   throw std::invalid_argument("expected an integer");
+                const double as_double = j.get<double>();
+                if ((j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<V>::max())) ||
+                    !(std::abs(as_double) <= 9.0e15))  // beyond this a double cannot say which integer is meant
+                  throw std::invalid_argument("integer out of range");
                 if constexpr (std::is_unsigned_v<V>) {
                   if (j.get<double>() < 0) throw std::invalid_argument("expected a non-negative integer");
                 }
@@ -51,7 +56,7 @@ Field<T> field(const char* name, V T::*member, const char* help) {
                 for (const auto& e : j)
                   if (!e.is_number_integer()) throw std::invalid_argument("expected a list of integers");
               } else if constexpr (std::is_floating_point_v<V>) {
-                if (!j.is_number()) throw std::invalid_argument("expected a number");
+                if (!j.is_number() || !std::isfinite(j.get<double>())) throw std::invalid_argument("expected a finite number");
               } else {
                 if (!j.is_string()) throw std::invalid_argument("expected a string");
               }
@@ -109,15 +114,7 @@ void read_section(T& t, const json& j, const std::vector<Field<T>>& fields, cons
   }
 }
 
-// A whole JSON file; clear errors for missing, unreadable or invalid files.
-inline json read_json_file(const std::string& path) {
-  std::string text = read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail("{} is not valid JSON: {}", path, e.what());
-  }
-}
+inline json read_json_file(const std::string& path) { return read_config_file(path); }
 
 // One `--key=value` override. Keys may be qualified ("model.dropout") or bare ("dropout", unique across
 // sections); '-' in keys reads as '_'. `value` is the text parsed as JSON, or the text itself.
@@ -147,6 +144,8 @@ inline Override parse_override(std::string item,
     o.value = json::parse(o.text);
   } catch (const json::parse_error&) {
     o.value = o.text;  // a bare string such as adagrad or a path
+  } catch (const json::out_of_range&) {
+    fail("config key '{}': {} is out of range for a number", o.key, o.text);
   }
   return o;
 }

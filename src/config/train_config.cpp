@@ -1,9 +1,13 @@
 #include "spanformer/config/train_config.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <set>
 
 #include "train_fields.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
 
 namespace spanformer {
 
@@ -141,4 +145,35 @@ void read_train_section(TrainConfig& t, const json& j, const std::string& origin
 }
 
 }  // namespace config_detail
+void check_model_fits(double parameters) {
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (!(parameters * 4 <= memory))
+    fail("config: the model would have about {:.3g} parameters ({:.1f} GB in float32), more than this machine's {:.1f} GB",
+         parameters, parameters * 4 / 1e9, memory / 1e9);
+}
+
+nlohmann::json read_config_file(const std::string& path) {
+  if (!file_exists(path)) fail("file not found: {}", path);
+  const std::string text = read_file(path);
+  std::vector<std::set<std::string>> seen;  // keys of each open object
+  std::string duplicate, last_key;
+  auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) seen.resize(static_cast<size_t>(depth) + 1), seen[depth].clear();
+    if (event == E::key) last_key = parsed.get<std::string>();
+    if (event == E::key && duplicate.empty() && !seen[depth - 1].insert(last_key).second) duplicate = last_key;
+    return true;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text, check);
+  } catch (const nlohmann::json::out_of_range&) {  // a number such as 1e999
+    fail("{}: the value of key '{}' is out of range for a number", path, last_key);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{} is not valid JSON: {}", path, one_line_message(e));
+  }
+  if (!duplicate.empty()) fail("{}: key '{}' is given twice in one object", path, duplicate);
+  return j;
+}
+
 }  // namespace spanformer

@@ -212,6 +212,9 @@ void validate(const XlModelConfig& c) {
     if (!(c.adapt_span_loss >= 0)) fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
     if (c.ext_len > 0) fail("config: ext_len > 0 with adapt_span is not supported (memories follow the spans)");
   }
+  const double H = static_cast<double>(c.d_model), KD = static_cast<double>(c.n_head) * static_cast<double>(c.d_head);
+  check_model_fits(2 * static_cast<double>(c.vocab_size) * static_cast<double>(c.embed_dim()) +
+                   static_cast<double>(c.block_string().size()) * (2 * KD * H + H * static_cast<double>(c.d_inner)));  // a or f
 }
 
 void validate(const XlConfig& config) {

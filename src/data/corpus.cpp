@@ -222,16 +222,23 @@ TokenFile::TokenFile(const std::string& path) : map_(path) {
   if (header.bytes_per_token != 1 && header.bytes_per_token != 2 && header.bytes_per_token != 4)
     fail("{} is corrupt: {} bytes per token", path, header.bytes_per_token);
   bytes_per_token_ = header.bytes_per_token;
+  const size_t body = map_.size() - kHeaderBytes;  // compared by division: a huge count cannot overflow
+  if (body % bytes_per_token_ != 0 || header.count != body / bytes_per_token_)
+    fail("{} is truncated or corrupt: header says {} tokens, file has {} bytes", path, header.count, map_.size());
   count_ = static_cast<int64_t>(header.count);
   vocab_size_ = header.vocab_size;
-  if (map_.size() != kHeaderBytes + static_cast<size_t>(count_) * bytes_per_token_)
-    fail("{} is truncated or corrupt: header says {} tokens, file has {} bytes", path, count_, map_.size());
   if (count_ == 0) fail("{} holds no tokens", path);
   tokens_ = map_.data() + kHeaderBytes;
   if (bytes_per_token_ == 1 && vocab_size_ >= 256) return;  // every byte value is a valid id
   for (int64_t i = 0; i < count_; ++i) {
     if (at(i) >= vocab_size_) fail("{} is corrupt: token {} has id {} >= vocab size {}", path, i, at(i), vocab_size_);
   }
+}
+
+std::string TokenFile::fingerprint() const {
+  Sha256 hash;
+  hash.add(map_.data(), map_.size());
+  return hash.hex();
 }
 
 TokenFile::TokenFile(const std::string& path, RawBytes, int64_t vocab_size) : map_(path) {

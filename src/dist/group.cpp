@@ -1,5 +1,7 @@
 #include "spanformer/dist/group.h"
 
+#include <cerrno>
+#include <limits>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -17,12 +19,14 @@ const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
-int env_int(const char* name, const char* fallback_name) {
+int env_int(const char* name, const char* fallback_name, long max = std::numeric_limits<int>::max()) {
   const char* v = env(name) ? env(name) : env(fallback_name);
   if (!v) fail("distributed launch: {} is not set", name);
   char* end = nullptr;
+  errno = 0;
   long value = std::strtol(v, &end, 10);
-  if (*end != '\0' || value < 0) fail("distributed launch: {}='{}' is not a non-negative integer", name, v);
+  if (*end != '\0' || value < 0 || value > max || errno == ERANGE)
+    fail("distributed launch: {}='{}' is not an integer in [0, {}]", name, v, max);
   return static_cast<int>(value);
 }
 
@@ -42,7 +46,7 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
   if (group->rank_ >= group->world_) fail("distributed launch: RANK {} >= WORLD_SIZE {}", group->rank_, group->world_);
   const char* addr = env("MASTER_ADDR");
   if (!addr) fail("distributed launch: MASTER_ADDR is not set");
-  const int port = env_int("MASTER_PORT", "MASTER_PORT");
+  const int port = env_int("MASTER_PORT", "MASTER_PORT", 65535);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_seconds * 1000));
   group->impl_ = std::make_unique<Impl>();
   try {

@@ -1,22 +1,37 @@
+// The local launcher. Workers run in their own process group (a terminal's Ctrl-C reaches the launcher
+// only, which forwards it once, so the workers stop together at a step boundary and checkpoint) and
+// receive SIGTERM if the launcher dies (PR_SET_PDEATHSIG: no orphans after kill -9). When a worker
+// fails, the others cannot finish a step without it: they are killed at once, the last checkpoint is
+// kept, and the launcher returns the failure. After a forwarded signal the workers get a grace period
+// to save, then are killed.
 #include "spanformer/dist/launcher.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "spanformer/util/error.h"
 
 namespace spanformer::dist {
+namespace {
 
-int spawn_local_workers(int n, const std::vector<std::string>& args) {
-  // A free port for the store, chosen by the kernel.
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int s) { g_signal = s; }
+
+constexpr int kGraceSeconds = 600;  // after a forwarded signal: time to save a checkpoint
+
+int free_port() {  // chosen by the kernel
   int sock = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -26,14 +41,31 @@ int spawn_local_workers(int n, const std::vector<std::string>& args) {
   if (sock < 0 || ::bind(sock, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
       ::getsockname(sock, reinterpret_cast<sockaddr*>(&address), &length) != 0)
     fail("cannot find a free local port for the workers");
-  const int port = ntohs(address.sin_port);
   ::close(sock);
+  return ntohs(address.sin_port);
+}
+
+}  // namespace
+
+int spawn_local_workers(int n, const std::vector<std::string>& args) {
+  const int port = free_port();
+  struct sigaction action {};
+  action.sa_handler = on_signal;  // no SA_RESTART: waitpid returns EINTR
+  sigemptyset(&action.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
+  const pid_t launcher = ::getpid();
 
   std::vector<pid_t> children;
   for (int r = 0; r < n; ++r) {
     pid_t pid = ::fork();
-    if (pid < 0) fail("cannot start worker {}", r);
+    if (pid < 0) {
+      for (pid_t c : children) ::kill(c, SIGKILL);
+      fail("cannot start worker {}", r);
+    }
     if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) _exit(1);  // the launcher died before prctl
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -51,19 +83,49 @@ int spawn_local_workers(int n, const std::vector<std::string>& args) {
     }
     children.push_back(pid);
   }
+
+  auto alive = [&] {
+    std::vector<pid_t> out;
+    for (pid_t c : children)
+      if (c > 0) out.push_back(c);
+    return out;
+  };
   int status_out = 0;
-  size_t running = children.size();
-  while (running > 0) {
+  bool stopping = false;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (!alive().empty()) {
+    if (g_signal != 0) {  // forwarded once per signal; workers checkpoint collectively and exit
+      for (pid_t c : alive()) ::kill(c, g_signal);
+      g_signal = 0;
+      if (!stopping) deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kGraceSeconds);
+      stopping = true;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      fmt::print(stderr, "spanformer: workers did not stop within {} s; killed\n", kGraceSeconds);
+      for (pid_t c : alive()) ::kill(c, SIGKILL);
+      deadline = std::chrono::steady_clock::time_point::max();
+      if (status_out == 0) status_out = 1;
+    }
     int status = 0;
-    pid_t pid = ::wait(&status);
-    if (pid < 0) break;
-    --running;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno != EINTR) break;
+    if (pid <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    int rank = 0;
+    for (size_t i = 0; i < children.size(); ++i)
+      if (children[i] == pid) children[i] = -1, rank = static_cast<int>(i);
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0 && status_out == 0) {
       status_out = code;
-      // One worker failed: the others cannot finish a step without it.
-      for (pid_t other : children)
-        if (other != pid) ::kill(other, SIGTERM);
+      if (!stopping) {  // a failed worker: the others cannot finish a step without it
+        const auto rest = alive();
+        for (pid_t c : rest) ::kill(c, SIGKILL);
+        if (!rest.empty())
+          fmt::print(stderr, "spanformer: worker {} failed (exit {}); stopped the other workers (the last checkpoint is kept)\n",
+                     rank, code);
+      }
     }
   }
   return status_out;

@@ -1,8 +1,11 @@
 #include "spanformer/train/checkpoint.h"
 
-#include <openssl/evp.h>
-
 #include <fmt/ranges.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
 
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
@@ -11,29 +14,8 @@ namespace spanformer::train {
 namespace {
 
 // SHA-256 of an entry: its key, its kind, and for a tensor its dtype, shape and bytes.
-class Digest {
- public:
-  Digest() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
-  ~Digest() { EVP_MD_CTX_free(ctx_); }
-  Digest(const Digest&) = delete;
-  Digest& operator=(const Digest&) = delete;
-  void add(const void* data, size_t size) { EVP_DigestUpdate(ctx_, data, size); }
-  void add(const std::string& s) { add(s.data(), s.size() + 1); }  // with its terminator: "ab","c" != "a","bc"
-  std::string hex() {
-    unsigned char out[EVP_MAX_MD_SIZE];
-    unsigned int length = 0;
-    EVP_DigestFinal_ex(ctx_, out, &length);
-    std::string h;
-    for (unsigned int i = 0; i < length; ++i) h += fmt::format("{:02x}", out[i]);
-    return h;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
-
 std::string tensor_digest(const std::string& key, const torch::Tensor& t) {
-  Digest d;
+  Sha256 d;
   d.add("t:" + key);
   d.add(std::string(c10::toString(t.scalar_type())));
   d.add(fmt::format("{}", fmt::join(t.sizes(), "x")));
@@ -43,7 +25,7 @@ std::string tensor_digest(const std::string& key, const torch::Tensor& t) {
 }
 
 std::string text_digest(const std::string& key, const std::string& text) {
-  Digest d;
+  Sha256 d;
   d.add("s:" + key);
   d.add(text.data(), text.size());
   return "s:" + d.hex();
@@ -56,6 +38,16 @@ data::Vocab vocab_of(const std::string& text, const std::string& level, const st
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, bool>> Checkpoint::entries() const {
+  static const std::set<std::string> header = {"format", "version", "family", "config", "vocab", "vocab_level", "manifest"};
+  std::vector<std::pair<std::string, bool>> out;
+  for (const auto& [key, t] : tensors_)
+    if (!header.count(key)) out.emplace_back(key, false);
+  for (const auto& [key, t] : texts_)
+    if (!header.count(key)) out.emplace_back(key, true);
+  return out;
+}
 
 std::string checkpoint_file(const std::string& path) {
   if (!file_exists(path) && file_exists(path + "/checkpoint.pt")) return path + "/checkpoint.pt";
@@ -90,16 +82,31 @@ void CheckpointWriter::put_double(const std::string& key, double value) {
 void CheckpointWriter::save(const std::string& path) {
   archive_.write("manifest", c10::IValue(manifest_.dump()));
   write_atomic_with(path, [&](const std::string& tmp) {
+    // The archive is streamed through a callback that always reports success: LibTorch's zip writer
+    // finishes the file in its destructor, and an error thrown there (a full disk) would terminate the
+    // process. The first write error is remembered instead and reported once the writer is gone.
+    std::FILE* out = std::fopen(tmp.c_str(), "wb");
+    if (out == nullptr) fail("cannot write {}: {}", path, std::strerror(errno));
+    int error = 0;
+    auto sink = [&](const void* data, size_t n) -> size_t {
+      if (error == 0 && n > 0 && std::fwrite(data, 1, n, out) != n) error = errno != 0 ? errno : EIO;
+      return n;
+    };
     try {
-      archive_.save_to(tmp);
+      archive_.save_to(sink);
     } catch (const c10::Error& e) {
-      fail("cannot write {} (disk full or not writable?): {}", path, one_line_message(e));
+      std::fclose(out);
+      fail("cannot write {}: {}", path, one_line_message(e));
     }
+    if (std::fflush(out) != 0 && error == 0) error = errno;
+    if (std::fclose(out) != 0 && error == 0) error = errno;
+    if (error != 0) fail("cannot write {}: {}", path, std::strerror(error));
   });
 }
 
 Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_in)) {
   if (!file_exists(path_)) fail("checkpoint not found: {}", path_in);
+  check_readable(path_);
   try {
     archive_.load_from(path_);
   } catch (const std::exception&) {

@@ -4,17 +4,23 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
+#include <map>
 #include <random>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "families/families.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/dist/reducer.h"
+#include "spanformer/io/safetensors.h"
+#include "spanformer/models/sampling.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
+#include "spanformer/version.h"
 
 namespace spanformer::train {
 
@@ -79,13 +85,7 @@ std::string arch_of(const nlohmann::json& j, const std::string& origin) {
 }  // namespace
 
 std::unique_ptr<Family> family_from_config_file(const std::string& path, const std::vector<std::string>& overrides) {
-  if (!file_exists(path)) fail("file not found: {}", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{} is not valid JSON: {}", path, e.what());
-  }
+  auto j = read_config_file(path);
   return make_family(arch_of(j, path), j, path, overrides);
 }
 
@@ -96,6 +96,18 @@ std::unique_ptr<Family> family_from_json(const nlohmann::json& config, const std
 
 std::unique_ptr<Family> family_from_checkpoint(const Checkpoint& checkpoint, const std::vector<std::string>& overrides) {
   auto family = make_family(checkpoint.family(), checkpoint.config(), checkpoint.path(), overrides);
+  if (!overrides.empty()) {
+    // A command that reads a checkpoint trains nothing: an override of a training key would be
+    // silently ignored, so it is refused (the evaluation batch, threads and device are used).
+    const auto before = make_family(checkpoint.family(), checkpoint.config(), checkpoint.path(), {})->config_json();
+    const auto after = family->config_json();
+    for (auto it = after["train"].begin(); it != after["train"].end(); ++it) {
+      const std::string& key = it.key();
+      if (key == "eval_batch_size" || key == "threads" || key == "device") continue;
+      if (!before["train"].contains(key) || before["train"][key] != it.value())
+        fail("the override of train.{} is not used when a checkpoint is read (it only affects training)", key);
+    }
+  }
   family->validate();
   family->build();
   family->load_weights(checkpoint);  // refuses overrides that change the model
@@ -125,19 +137,119 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
     }
     std::istringstream in(prompt);
     std::string word;
+    std::vector<std::string> unknown;
     while (in >> word) {
       auto it = index.find(word);
-      if (it != index.end()) ids.push_back(it->second);
-      else if (unk >= 0) ids.push_back(unk);
+      if (it != index.end()) {
+        ids.push_back(it->second);
+      } else {
+        unknown.push_back(word);
+        if (unk >= 0) ids.push_back(unk);
+      }
     }
+    if (!unknown.empty())
+      fmt::print(stderr, "spanformer: warning: {} prompt word(s) not in the vocabulary, {}: {}\n", unknown.size(),
+                 unk >= 0 ? "read as <unk>" : "left out", fmt::join(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 10), " "));
     if (ids.empty()) ids.push_back(eos >= 0 ? eos : 0);
     return ids;
   }
   const auto byte_to_id = vocab.byte_to_id();
-  for (unsigned char c : prompt)
+  std::string unknown;
+  for (unsigned char c : prompt) {
     if (byte_to_id[c] >= 0) ids.push_back(byte_to_id[c]);
+    else if (unknown.find(static_cast<char>(c)) == std::string::npos) unknown += static_cast<char>(c);
+  }
+  if (!unknown.empty()) {
+    std::string shown;
+    for (unsigned char c : unknown) shown += c >= 32 && c < 127 ? fmt::format("'{}' ", static_cast<char>(c)) : fmt::format("0x{:02x} ", c);
+    shown.pop_back();
+    fmt::print(stderr, "spanformer: warning: prompt characters not in the vocabulary were left out: {}\n", shown);
+  }
   if (ids.empty()) ids.push_back(byte_to_id['\n'] >= 0 ? byte_to_id['\n'] : 0);  // start from <eos>
   return ids;
+}
+
+torch::Tensor accumulate_gradients(int64_t streams, int64_t split, std::vector<torch::Tensor>& state,
+                                   const StepContext& ctx, const std::vector<torch::Tensor>& params,
+                                   const GroupLoss& group_loss) {
+  const int64_t part = streams / split;
+  torch::Tensor loss_sum;
+  std::vector<std::vector<torch::Tensor>> next(state.size());
+  for (int64_t s = 0; s < split; ++s) {
+    std::vector<torch::Tensor> part_state;
+    for (auto& t : state) part_state.push_back(t.narrow(0, s * part, part));  // (B/split, T, H)
+    auto [nll, loss] = group_loss(s * part, part, part_state);
+    if (s == split - 1) ctx.before_last_backward();
+    (loss / static_cast<double>(split)).backward();
+    auto mean = nll.detach().to(torch::kFloat) / static_cast<double>(split);
+    loss_sum = loss_sum.defined() ? loss_sum + mean : mean;
+    for (size_t l = 0; l < state.size(); ++l) next[l].push_back(part_state[l]);
+  }
+  for (size_t l = 0; l < state.size(); ++l) state[l] = split == 1 ? next[l][0] : torch::cat(next[l], 0);
+  ctx.reduce_gradients(params);
+  return loss_sum;
+}
+
+void save_stream_state(CheckpointWriter& out, const std::string& name, const std::vector<torch::Tensor>& state,
+                       const std::function<torch::Tensor(const torch::Tensor&)>& gather) {
+  for (size_t i = 0; i < state.size(); ++i) out.put(fmt::format("state.{}.{}", name, i), gather(state[i]));
+}
+
+std::vector<torch::Tensor> load_stream_state(const Checkpoint& in, const std::string& name, int64_t n, int64_t width,
+                                             int64_t max_length, int64_t batch, int64_t first, int64_t count,
+                                             torch::Device device) {
+  std::vector<torch::Tensor> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto t = in.tensor(fmt::format("state.{}.{}", name, i));
+    if (t.dim() != 3 || t.size(2) != width || t.size(1) > max_length)
+      fail("checkpoint {}: state '{}.{}' has shape {}", in.path(), name, i, fmt::join(t.sizes(), "x"));
+    if (t.size(0) != batch) fail("checkpoint {} was trained with batch_size {}, the config says {}", in.path(), t.size(0), batch);
+    if (!torch::isfinite(t).all().item<bool>()) fail("checkpoint {}: state '{}.{}' holds non-finite values", in.path(), name, i);
+    out.push_back(t.narrow(0, first, count).contiguous().to(device));
+  }
+  return out;
+}
+
+void sample_tokens(const data::Vocab& vocab, const SampleRequest& r, int64_t block,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& scores, torch::Device device) {
+  models::SamplingOptions options{r.temperature, r.top_k, r.top_p};
+  models::check(options);
+  if (r.tokens < 0) fail("the number of tokens must be >= 0 (got {})", r.tokens);
+  torch::NoGradGuard no_grad;
+  auto ids = prompt_ids(vocab, r.prompt);
+  torch::Tensor last;
+  for (size_t start = 0; start < ids.size(); start += block) {
+    const int64_t n = std::min<int64_t>(block, static_cast<int64_t>(ids.size() - start));
+    last = forward(torch::from_blob(ids.data() + start, {1, n}, torch::kLong).to(device)).narrow(1, n - 1, 1);  // (1, 1, H)
+  }
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    const int64_t id = models::sample_token(scores(last).view({-1}), options);  // (V)
+    if (r.on_text) r.on_text(vocab.decode(id));
+    if (t + 1 < r.tokens) last = forward(torch::full({1, 1}, id, torch::kLong).to(device));
+  }
+}
+
+OptimizerOptions optimizer_options(const TrainConfig& train) {
+  OptimizerOptions o;
+  o.kind = train.optim;
+  o.momentum = train.momentum;
+  o.grad_clip = train.grad_clip;
+  return o;
+}
+
+void log_spans(const std::vector<std::vector<double>>& spans, nlohmann::json& record, std::string& text) {
+  if (spans.empty()) return;
+  std::vector<double> mean, max;
+  for (const auto& z : spans) {
+    double s = 0, m = 0;
+    for (double v : z) s += v, m = std::max(m, v);
+    mean.push_back(s / static_cast<double>(z.size()));
+    max.push_back(m);
+  }
+  record["span_mean"] = mean;
+  record["span_max"] = max;
+  text += fmt::format(" | spans {:.0f}", fmt::join(mean, " "));
 }
 
 void set_bimodal_spans(const std::vector<torch::Tensor>& span_ratios, double L) {
@@ -163,6 +275,64 @@ double time_steps(const BenchRequest& r, const std::function<void()>& step) {
     fmt::print(stderr, "  step {}/{}: {:.0f} ms{}\n", i + 1, r.warmup + r.steps, dt * 1e3, i < r.warmup ? " (warmup)" : "");
   }
   return total / static_cast<double>(r.steps);
+}
+
+void export_safetensors(const Checkpoint& checkpoint, const std::string& path, const std::string& config_path) {
+  auto family = family_from_checkpoint(checkpoint);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : family->module().named_parameters()) tensors.emplace_back(item.key(), item.value());
+  auto config = family->config_json();
+  config["arch"] = family->name();
+  const std::map<std::string, std::string> metadata{
+      {"format", "pt"},
+      {"spanformer.family", family->name()},
+      {"spanformer.config", config.dump()},
+      {"spanformer.vocab", data::vocab_to_text(checkpoint.vocab())},
+      {"spanformer.vocab_level", checkpoint.vocab().word_level ? "word" : "byte"},
+      {"spanformer.version", kVersion}};
+  io::write_safetensors(path, tensors, metadata);
+  write_file_atomic(config_path, config.dump(2) + "\n");
+}
+
+void import_safetensors(const std::string& path, const std::string& checkpoint_path) {
+  auto file = io::read_safetensors(path);
+  for (const char* key : {"spanformer.family", "spanformer.config", "spanformer.vocab", "spanformer.vocab_level"})
+    if (!file.metadata.count(key))
+      fail("{} has no '{}' in its metadata: not written by `spanformer export safetensors`", path, key);
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(file.metadata["spanformer.config"]);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: its spanformer.config metadata is not JSON ({})", path, one_line_message(e));
+  }
+  if (arch_of(config, path) != file.metadata["spanformer.family"])
+    fail("{}: its metadata names family '{}' but a config of arch '{}'", path, file.metadata["spanformer.family"],
+         arch_of(config, path));
+  const std::string& level = file.metadata["spanformer.vocab_level"];
+  if (level != "byte" && level != "word") fail("{}: vocab_level '{}' is neither byte nor word", path, level);
+  const std::string origin = path + " (metadata)";
+  auto vocab = level == "word" ? data::parse_word_vocab(file.metadata["spanformer.vocab"], origin)
+                               : data::parse_vocab(file.metadata["spanformer.vocab"], origin);
+  auto family = family_from_json(config, origin);
+  family->set_vocab_size(vocab.size(), origin);
+  family->validate();
+  family->build();
+  std::map<std::string, torch::Tensor> stored(file.tensors.begin(), file.tensors.end());
+  torch::NoGradGuard no_grad;
+  for (auto& item : family->module().named_parameters()) {
+    auto it = stored.find(item.key());
+    if (it == stored.end()) fail("{} has no tensor '{}', which the {} model needs", path, item.key(), family->name());
+    const auto& t = it->second;
+    if (!t.is_floating_point()) fail("{}: tensor '{}' is {}, not floating point", path, item.key(), c10::toString(t.scalar_type()));
+    if (t.sizes() != item.value().sizes())
+      fail("{}: tensor '{}' has shape {}, the model expects {}", path, item.key(), t.sizes(), item.value().sizes());
+    if (!torch::isfinite(t).all().item<bool>()) fail("{}: tensor '{}' holds NaN or infinite values", path, item.key());
+    item.value().copy_(t);
+    stored.erase(it);
+  }
+  if (!stored.empty())
+    fail("{} has tensor '{}', which the {} model does not have", path, stored.begin()->first, family->name());
+  save_weights(*family, vocab, checkpoint_path);
 }
 
 }  // namespace spanformer::train

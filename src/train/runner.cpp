@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 
@@ -12,9 +13,8 @@
 
 #include "spanformer/dist/group.h"
 #include "spanformer/dist/reducer.h"
-#include "spanformer/dist/group.h"
-#include "spanformer/dist/reducer.h"
 #include "spanformer/train/evaluate.h"
+#include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
@@ -61,11 +61,14 @@ RunResult run_training(Family& family, const RunOptions& options) {
   const std::string checkpoint_path = options.out_dir + "/checkpoint.pt";
   const std::string best_path = options.out_dir + "/best.pt";
   const std::string log_path = options.out_dir + "/log.jsonl";
+  const std::string sessions_path = options.out_dir + "/sessions.jsonl";  // one record per session: code, host, command
   make_dirs(options.out_dir);
   std::unique_ptr<DirectoryLock> lock;  // the main rank owns the run directory
   if (main_rank) {
     lock = std::make_unique<DirectoryLock>(options.out_dir, "training run");
     remove_stale_temporaries(options.out_dir);
+    if (!options.resume && !options.overwrite && (file_exists(checkpoint_path) || file_exists(log_path)))
+      fail("{} already holds a run: continue it with --resume, or replace it with --overwrite", options.out_dir);
   }
 
   const torch::Device device = parse_device(tc.device);
@@ -86,6 +89,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
   if (train_streams.length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", tc.data, B, M);
   if (valid_streams.length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", tc.data, B, M);
 
+  const std::pair<std::string, std::string> fingerprints{corpus.train->fingerprint(), corpus.valid->fingerprint()};
   RunState state;
   if (options.resume && file_exists(checkpoint_path)) {
     Checkpoint ck(checkpoint_path);
@@ -94,6 +98,10 @@ RunResult run_training(Family& family, const RunOptions& options) {
     if (!ck.has_train_state()) fail("checkpoint {} has no training state; it cannot be resumed", checkpoint_path);
     if (data::vocab_to_text(ck.vocab()) != data::vocab_to_text(corpus.vocab))
       fail("checkpoint {} was trained with another vocabulary than {}/vocab.txt", checkpoint_path, tc.data);
+    if (ck.has("state.train_sha256") && (ck.text("state.train_sha256") != fingerprints.first ||
+                                         ck.text("state.valid_sha256") != fingerprints.second))
+      fail("checkpoint {} was trained on other data than {} (its train.bin / valid.bin fingerprints differ)",
+           checkpoint_path, tc.data);
     if (ck.has("state.train_tokens") &&
         (ck.integer("state.train_tokens") != corpus.train->size() || ck.integer("state.valid_tokens") != corpus.valid->size()))
       fail("checkpoint {} was trained on data of {} train / {} valid tokens; {} has {} / {}: not the same data",
@@ -125,9 +133,20 @@ RunResult run_training(Family& family, const RunOptions& options) {
       if (main_rank) fmt::print(stderr, "spanformer: starting from the weights of {}\n", options.init_from);
     }
     family.init_state(local);
-    if (main_rank) write_file_atomic(log_path, "");  // a new run starts a new log
+    if (main_rank) {  // a new run starts a new log and leaves no checkpoint of the run it replaces
+      write_file_atomic(log_path, "");
+      std::remove(best_path.c_str());
+      std::remove(checkpoint_path.c_str());
+      std::remove(sessions_path.c_str());
+    }
   }
-  if (main_rank) write_file_atomic(options.out_dir + "/config.json", family.config_json().dump(2) + "\n");
+  if (main_rank) {
+    write_file_atomic(options.out_dir + "/config.json", family.config_json().dump(2) + "\n");
+    auto record = build_record(options.command_line);
+    record["step"] = state.step;
+    record["processes"] = world;
+    std::ofstream(sessions_path, std::ios::app) << record.dump() << "\n";
+  }
 
   install_interrupt_handler();
   std::ofstream log;
@@ -148,6 +167,8 @@ RunResult run_training(Family& family, const RunOptions& options) {
     out.put_int("state.valid_pos", state.valid_pos);
     out.put_int("state.train_tokens", corpus.train->size());
     out.put_int("state.valid_tokens", corpus.valid->size());
+    out.put_text("state.train_sha256", fingerprints.first);
+    out.put_text("state.valid_sha256", fingerprints.second);
     out.put_double("state.elapsed_seconds", state.elapsed_seconds + (now_seconds() - session_start));
     out.put_double("state.best_valid", state.best_valid);
     out.put("state.rng", compat::generator_state(c10::DeviceType::CPU));
@@ -208,6 +229,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
       const double train_nll = interval_loss / static_cast<double>(interval_steps);
       result.last_train = in_unit(train_nll, words);
       result.last_valid = in_unit(valid_nll, words);
+      result.evaluated = true;
       const double ms_per_step = interval_seconds * 1e3 / static_cast<double>(interval_steps);
       const bool best = valid_nll < state.best_valid;
       if (best) state.best_valid = valid_nll;

@@ -17,7 +17,11 @@ std::string one_line_message(const std::exception& e) {
   size_t start = message.find_first_not_of("\n ");
   if (start == std::string::npos) return "unknown error";
   size_t end = message.find('\n', start);
-  return message.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  message = message.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  // nlohmann::json prefixes its messages with "[json.exception.<kind>.<id>] ": not for users.
+  if (message.rfind("[json.exception.", 0) == 0)
+    if (size_t close = message.find("] "); close != std::string::npos) message = message.substr(close + 2);
+  return message;
 }
 
 }  // namespace spanformer

@@ -1,5 +1,7 @@
 #include "spanformer/util/io.h"
 
+#include <openssl/evp.h>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -25,6 +27,16 @@ std::string read_file(const std::string& path) {
   std::ostringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
+}
+
+void check_readable(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail("cannot open {}: {}", path, std::strerror(errno));
+  char byte;
+  const bool ok = std::fread(&byte, 1, 1, f) == 1 || !std::ferror(f);  // a directory opens but cannot be read
+  const int error = errno;
+  std::fclose(f);
+  if (!ok) fail("cannot read {}: {}", path, std::strerror(error));
 }
 
 bool file_exists(const std::string& path) {
@@ -143,6 +155,19 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     other.size_ = 0;
   }
   return *this;
+}
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr); }
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+void Sha256::add(const void* data, size_t size) { EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, size); }
+std::string Sha256::hex() {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out, &length);
+  static const char* digits = "0123456789abcdef";
+  std::string h;
+  for (unsigned int i = 0; i < length; ++i) h += {digits[out[i] >> 4], digits[out[i] & 15]};
+  return h;
 }
 
 }  // namespace spanformer

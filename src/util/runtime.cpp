@@ -42,6 +42,7 @@ void on_signal(int) {
 void install_interrupt_handler() {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGHUP, on_signal);  // a closed terminal: stop and checkpoint like SIGTERM
 }
 
 bool interrupted() { return g_interrupts.load() > 0; }

@@ -8,6 +8,7 @@
 //   constant:        lr
 //   cosine:          lr_min + (lr - lr_min) (1 + cos(pi min(1, k / nb_steps))) / 2
 #pragma once
+#include <nlohmann/json.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,6 +53,14 @@ struct ConfigKey {
 };
 // Every key of an arch's config ("adaptive-span" or "xl"), sections in file order.
 std::vector<ConfigKey> config_keys(const std::string& arch);
+
+// Refuses, before anything is allocated, a model whose estimated parameter count does not fit in this
+// machine's memory as float32 (absurd sizes such as nb_layers = 1e5 fail here in one line).
+void check_model_fits(double parameters);
+
+// A config file as JSON: one-line errors for missing, unreadable and invalid files, and for a key
+// given twice in one object (JSON parsers would keep the last silently).
+nlohmann::json read_config_file(const std::string& path);
 
 // The Transformer-XL/PAR family's defaults (kimiyoung/transformer-xl's train.py).
 TrainConfig xl_train_defaults();

@@ -74,6 +74,8 @@ class TokenFile {
                                    : static_cast<int64_t>(reinterpret_cast<const uint32_t*>(tokens_)[i]);
   }
   const std::string& path() const { return map_.path(); }
+  // SHA-256 of the whole file: what a resumed run checks its data against.
+  std::string fingerprint() const;
 
  private:
   MappedFile map_;

@@ -6,7 +6,9 @@
 namespace spanformer::dist {
 
 // Spawns `n` local workers running this program with `args` (argv without the launcher flag) and the
-// torchrun variables set; waits for them, stops the others when one fails, returns the exit status.
+// torchrun variables set; waits for them and returns the first failing exit status (0 if none). SIGINT,
+// SIGTERM and SIGHUP are forwarded to the workers; a failed worker gets the others killed at once;
+// workers die with the launcher (src/dist/launcher.cpp).
 int spawn_local_workers(int n, const std::vector<std::string>& args);
 
 }  // namespace spanformer::dist

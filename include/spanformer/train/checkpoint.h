@@ -63,6 +63,9 @@ class Checkpoint {
   int64_t integer(const std::string& key) const;
   double number(const std::string& key) const;
   bool has_train_state() const { return has("state.step"); }
+  // Every stored entry of a version-2 file other than the header (format, version, family, config,
+  // vocab, vocab_level, manifest), as (key, is_text).
+  std::vector<std::pair<std::string, bool>> entries() const;
 
   // Copies "<prefix><name>" into every parameter, naming the key on a missing entry, another shape
   // or non-finite values.

@@ -159,6 +159,13 @@ std::unique_ptr<Family> family_from_checkpoint(const Checkpoint& checkpoint, con
 // A weights-only checkpoint of the family's model (no optimizer or training state), written atomically.
 void save_weights(Family& family, const data::Vocab& vocab, const std::string& path);
 
+// safetensors (io/safetensors.h), the same for every family: the model's parameters under their own
+// names, and the family, config and vocabulary in __metadata__ (plus the config as a JSON file beside
+// it, usable with `train -c`). Import rebuilds a weights-only checkpoint from the file alone; every
+// parameter must be present with its shape (float32, float64, float16 or bfloat16, stored as float32).
+void export_safetensors(const Checkpoint& checkpoint, const std::string& path, const std::string& config_path);
+void import_safetensors(const std::string& path, const std::string& checkpoint_path);
+
 // "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.
 torch::Device parse_device(const std::string& name);
 

@@ -16,6 +16,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "spanformer/train/family.h"
 
@@ -24,6 +25,8 @@ namespace spanformer::train {
 struct RunOptions {
   std::string out_dir;          // config.json, log.jsonl, checkpoint.pt, best.pt
   bool resume = false;          // continue from out_dir/checkpoint.pt (exactly where it stopped)
+  bool overwrite = false;       // a new run may replace the run already in out_dir (else refused)
+  std::vector<std::string> command_line;  // recorded in out_dir/sessions.jsonl with version, host, start time
   bool progress = true;         // live progress line on stderr
   int64_t stop_after = -1;      // stop (with a checkpoint) after this many steps of this session
   std::string init_from;        // new run only: start from this checkpoint's weights (same model)
@@ -33,7 +36,8 @@ struct RunOptions {
 struct RunResult {
   int64_t steps = 0;           // the run's step count at the end
   int64_t session_steps = 0;   // steps done by this call
-  double last_train = 0, last_valid = 0;  // in `unit`
+  double last_train = 0, last_valid = 0;  // in `unit`, at the last evaluation of this session
+  bool evaluated = false;      // false: stopped before this session's first evaluation
   std::string unit;            // bpc or ppl
   bool interrupted = false;
 };

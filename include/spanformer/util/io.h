@@ -23,6 +23,25 @@ void write_atomic_with(const std::string& path, const std::function<void(const s
 
 bool file_exists(const std::string& path);
 
+// Throws Error "cannot open PATH: <reason>" unless `path` can be opened for reading (permission, a
+// directory): so that a reader whose own errors cannot tell why (an archive loader) names the real cause.
+void check_readable(const std::string& path);
+
+// SHA-256 (OpenSSL), fed piece by piece; hex() finishes it.
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void add(const void* data, size_t size);
+  void add(const std::string& s) { add(s.data(), s.size() + 1); }  // with its terminator: "ab","c" != "a","bc"
+  std::string hex();
+
+ private:
+  void* ctx_;
+};
+
 // Removes "<name>.tmp.<pid>" files in `dir` left by writers that were killed (their process is gone).
 void remove_stale_temporaries(const std::string& dir);
 

@@ -20,7 +20,7 @@ void keep_freed_memory();
 // Peak resident set size of this process in bytes.
 int64_t peak_rss_bytes();
 
-// Ctrl-C handling: after install_interrupt_handler(), SIGINT/SIGTERM set a flag that long loops poll
+// Ctrl-C handling: after install_interrupt_handler(), SIGINT/SIGTERM/SIGHUP set a flag that long loops poll
 // (so a training run can save a checkpoint before it exits). A second Ctrl-C exits at once.
 void install_interrupt_handler();
 bool interrupted();

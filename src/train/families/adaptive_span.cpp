@@ -19,7 +19,6 @@
 
 #include "spanformer/config/config.h"
 #include "spanformer/io/reference_import.h"
-#include "spanformer/models/sampling.h"
 #include "spanformer/models/transformer_seq.h"
 #include "spanformer/train/evaluate.h"
 #include "spanformer/train/optim.h"
@@ -33,25 +32,16 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
                          const StepContext& ctx) {
   model->train();
   optimizer.zero_grad();
-  const int64_t B = x.size(0), part = B / batch_split;
-  auto loss_sum = torch::zeros({}, x.options().dtype(torch::kFloat));
-  std::vector<std::vector<torch::Tensor>> next(caches.size());
-  for (int64_t s = 0; s < batch_split; ++s) {
-    std::vector<torch::Tensor> part_caches;
-    for (auto& c : caches) part_caches.push_back(c.narrow(0, s * part, part));  // (B/split, C_l, H)
-    auto xs = x.narrow(0, s * part, part), ys = y.narrow(0, s * part, part);   // (B/split, M)
-    auto logits = model->logits(model->forward(xs, part_caches));              // (B/split, M, V)
-    auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), ys.reshape({-1}));
-    if (s == batch_split - 1) ctx.before_last_backward();
-    ((nll + model->span_loss()) / static_cast<double>(batch_split)).backward();
-    loss_sum = loss_sum + nll.detach() / static_cast<double>(batch_split);
-    for (size_t l = 0; l < caches.size(); ++l) next[l].push_back(part_caches[l]);
-  }
-  for (size_t l = 0; l < caches.size(); ++l) caches[l] = batch_split == 1 ? next[l][0] : torch::cat(next[l], 0);
-  ctx.reduce_gradients(model->parameters());
+  auto loss = accumulate_gradients(x.size(0), batch_split, caches, ctx, model->parameters(),
+                                   [&](int64_t first, int64_t count, std::vector<torch::Tensor>& part) {
+                                     auto logits = model->logits(model->forward(x.narrow(0, first, count), part));  // (b, M, V)
+                                     auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                                                          y.narrow(0, first, count).reshape({-1}));
+                                     return std::pair{nll, nll + model->span_loss()};
+                                   });
   optimizer.step(ctx.lr);
   model->clamp_spans();
-  return loss_sum;
+  return loss;
 }
 
 namespace {
@@ -86,11 +76,7 @@ class AdaptiveSpanFamily : public Family {
   void make_optimizers() override {
     std::vector<std::pair<std::string, torch::Tensor>> params;
     for (auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
-    OptimizerOptions o;
-    o.kind = config_.train.optim;
-    o.momentum = config_.train.momentum;
-    o.grad_clip = config_.train.grad_clip;
-    optimizer_ = std::make_unique<Optimizer>(params, o);
+    optimizer_ = std::make_unique<Optimizer>(params, optimizer_options(config_.train));
   }
   void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
   void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
@@ -137,41 +123,17 @@ class AdaptiveSpanFamily : public Family {
 
   void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) override {
     out.put_int("state.nb_caches", static_cast<int64_t>(train_caches_.size()));
-    for (size_t l = 0; l < train_caches_.size(); ++l) {
-      out.put(fmt::format("state.train_cache.{}", l), gather(train_caches_[l]));
-      out.put(fmt::format("state.valid_cache.{}", l), gather(valid_caches_[l]));
-    }
+    save_stream_state(out, "train_cache", train_caches_, gather);
+    save_stream_state(out, "valid_cache", valid_caches_, gather);
   }
   void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) override {
-    const int64_t L = config_.model.nb_layers, H = config_.model.hidden_size;
-    if (in.integer("state.nb_caches") != L) fail("checkpoint {} holds caches for another number of layers", in.path());
-    train_caches_.clear();
-    valid_caches_.clear();
-    for (int64_t l = 0; l < L; ++l) {
-      for (auto [key, target] : {std::pair{"train", &train_caches_}, std::pair{"valid", &valid_caches_}}) {
-        auto c = in.tensor(fmt::format("state.{}_cache.{}", key, l));
-        if (c.dim() != 3 || c.size(2) != H || c.size(1) > config_.model.attn_span + config_.model.block_size)
-          fail("checkpoint {}: cache '{}' of layer {} has shape {}", in.path(), key, l, fmt::join(c.sizes(), "x"));
-        if (c.size(0) != batch)
-          fail("checkpoint {} was trained with batch_size {}, the config says {}", in.path(), c.size(0), batch);
-        if (!torch::isfinite(c).all().item<bool>()) fail("checkpoint {}: cache of layer {} holds non-finite values", in.path(), l);
-        target->push_back(c.narrow(0, first, count).contiguous().to(device()));
-      }
-    }
+    const auto& c = config_.model;
+    if (in.integer("state.nb_caches") != c.nb_layers) fail("checkpoint {} holds caches for another number of layers", in.path());
+    for (auto [key, target] : {std::pair{"train_cache", &train_caches_}, std::pair{"valid_cache", &valid_caches_}})
+      *target = load_stream_state(in, key, c.nb_layers, c.hidden_size, c.attn_span + c.block_size, batch, first, count, device());
   }
 
-  void log_extras(int64_t, nlohmann::json& record, std::string& text) override {
-    std::vector<double> mean, max;
-    for (const auto& z : model_->spans()) {
-      double s = 0, m = 0;
-      for (double v : z) s += v, m = std::max(m, v);
-      mean.push_back(s / static_cast<double>(z.size()));
-      max.push_back(m);
-    }
-    record["span_mean"] = mean;
-    record["span_max"] = max;
-    text += fmt::format(" | spans {:.0f}", fmt::join(mean, " "));
-  }
+  void log_extras(int64_t, nlohmann::json& record, std::string& text) override { log_spans(model_->spans(), record, text); }
 
   EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& r) override {
     const int64_t batch = r.batch > 0 ? r.batch : config_.train.eval_batch_size;
@@ -185,26 +147,11 @@ class AdaptiveSpanFamily : public Family {
   }
 
   void sample(const data::Vocab& vocab, const SampleRequest& r) override {
-    models::SamplingOptions options{r.temperature, r.top_k, r.top_p};
-    models::check(options);
-    if (r.tokens < 0) fail("the number of tokens must be >= 0 (got {})", r.tokens);
-    torch::NoGradGuard no_grad;
     model_->eval();
-    auto ids = prompt_ids(vocab, r.prompt);
     auto caches = model_->initial_caches(1);
     to_device(caches);
-    const int64_t M = config_.model.block_size;
-    torch::Tensor last;
-    for (size_t start = 0; start < ids.size(); start += M) {
-      const int64_t n = std::min<int64_t>(M, static_cast<int64_t>(ids.size() - start));
-      auto x = torch::from_blob(ids.data() + start, {1, n}, torch::kLong).to(device());  // (1, n)
-      last = model_->forward(x, caches).narrow(1, n - 1, 1);                               // (1, 1, H)
-    }
-    for (int64_t t = 0; t < r.tokens; ++t) {
-      const int64_t id = models::sample_token(model_->logits(last).view({-1}), options);  // logits (V)
-      if (r.on_text) r.on_text(vocab.decode(id));
-      if (t + 1 < r.tokens) last = model_->forward(torch::full({1, 1}, id, torch::kLong).to(device()), caches);
-    }
+    sample_tokens(vocab, r, config_.model.block_size, [&](const torch::Tensor& x) { return model_->forward(x, caches); },
+                  [&](const torch::Tensor& last) { return model_->logits(last); }, device());
   }
 
   std::vector<std::vector<double>> spans() const override { return model_->spans(); }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "spanformer/train/family.h"
+#include "spanformer/train/optim.h"
 
 namespace spanformer::train {
 
@@ -21,6 +22,37 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
 // Runs warmup + steps calls of `step`, printing each one's time on stderr; returns the mean seconds
 // of the timed ones.
 double time_steps(const BenchRequest& request, const std::function<void()>& step);
+
+// What every family's train step shares: the local streams in `split` groups, each group's forward
+// and backward (`group_loss(first, count, state)` returns {mean NLL, loss to differentiate} for streams
+// [first, first + count) with their slice of the recurrent state, which it updates), the state put back
+// together, the gradients averaged over processes. Returns the mean NLL (0-dim).
+using GroupLoss = std::function<std::pair<torch::Tensor, torch::Tensor>(int64_t, int64_t, std::vector<torch::Tensor>&)>;
+torch::Tensor accumulate_gradients(int64_t streams, int64_t split, std::vector<torch::Tensor>& state,
+                                   const StepContext& ctx, const std::vector<torch::Tensor>& params,
+                                   const GroupLoss& group_loss);
+
+// Recurrent state (one (B, T, width) tensor per layer or block, T <= max_length) into and out of a
+// checkpoint under "state.<name>.<i>" (the caller records how many); reading checks shape, batch and
+// finiteness, and keeps this process's streams [first, first + count).
+void save_stream_state(CheckpointWriter& out, const std::string& name, const std::vector<torch::Tensor>& state,
+                       const std::function<torch::Tensor(const torch::Tensor&)>& gather);
+std::vector<torch::Tensor> load_stream_state(const Checkpoint& in, const std::string& name, int64_t n, int64_t width,
+                                             int64_t max_length, int64_t batch, int64_t first, int64_t count,
+                                             torch::Device device);
+
+// Sampling every family shares: the prompt in blocks of `block`, then one token per step.
+// `forward(x (1, n))` runs the model with its carried state and returns the last hidden state
+// (1, 1, H); `scores(last)` gives logits or log-probabilities (V).
+void sample_tokens(const data::Vocab& vocab, const SampleRequest& request, int64_t block,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& scores, torch::Device device);
+
+// The main optimizer's options from the shared train section.
+OptimizerOptions optimizer_options(const TrainConfig& train);
+
+// Log fields of learned spans (mean and max per layer) and the progress line's span means.
+void log_spans(const std::vector<std::vector<double>>& spans, nlohmann::json& record, std::string& text);
 
 // Spans as adaptive-span models learn them (bench --span-dist bimodal): in each layer's span_ratio (K),
 // 3 of 4 heads get z in [16, min(256, L)], 1 of 4 in [min(2048, L), L] (fixed seed).

@@ -20,7 +20,6 @@
 #include "spanformer/config/xl_config.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/io/xl_reference.h"
-#include "spanformer/models/sampling.h"
 #include "spanformer/models/xl.h"
 #include "spanformer/nn/gumbel.h"
 #include "spanformer/train/evaluate.h"
@@ -61,11 +60,7 @@ class XlFamily : public Family {
   torch::nn::Module& module() override { return *model_; }
 
   void make_optimizers() override {
-    OptimizerOptions o;
-    o.kind = config_.train.optim;
-    o.momentum = config_.train.momentum;
-    o.grad_clip = config_.train.grad_clip;
-    optimizer_ = std::make_unique<Optimizer>(model_->weight_parameters(), o);
+    optimizer_ = std::make_unique<Optimizer>(model_->weight_parameters(), optimizer_options(config_.train));
     if (config_.model.search) {
       OptimizerOptions a;
       a.kind = OptimKind::kAdam;
@@ -115,22 +110,14 @@ class XlFamily : public Family {
 
   void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) override {
     out.put_int("state.nb_mems", static_cast<int64_t>(mems_.size()));
-    for (size_t b = 0; b < mems_.size(); ++b) out.put(fmt::format("state.mem.{}", b), gather(mems_[b]));
+    save_stream_state(out, "mem", mems_, gather);
   }
   void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) override {
-    const int64_t N = static_cast<int64_t>(model_->blocks().size());
+    const auto N = static_cast<int64_t>(model_->blocks().size());
     if (in.integer("state.nb_mems") != N) fail("checkpoint {} holds memories for another number of blocks", in.path());
     streams_ = count;
-    mems_.clear();
-    for (int64_t b = 0; b < N; ++b) {
-      auto m = in.tensor(fmt::format("state.mem.{}", b));
-      if (m.dim() != 3 || m.size(2) != config_.model.d_model || m.size(1) > config_.model.mem_len + config_.model.tgt_len)
-        fail("checkpoint {}: memory of block {} has shape {}", in.path(), b, fmt::join(m.sizes(), "x"));
-      if (m.size(0) != batch)
-        fail("checkpoint {} was trained with batch_size {}, the config says {}", in.path(), m.size(0), batch);
-      if (!torch::isfinite(m).all().item<bool>()) fail("checkpoint {}: memory of block {} holds non-finite values", in.path(), b);
-      mems_.push_back(m.narrow(0, first, count).contiguous().to(device()));
-    }
+    mems_ = load_stream_state(in, "mem", N, config_.model.d_model, config_.model.mem_len + config_.model.tgt_len, batch,
+                              first, count, device());
   }
 
   void log_extras(int64_t, nlohmann::json& record, std::string& text) override {
@@ -147,16 +134,7 @@ class XlFamily : public Family {
       record["argmax"] = argmax;
       text += fmt::format(" | tau {:.3f} | argmax {}", last_tau_, argmax);
     }
-    if (config_.model.adapt_span) {
-      std::vector<double> mean;
-      for (const auto& z : model_->spans()) {
-        double s = 0;
-        for (double v : z) s += v;
-        mean.push_back(s / static_cast<double>(z.size()));
-      }
-      record["span_mean"] = mean;
-      text += fmt::format(" | spans {:.0f}", fmt::join(mean, " "));
-    }
+    if (config_.model.adapt_span) log_spans(model_->spans(), record, text);
   }
 
   EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& r) override {
@@ -188,32 +166,15 @@ class XlFamily : public Family {
   // Memory-carrying sampling: the prompt in segments of tgt_len, then one token per forward step
   // against the memories (mem_len states per block), so each token costs one step.
   void sample(const data::Vocab& vocab, const SampleRequest& r) override {
-    models::SamplingOptions options{r.temperature, r.top_k, r.top_p};
-    models::check(options);
-    if (r.tokens < 0) fail("the number of tokens must be >= 0 (got {})", r.tokens);
-    torch::NoGradGuard no_grad;
     model_->eval();
-    auto ids = prompt_ids(vocab, r.prompt);
     auto mems = model_->initial_mems(1);
     for (auto& m : mems) m = m.to(device());
     auto lengths = models::xl::Lengths::of(config_.model);
     lengths.ext_len = 0;
     auto weights = config_.model.search ? model_->eval_weights() : torch::Tensor();
-    const int64_t M = config_.model.tgt_len;
-    torch::Tensor last;
-    for (size_t start = 0; start < ids.size(); start += M) {
-      const int64_t n = std::min<int64_t>(M, static_cast<int64_t>(ids.size() - start));
-      auto x = torch::from_blob(ids.data() + start, {1, n}, torch::kLong).to(device());  // (1, n)
-      last = model_->forward(x, mems, lengths, weights).narrow(1, n - 1, 1);              // (1, 1, H)
-    }
-    for (int64_t t = 0; t < r.tokens; ++t) {
-      const int64_t id = models::sample_token(model_->log_prob(last).view({-1}), options);  // (V)
-      if (r.on_text) r.on_text(vocab.decode(id));
-      if (t + 1 < r.tokens) {
-        auto x = torch::full({1, 1}, id, torch::kLong).to(device());
-        last = model_->forward(x, mems, lengths, weights);  // (1, 1, H)
-      }
-    }
+    sample_tokens(vocab, r, config_.model.tgt_len,
+                  [&](const torch::Tensor& x) { return model_->forward(x, mems, lengths, weights); },
+                  [&](const torch::Tensor& last) { return model_->log_prob(last); }, device());
   }
 
   std::vector<std::vector<double>> spans() const override {
@@ -244,29 +205,20 @@ class XlFamily : public Family {
     if (search && model_->alpha.grad().defined()) model_->alpha.mutable_grad().zero_();
     // One noise sample per block for the whole step (all stream groups see the same architecture).
     torch::Tensor noise = search ? nn::gumbel_noise(model_->alpha.sizes(), model_->alpha.options()) : torch::Tensor();
-    const int64_t B = x.size(0), Q = x.size(1), split = config_.train.batch_split, part = B / split;
-    const int64_t scored = config_.model.tgt_len;
+    const int64_t Q = x.size(1), scored = config_.model.tgt_len;
     const auto lengths = models::xl::Lengths::of(config_.model);
-    auto loss_sum = torch::zeros({}, x.options().dtype(torch::kFloat));
-    std::vector<std::vector<torch::Tensor>> next(mems_.size());
-    for (int64_t s = 0; s < split; ++s) {
-      std::vector<torch::Tensor> part_mems;
-      for (auto& m : mems_) part_mems.push_back(m.narrow(0, s * part, part));   // (B/split, Mm, H)
-      auto xs = x.narrow(0, s * part, part), ys = y.narrow(0, s * part, part);  // (B/split, Q)
-      auto w = search ? nn::gumbel_softmax(model_->alpha, noise, tau, config_.model.search_hard) : torch::Tensor();
-      auto h = model_->forward(xs, part_mems, lengths, w);                       // (B/split, Q, H)
-      auto nll = model_->nll(h.narrow(1, Q - scored, scored), ys.narrow(1, Q - scored, scored)).mean();
-      if (s == split - 1) ctx.before_last_backward();
-      ((nll + model_->span_loss()) / static_cast<double>(split)).backward();
-      loss_sum = loss_sum + nll.detach() / static_cast<double>(split);
-      for (size_t b = 0; b < mems_.size(); ++b) next[b].push_back(part_mems[b]);
-    }
-    for (size_t b = 0; b < mems_.size(); ++b) mems_[b] = split == 1 ? next[b][0] : torch::cat(next[b], 0);
-    ctx.reduce_gradients(model_->parameters());
+    auto loss = accumulate_gradients(
+        x.size(0), config_.train.batch_split, mems_, ctx, model_->parameters(),
+        [&](int64_t first, int64_t count, std::vector<torch::Tensor>& part) {
+          auto w = search ? nn::gumbel_softmax(model_->alpha, noise, tau, config_.model.search_hard) : torch::Tensor();
+          auto h = model_->forward(x.narrow(0, first, count), part, lengths, w);                 // (b, Q, H)
+          auto nll = model_->nll(h.narrow(1, Q - scored, scored), y.narrow(0, first, count).narrow(1, Q - scored, scored)).mean();
+          return std::pair{nll, nll + model_->span_loss()};
+        });
     optimizer_->step(ctx.lr);
     if (arch) arch->step(config_.search.arch_lr);
     model_->clamp_spans();
-    return loss_sum;
+    return loss;
   }
 
   XlConfig config_;
