@@ -14,10 +14,11 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   auto& r = o->request;
   auto* cmd = app.add_subcommand("bench", "training-step speed and memory on random tokens");
   cmd->add_option("--config,-c", o->config, "JSON config")->required();
-  cmd->add_option("--mode", o->mode, "train (step time) or eval (forward only, no gradients; Transformer-XL/PAR: "
-                                     "time per token with a full memory)")
+  cmd->add_option("--mode", o->mode, "train (step time), eval (forward only, no gradients; Transformer-XL/PAR: "
+                                     "time per token with a full memory) or generate (GPT: tokens/s with and "
+                                     "without the KV cache)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"train", "eval"}));
+      ->check(CLI::IsMember({"train", "eval", "generate"}));
   cmd->add_option("--steps", r.steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", r.warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--span", r.span, "adaptive span: set every head's span z to this many tokens");
@@ -38,6 +39,7 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (g->threads > 0) family->train().threads = g->threads;
       auto request = o->request;
       request.eval = o->mode == "eval";
+      request.generate = o->mode == "generate";
       request.threads = set_threads(static_cast<int>(family->train().threads));
       request.device = train::parse_device(g->device.empty() ? "cpu" : g->device);
       family->bench(request);

@@ -16,6 +16,7 @@ const char* optim_name(OptimKind kind) {
     case OptimKind::kAdagrad: return "adagrad";
     case OptimKind::kSgd: return "sgd";
     case OptimKind::kAdam: return "adam";
+    case OptimKind::kAdamW: return "adamw";
   }
   return "?";
 }
@@ -24,7 +25,8 @@ OptimKind parse_optim(const std::string& name) {
   if (name == "adagrad") return OptimKind::kAdagrad;
   if (name == "sgd") return OptimKind::kSgd;
   if (name == "adam") return OptimKind::kAdam;
-  fail("optim must be adagrad, sgd or adam (got '{}')", name);
+  if (name == "adamw") return OptimKind::kAdamW;
+  fail("optim must be adagrad, sgd, adam or adamw (got '{}')", name);
 }
 
 const char* schedule_name(Schedule schedule) { return schedule == Schedule::kCosine ? "cosine" : "constant"; }
@@ -51,6 +53,24 @@ TrainConfig xl_train_defaults() {
   return t;
 }
 
+TrainConfig gpt_train_defaults() {
+  TrainConfig t;
+  t.batch_size = 16;
+  t.optim = OptimKind::kAdamW;
+  t.weight_decay = 0.1;
+  t.adam_beta2 = 0.95;
+  t.lr = 1e-3;
+  t.lr_min = 1e-4;
+  t.scheduler = Schedule::kCosine;
+  t.lr_warmup = 100;
+  t.grad_clip = 1.0;
+  t.nb_steps = 5000;
+  t.eval_interval = 250;
+  t.eval_blocks = 20;
+  t.eval_batch_size = 4;
+  return t;
+}
+
 void validate(const TrainConfig& t) {
   if (t.batch_size <= 0) fail("config: batch_size must be positive (got {})", t.batch_size);
   if (t.batch_split <= 0) fail("config: batch_split must be positive (got {})", t.batch_split);
@@ -59,6 +79,10 @@ void validate(const TrainConfig& t) {
   if (!(t.lr > 0 && std::isfinite(t.lr))) fail("config: lr must be positive (got {})", t.lr);
   if (!(t.lr_min >= 0 && t.lr_min <= t.lr)) fail("config: lr_min must be in [0, lr] (got {})", t.lr_min);
   if (!(t.momentum >= 0 && t.momentum < 1)) fail("config: momentum must be in [0, 1) (got {})", t.momentum);
+  if (!(t.weight_decay >= 0 && t.weight_decay < 1)) fail("config: weight_decay must be in [0, 1) (got {})", t.weight_decay);
+  if (t.weight_decay > 0 && t.optim != OptimKind::kAdam && t.optim != OptimKind::kAdamW)
+    fail("config: weight_decay applies to adam and adamw only (optim is {})", optim_name(t.optim));
+  if (!(t.adam_beta2 > 0 && t.adam_beta2 < 1)) fail("config: adam_beta2 must be in (0, 1) (got {})", t.adam_beta2);
   if (!(t.grad_clip >= 0)) fail("config: grad_clip must be >= 0 (got {})", t.grad_clip);
   if (t.lr_warmup < 0) fail("config: lr_warmup must be >= 0 (got {})", t.lr_warmup);
   if (t.nb_steps <= 0) fail("config: nb_steps must be positive (got {})", t.nb_steps);
@@ -77,11 +101,13 @@ void validate(const TrainConfig& t) {
 
 std::vector<ConfigKey> adaptive_span_config_keys();  // config.cpp
 std::vector<ConfigKey> xl_config_keys();             // xl_config.cpp
+std::vector<ConfigKey> gpt_config_keys();            // gpt_config.cpp
 
 std::vector<ConfigKey> config_keys(const std::string& arch) {
   if (arch == "adaptive-span") return adaptive_span_config_keys();
   if (arch == "xl") return xl_config_keys();
-  fail("unknown arch '{}' (adaptive-span or xl)", arch);
+  if (arch == "gpt") return gpt_config_keys();
+  fail("unknown arch '{}' (adaptive-span, xl or gpt)", arch);
 }
 
 double learning_rate(const TrainConfig& c, int64_t k) {
@@ -99,7 +125,9 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("data", &C::data, "prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)"),
       field("batch_size", &C::batch_size, "B streams per step (global, over all processes)"),
       field("batch_split", &C::batch_split, "gradient accumulation over B / batch_split stream groups"),
-      enum_field("optim", &C::optim, parse_optim, optim_name, "adagrad (reference clip) | sgd | adam"),
+      enum_field("optim", &C::optim, parse_optim, optim_name, "adagrad (reference clip) | sgd | adam | adamw"),
+      field("weight_decay", &C::weight_decay, "adamw: decoupled decay of weight matrices (dim >= 2); adam: L2 term"),
+      field("adam_beta2", &C::adam_beta2, "adam/adamw second-moment decay"),
       field("lr", &C::lr, "learning rate (after the warmup; see scheduler)"),
       field("lr_min", &C::lr_min, "cosine schedule's floor"),
       enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name, "after the warmup: constant | cosine"),

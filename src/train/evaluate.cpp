@@ -22,6 +22,24 @@ std::pair<torch::Tensor, torch::Tensor> make_block(const data::Streams& streams,
   return {x.to(device), y.to(device)};
 }
 
+std::pair<torch::Tensor, torch::Tensor> make_contexts(const data::TokenFile& tokens, const std::vector<int64_t>& starts,
+                                                      int64_t T, torch::Device device) {
+  const auto n = static_cast<int64_t>(starts.size());
+  auto x = torch::empty({n, T}, torch::kLong);  // (n, T)
+  auto y = torch::empty({n, T}, torch::kLong);  // (n, T)
+  int64_t* xp = x.data_ptr<int64_t>();
+  int64_t* yp = y.data_ptr<int64_t>();
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t s = starts[static_cast<size_t>(b)];
+    if (s < 0 || s + T >= tokens.size()) fail("context [{}, {}] lies outside {}", s, s + T, tokens.path());
+    for (int64_t t = 0; t < T; ++t) {
+      xp[b * T + t] = tokens.at(s + t);
+      yp[b * T + t] = tokens.at(s + t + 1);
+    }
+  }
+  return {x.to(device), y.to(device)};
+}
+
 torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, const torch::Tensor& y,
                          std::vector<torch::Tensor>& caches) {
   auto hidden = model->forward(x, caches);                                   // (B, M, H)

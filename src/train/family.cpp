@@ -72,13 +72,14 @@ std::unique_ptr<Family> make_family(const std::string& arch, const nlohmann::jso
                                     const std::vector<std::string>& overrides) {
   if (arch == "adaptive-span") return make_adaptive_span_family(config, origin, overrides);
   if (arch == "xl") return make_xl_family(config, origin, overrides);
-  fail("{}: unknown arch '{}' (adaptive-span or xl)", origin, arch);
+  if (arch == "gpt") return make_gpt_family(config, origin, overrides);
+  fail("{}: unknown arch '{}' (adaptive-span, xl or gpt)", origin, arch);
 }
 
 std::string arch_of(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
   if (!j.contains("arch")) return "adaptive-span";
-  if (!j["arch"].is_string()) fail("{}: arch must be a string (adaptive-span or xl)", origin);
+  if (!j["arch"].is_string()) fail("{}: arch must be a string (adaptive-span, xl or gpt)", origin);
   return j["arch"].get<std::string>();
 }
 
@@ -235,6 +236,8 @@ OptimizerOptions optimizer_options(const TrainConfig& train) {
   o.kind = train.optim;
   o.momentum = train.momentum;
   o.grad_clip = train.grad_clip;
+  o.weight_decay = train.weight_decay;
+  o.beta2 = train.adam_beta2;
   return o;
 }
 

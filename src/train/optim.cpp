@@ -16,7 +16,7 @@ Optimizer::Optimizer(std::vector<std::pair<std::string, torch::Tensor>> named_pa
     : options_(std::move(options)) {
   for (auto& [name, p] : named_params) {
     Slot slot{name, p, torch::zeros_like(p), torch::Tensor()};
-    if (options_.kind == OptimKind::kAdam) slot.state2 = torch::zeros_like(p);
+    if (options_.kind == OptimKind::kAdam || options_.kind == OptimKind::kAdamW) slot.state2 = torch::zeros_like(p);
     slots_.push_back(std::move(slot));
   }
 }
@@ -69,8 +69,10 @@ void Optimizer::step(double lr) {
       } else {
         s.param.sub_(g * lr);
       }
-    } else {  // adam
-      const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    } else {  // adam, adamw
+      if (options_.kind == OptimKind::kAdamW && options_.weight_decay > 0 && s.param.dim() >= 2)
+        s.param.mul_(1 - lr * options_.weight_decay);
+      const double b1 = 0.9, b2 = options_.beta2, eps = 1e-8;
       s.state1.mul_(b1).add_(g, 1 - b1);
       s.state2.mul_(b2).addcmul_(g, g, 1 - b2);
       const double bias1 = 1 - std::pow(b1, static_cast<double>(steps_));

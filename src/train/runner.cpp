@@ -85,9 +85,14 @@ RunResult run_training(Family& family, const RunOptions& options) {
   const int64_t B = tc.batch_size, M = family.block_length();
   const int64_t local = B / world, first = rank * local;  // this rank's streams [first, first + local)
   data::Streams train_streams(*corpus.train, B), valid_streams(*corpus.valid, B);
-  const int64_t min_length = family.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
-  if (train_streams.length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", tc.data, B, M);
-  if (valid_streams.length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", tc.data, B, M);
+  if (family.data_restart() == DataRestart::kRandomContexts) {
+    if (corpus.train->size() <= M + 1) fail("{}/train.bin is too short for contexts of {} tokens", tc.data, M);
+    if (corpus.valid->size() <= M + 1) fail("{}/valid.bin is too short for contexts of {} tokens", tc.data, M);
+  } else {
+    const int64_t min_length = family.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
+    if (train_streams.length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", tc.data, B, M);
+    if (valid_streams.length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", tc.data, B, M);
+  }
 
   const std::pair<std::string, std::string> fingerprints{corpus.train->fingerprint(), corpus.valid->fingerprint()};
   RunState state;
@@ -112,7 +117,8 @@ RunResult run_training(Family& family, const RunOptions& options) {
     if (ck.has("state.valid_pos")) state.valid_pos = ck.integer("state.valid_pos");
     state.elapsed_seconds = ck.number("state.elapsed_seconds");
     if (ck.has("state.best_valid")) state.best_valid = ck.number("state.best_valid");
-    if (state.step < 0 || state.train_pos < 0 || state.train_pos + M >= train_streams.length() || state.valid_pos < 0 ||
+    const bool streams = family.data_restart() != DataRestart::kRandomContexts;
+    if (state.step < 0 || state.train_pos < 0 || (streams && state.train_pos + M >= train_streams.length()) || state.valid_pos < 0 ||
         state.valid_pos >= valid_streams.length() || !(state.elapsed_seconds >= 0))
       fail("checkpoint {} is damaged: its training position (step {}, train {}, valid {}) is outside the data",
            checkpoint_path, state.step, state.train_pos, state.valid_pos);
@@ -194,8 +200,15 @@ RunResult run_training(Family& family, const RunOptions& options) {
     ctx.lr = learning_rate(tc, ctx.step);
     ctx.group = group;
     ctx.reducer = reducer.get();
-    const int64_t e = family.context(state.train_pos);
-    auto [x, y] = make_block(train_streams, state.train_pos - e, e + M, device, first, local);  // (b, e + M)
+    torch::Tensor x, y;  // (b, e + M)
+    if (family.data_restart() == DataRestart::kRandomContexts) {
+      auto draw = torch::randint(corpus.train->size() - M, {B}, torch::kLong);  // every rank draws all B
+      std::vector<int64_t> starts(draw.data_ptr<int64_t>() + first, draw.data_ptr<int64_t>() + first + local);
+      std::tie(x, y) = make_contexts(*corpus.train, starts, M, device);
+    } else {
+      const int64_t e = family.context(state.train_pos);
+      std::tie(x, y) = make_block(train_streams, state.train_pos - e, e + M, device, first, local);
+    }
     auto loss = family.train_step(x, y, ctx);
     double loss_value = loss.item<double>();  // the one host read of the step
     if (group) loss_value = group->all_reduce_sum(loss_value) / static_cast<double>(world);
@@ -205,8 +218,9 @@ RunResult run_training(Family& family, const RunOptions& options) {
     state.step = ctx.step;
     interval_loss += loss_value;
     ++interval_steps;
-    state.train_pos += M;
-    if (state.train_pos + M > train_streams.length() - 1) {  // no full block left
+    if (family.data_restart() != DataRestart::kRandomContexts) state.train_pos += M;
+    if (family.data_restart() != DataRestart::kRandomContexts &&
+        state.train_pos + M > train_streams.length() - 1) {  // no full block left
       state.train_pos = family.data_restart() == DataRestart::kRandomOffset
                             ? torch::randint(M, {1}, torch::kLong).item<int64_t>()  // the reference's rule
                             : 0;

@@ -15,7 +15,7 @@
 
 namespace spanformer {
 
-enum class OptimKind { kAdagrad, kSgd, kAdam };
+enum class OptimKind { kAdagrad, kSgd, kAdam, kAdamW };
 enum class Schedule { kConstant, kCosine };
 
 const char* optim_name(OptimKind kind);
@@ -27,7 +27,9 @@ struct TrainConfig {
   std::string data;                // prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)
   int64_t batch_size = 64;         // B streams per step (global, over all processes)
   int64_t batch_split = 1;         // gradient accumulation over B / batch_split stream groups
-  OptimKind optim = OptimKind::kAdagrad;  // adagrad (reference clip) | sgd | adam
+  OptimKind optim = OptimKind::kAdagrad;  // adagrad (reference clip) | sgd | adam | adamw
+  double weight_decay = 0.0;       // adamw: decoupled decay of matrices (dim >= 2); adam: L2 term
+  double adam_beta2 = 0.999;       // adam/adamw second-moment decay (GPT recipes use 0.95)
   double lr = 0.07;
   double lr_min = 0.0;             // cosine schedule's floor
   Schedule scheduler = Schedule::kConstant;  // after the warmup: constant | cosine
@@ -64,6 +66,8 @@ nlohmann::json read_config_file(const std::string& path);
 
 // The Transformer-XL/PAR family's defaults (kimiyoung/transformer-xl's train.py).
 TrainConfig xl_train_defaults();
+// The GPT family's defaults (GPT-2 / nanoGPT recipe: AdamW, warmup + cosine decay, global clipping).
+TrainConfig gpt_train_defaults();
 
 // Throws Error naming the first invalid value.
 void validate(const TrainConfig& config);

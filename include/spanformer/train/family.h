@@ -42,10 +42,13 @@ struct StepContext {
   void reduce_gradients(const std::vector<torch::Tensor>& params) const;
 };
 
-// How the training streams restart when a stream has no full block left.
+// How training reads the data: contiguous streams that restart when a stream has no full block left,
+// or independent contexts.
 enum class DataRestart {
-  kRandomOffset,  // adaptive span (the reference's rule): a random offset in [0, M), state zeroed
-  kEpoch,         // Transformer-XL (kimiyoung's iterator): position 0, memories emptied
+  kRandomOffset,    // adaptive span (the reference's rule): a random offset in [0, M), state zeroed
+  kEpoch,           // Transformer-XL (kimiyoung's iterator): position 0, memories emptied
+  kRandomContexts,  // GPT: every step draws B context starts uniformly in [0, n - M - 1] (torch's CPU
+                    // generator, saved in checkpoints), no state carried
 };
 
 // Full-evaluation result, in nats; `unit` figures derive from it.
@@ -73,6 +76,7 @@ struct SampleRequest {
 
 struct BenchRequest {
   bool eval = false;            // forward only, no gradients
+  bool generate = false;        // GPT: tokens/s of generation with and without the KV cache
   int64_t steps = 5, warmup = 2;
   torch::Device device = torch::kCPU;
   int threads = 1;              // as set, for the report

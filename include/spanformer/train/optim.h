@@ -6,7 +6,10 @@
 //     sum += g * g                      (the UNCLIPPED gradient)
 //     p  -= lr_t * g / (sqrt(sum) + 1e-10)
 // sgd: PyTorch SGD with momentum (buf = momentum * buf + g; p -= lr * buf), adam: PyTorch Adam
-// (betas 0.9, 0.999, eps 1e-8, optional L2 weight_decay added to the gradient); both after global-norm clipping: g *= min(1, c / (||all g|| + 1e-6)).
+// (betas 0.9, beta2, eps 1e-8, optional L2 weight_decay added to the gradient), adamw: PyTorch AdamW
+// (p *= 1 - lr * weight_decay before the Adam update, for matrices only: biases, LayerNorm gains and
+// span ratios are not decayed, as in GPT-2 / nanoGPT); all three after global-norm clipping:
+// g *= min(1, c / (||all g|| + 1e-6)).
 //
 // Every scale factor stays on the device: no host synchronisation per tensor.
 #pragma once
@@ -24,7 +27,8 @@ struct OptimizerOptions {
   OptimKind kind = OptimKind::kAdagrad;
   double momentum = 0.0;
   double grad_clip = 0.0;        // 0 = no clipping
-  double weight_decay = 0.0;     // adam only: g += weight_decay * p (PyTorch Adam's L2 term)
+  double weight_decay = 0.0;     // adam: g += weight_decay * p (L2); adamw: decoupled, matrices only
+  double beta2 = 0.999;          // adam / adamw
 };
 
 class Optimizer {

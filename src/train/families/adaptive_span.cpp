@@ -207,6 +207,7 @@ void copy_spans(models::TransformerSeq& model, const std::string& path) {
 }
 
 void AdaptiveSpanFamily::bench(const BenchRequest& r) {
+  if (r.generate) unsupported("bench --mode generate");
   if (r.mem_len >= 0 || r.tgt_len > 0) fail("bench: --mem-len and --tgt-len are Transformer-XL/PAR settings");
   if (config_.model.vocab_size == 0) config_.model.vocab_size = 256;
   if (r.span >= 0) config_.model.adapt_span_init = std::min(1.0, r.span / static_cast<double>(config_.model.attn_span));

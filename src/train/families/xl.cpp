@@ -230,6 +230,7 @@ class XlFamily : public Family {
 };
 
 void XlFamily::bench(const BenchRequest& r) {
+  if (r.generate) unsupported("bench --mode generate");
   if (!r.spans_from.empty()) fail("bench: --spans-from is an adaptive-span setting");
   if (r.span >= 0 || !r.span_dist.empty()) {  // every head's span, or a span layout, for models with adapt_span
     if (!config_.model.adapt_span) fail("bench: --span and --span-dist need adapt_span");

@@ -1,0 +1,74 @@
+// Causal self-attention for decoder-only models (the GPT family, config/gpt_config.h), with the
+// attention pattern a drop-in choice. Every pattern is one formula, a masked softmax with per-key
+// weights m_h(d) >= 0 at distance d = (query position) - (key position) + 1 (d = 1: the query itself):
+//
+//     s_ij = q_i . k_j / sqrt(D),      a_ij = m_h(d_ij) exp(s_ij) / sum_l m_h(d_il) exp(s_il),
+//     out_i = sum_j a_ij v_j   (then dropout on a when training)
+//
+//   dense          m = 1 for d >= 1 (the textbook causal mask; Vaswani et al. 2017, Radford et al. 2019)
+//   window         m = 1 for 1 <= d <= w (sliding window: Longformer / Mistral)
+//   adaptive_span  m = nn::AdaptiveSpan's soft mask m_z(d) = clamp((R + z_h - (d - 1)) / R, 0, 1)
+//                  (Sukhbaatar et al. 2019, eq. 6) for d <= L (0 beyond the largest span L), which is
+//                  1 at d = 1 for every z >= 0, so no row is
+//                  ever empty. This is the paper's formula (eq. 7: the mask inside the softmax); the
+//                  Python reference's extra 1e-8 (sum of every key's exp) term is not used here, so a
+//                  head's result depends only on the keys its span reaches.
+//
+// Where m_h(d) = 0 the key takes no part: its score is never needed. Each head reads at most the last
+// S_h keys, S_h = min(context, band): dense: all; window: w; adaptive span: floor(z_h + R) + 1
+// (ops::visited_distance, the one home of that rule). The band reads the spans' host copies
+// (nn::AdaptiveSpan::sync_host), which must be current: GptModel::clamp_spans refreshes them after
+// every optimizer step and after weights are loaded.
+//
+// Dims: B batch, K heads, N queries, C keys (C >= N: the last N keys are the queries' own, earlier ones
+// come from a KV cache), D head width. Query i sits at key position C - N + i.
+//
+// Two implementations, one result (tests/test_gpt.cpp holds them together in double precision, values
+// and every gradient, including the soft span's):
+//   plain  the reference composition: the whole (B, K, N, C) score tensor, masked;
+//   fused  query tiles of kQueryTile rows; a tile reads only keys [first - S + 1, last] where S is the
+//          largest band of its heads, so tiles above the diagonal and keys beyond every head's span are
+//          never touched, and backward stores tile-sized scores only (O(N S) instead of O(N C));
+//   auto   fused where the tiles skip a quarter of the query-key pairs or more, else plain.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+#include "spanformer/attention/attn_impl.h"
+
+namespace spanformer::nn {
+class AdaptiveSpanImpl;
+}
+
+namespace spanformer::attention {
+
+enum class CausalKind { kDense, kWindow, kAdaptiveSpan };
+const char* causal_kind_name(CausalKind kind);
+CausalKind parse_causal_kind(const std::string& name);  // one-line error naming the choices
+
+inline constexpr int64_t kQueryTile = 64;
+
+struct CausalSpec {
+  CausalKind kind = CausalKind::kDense;
+  int64_t window = 0;                          // w (window)
+  const nn::AdaptiveSpanImpl* span = nullptr;  // the heads' spans (adaptive_span)
+  double dropout = 0.0;                        // on a, when training
+  bool training = false;
+};
+
+// Keys per query a head reads at most (S_h above), the largest over heads; `keys` caps it.
+int64_t causal_band(const CausalSpec& spec, int64_t keys);
+
+// m_h(d) for distances d (N, C) -> (K or 1, N, C) in d's dtype (one home of the three patterns).
+at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& distance);
+
+// q (B, K, N, D); k, v (B, K, C, D), C >= N. Returns (B, K, N, D). Validates once, then dispatches.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CausalSpec& spec,
+                            AttnImpl impl = AttnImpl::kAuto);
+// The plain composition (any dtype; differentiable by autograd).
+at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const CausalSpec& spec);
+
+}  // namespace spanformer::attention

@@ -1,0 +1,75 @@
+// Configuration of the GPT family: a decoder-only language model (GPT-2's pre-norm blocks) whose
+// causal self-attention is a drop-in choice (issue 12).
+//
+// A config file of this family says `"arch": "gpt"` at the top level and has two sections:
+//   "model"  the network and its attention (below),
+//   "train"  the section every family shares (config/train_config.h), with this family's defaults
+//            (AdamW, weight decay 0.1 on matrices, beta2 0.95, warmup + cosine decay, global clip 1).
+// `--key=value` overrides work as for every family (bare or "section.key").
+//
+// Dims legend: B batch, T context (tokens per training example), H = d_model, K = n_head,
+// D = H / K, I = d_inner, V vocabulary, N layers.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spanformer/attention/attn_impl.h"
+#include "spanformer/attention/causal_attention.h"
+#include "spanformer/config/train_config.h"
+
+namespace spanformer {
+
+enum class Positions { kLearned, kSinusoidal };
+const char* positions_name(Positions p);
+Positions parse_positions(const std::string& name);
+
+struct GptModelConfig {
+  int64_t vocab_size = 0;      // V; taken from the prepared data when 0
+  int64_t n_layer = 4;         // N
+  int64_t n_head = 4;          // K
+  int64_t d_model = 128;       // H (a multiple of K)
+  int64_t d_inner = 0;         // I (0 = 4 H)
+  int64_t context = 256;       // T: tokens per training example, the longest context of the model
+  Positions positions = Positions::kLearned;  // learned (GPT-2) | sinusoidal (Vaswani et al.)
+  bool tie_weights = true;     // output projection = token embedding
+  double dropout = 0.1;        // embeddings and each residual branch
+  double attn_dropout = 0.0;   // attention probabilities
+  double init_std = 0.02;      // N(0, init_std); residual projections N(0, init_std / sqrt(2 N))
+  attention::CausalKind attention = attention::CausalKind::kDense;
+  int64_t window = 64;         // window: keys per query, itself included
+  int64_t attn_span = 0;       // adaptive_span: L, the largest span (0 = context)
+  int64_t adapt_span_ramp = 32;     // R
+  double adapt_span_init = 0.0;     // initial z / L (the reference starts at 0)
+  double adapt_span_loss = 2e-6;    // span-loss coefficient
+  // plain = the reference composition (one masked T x T product); fused = query tiles that read only
+  // the keys their band reaches (causal tiles above the diagonal never touched); auto = fused.
+  attention::AttnImpl attn_impl = attention::AttnImpl::kAuto;
+  int64_t eval_stride = 0;     // sliding-window evaluation: tokens scored per window after the first (0 = T / 2)
+
+  int64_t inner_dim() const { return d_inner > 0 ? d_inner : 4 * d_model; }
+  int64_t span_limit() const { return attn_span > 0 ? attn_span : context; }
+  int64_t stride() const { return eval_stride > 0 ? eval_stride : std::max<int64_t>(1, context / 2); }
+};
+
+struct GptConfig {
+  GptModelConfig model;
+  TrainConfig train = gpt_train_defaults();
+};
+
+nlohmann::json to_json(const GptConfig& config);
+nlohmann::json to_json(const GptModelConfig& config);
+GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& origin);
+void apply_overrides(GptConfig& config, const std::vector<std::string>& overrides);
+std::vector<ConfigKey> gpt_config_keys();
+
+// Throws Error naming the first invalid value.
+void validate(const GptModelConfig& config);
+void validate(const GptConfig& config);
+
+// Names the first difference between two model configs that changes the weights ("" when none).
+std::string gpt_model_difference(const GptModelConfig& a, const GptModelConfig& b);
+
+}  // namespace spanformer

@@ -1,0 +1,120 @@
+// A GPT-style decoder (Radford et al. 2019, GPT-2) whose causal self-attention is a drop-in choice
+// (attention/causal_attention.h): dense, window or adaptive span.
+//
+//   x (B, N) token ids at positions p0 .. p0 + N - 1 (p0 + N <= T)
+//   h = drop(wte(x) + P[p0 : p0 + N])          (B, N, H)   P learned (T, H) or sinusoidal
+//   for each layer l (pre-norm):
+//       h = h + drop(proj(Attn(LN1(h))))        Attn: K heads of D = H / K, causal, over the KV cache
+//       h = h + drop(fc2(GELU(fc1(LN2(h)))))    fc1: H -> I, fc2: I -> H
+//   h = LN_f(h);  logits = h W^T                (B, N, V)   W = wte.weight when tied
+//
+// Initialisation as GPT-2: every Linear and embedding N(0, init_std), biases 0, and the two residual
+// projections (attention proj, fc2) N(0, init_std / sqrt(2 N_layers)).
+//
+// KV cache (generation): a GptCache keeps each layer's keys and values (1..B, K, C, D) and the next
+// position p0. With `trim` the cache keeps only the keys a layer can still read: window: w - 1;
+// adaptive span: its largest visited distance - 1 (the spans are fixed at inference). Results are then
+// identical to running the model on the whole context (tests/test_gpt.cpp).
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <vector>
+
+#include "spanformer/attention/causal_attention.h"
+#include "spanformer/config/gpt_config.h"
+#include "spanformer/nn/adaptive_span.h"
+
+namespace spanformer::models {
+
+struct GptCache {
+  std::vector<torch::Tensor> k, v;  // per layer (B, K, C_l, D); empty before the first call
+  int64_t position = 0;             // p0 of the next tokens
+  bool trim = true;                 // keep only the keys each layer can still read
+};
+
+// Generation's context rule, the same with and without a cache: tokens are appended to `history`;
+// the model sees history[start ..] at positions 0, 1, ...; when that would exceed the context T, start
+// moves so that the last T / 2 tokens remain (the cache is then rebuilt from them). With use_cache the
+// new tokens run against the cached keys and values; without it the whole context is recomputed at
+// every call (the reference the cache is tested against, and bench --mode generate's baseline).
+struct GptDecoder {
+  bool use_cache = true, trim = true;
+  std::vector<int64_t> history;
+  int64_t start = 0;
+  GptCache cache;
+};
+
+class GptAttentionImpl : public torch::nn::Module {
+ public:
+  explicit GptAttentionImpl(const GptModelConfig& config);
+  // h (B, N, H) -> (B, N, H); with k_cache / v_cache (B, K, C, D) the new keys are appended (and the
+  // cache trimmed to `keep` keys when keep >= 0).
+  torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
+                        int64_t keep = -1);
+  // Keys a query reads at most (itself included): the pattern's band.
+  int64_t band(int64_t keys) const;
+  attention::CausalSpec spec() const;
+
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  nn::AdaptiveSpan span{nullptr};  // adaptive_span only
+
+ private:
+  GptModelConfig config_;
+};
+TORCH_MODULE(GptAttention);
+
+class GptBlockImpl : public torch::nn::Module {
+ public:
+  explicit GptBlockImpl(const GptModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
+                        int64_t keep = -1);
+
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  GptAttention attn{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+
+ private:
+  double dropout_;
+};
+TORCH_MODULE(GptBlock);
+
+class GptModelImpl : public torch::nn::Module {
+ public:
+  explicit GptModelImpl(const GptModelConfig& config);
+
+  // x (B, N) -> last hidden state (B, N, H). Without a cache the tokens sit at positions 0 .. N - 1;
+  // with one at cache->position onward, and their keys and values are appended to it.
+  torch::Tensor forward(const torch::Tensor& x, GptCache* cache = nullptr);
+  torch::Tensor logits(const torch::Tensor& hidden);  // (B, N, H) -> (B, N, V)
+  // Appends tokens (1, n), n <= T / 2 (or T for the first call), to a decoder's context by its rule.
+  // Returns their last hidden states (1, n, H).
+  torch::Tensor extend(const torch::Tensor& x, GptDecoder& decoder);
+
+  torch::Tensor span_loss() const;  // sum over layers (0 without adaptive span)
+  void clamp_spans();               // span ratios to [0, 1] and the host copies refreshed
+  // Per layer, per head learned spans z = ratio * L (empty without adaptive span).
+  std::vector<std::vector<double>> spans() const;
+
+  const GptModelConfig& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: learned positions only
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};  // untied output only
+  torch::Tensor sinusoid;           // (T, H) buffer: sinusoidal positions only
+
+ private:
+  GptModelConfig config_;
+  std::vector<GptBlock> block_list_;
+};
+TORCH_MODULE(GptModel);
+
+// The sinusoidal table of Vaswani et al. (2017): P[p, 2i] = sin(p / 10000^(2i / H)), P[p, 2i + 1] = cos(..).
+torch::Tensor sinusoidal_positions(int64_t T, int64_t H);
+
+}  // namespace spanformer::models

@@ -1,0 +1,143 @@
+#include "spanformer/config/gpt_config.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "train_fields.h"
+#include "spanformer/util/error.h"
+
+namespace spanformer {
+namespace {
+
+using nlohmann::json;
+using config_detail::Field;
+using config_detail::field;
+using config_detail::read_section;
+using config_detail::struct_to_json;
+
+const std::vector<Field<GptModelConfig>>& model_fields() {
+  using C = GptModelConfig;
+  static const std::vector<Field<C>> fields = {
+      field("vocab_size", &C::vocab_size, "V; taken from the prepared data when 0"),
+      field("n_layer", &C::n_layer, "N, decoder blocks"),
+      field("n_head", &C::n_head, "K, attention heads"),
+      field("d_model", &C::d_model, "H, a multiple of n_head"),
+      field("d_inner", &C::d_inner, "I, feed-forward width (0 = 4 d_model)"),
+      field("context", &C::context, "T: tokens per training example, the longest context"),
+      config_detail::enum_field("positions", &C::positions, parse_positions, positions_name,
+                                "learned (GPT-2) | sinusoidal (Vaswani et al.)"),
+      field("tie_weights", &C::tie_weights, "output projection = token embedding"),
+      field("dropout", &C::dropout, "embeddings and each residual branch"),
+      field("attn_dropout", &C::attn_dropout, "attention probabilities"),
+      field("init_std", &C::init_std, "N(0, init_std) weights; residual projections / sqrt(2 n_layer)"),
+      config_detail::enum_field("attention", &C::attention, attention::parse_causal_kind, attention::causal_kind_name,
+                                "dense | window | adaptive_span"),
+      field("window", &C::window, "window: keys per query, itself included"),
+      field("attn_span", &C::attn_span, "adaptive_span: L, the largest span (0 = context)"),
+      field("adapt_span_ramp", &C::adapt_span_ramp, "adaptive_span: R, the mask's ramp"),
+      field("adapt_span_init", &C::adapt_span_init, "adaptive_span: initial z / L"),
+      field("adapt_span_loss", &C::adapt_span_loss, "adaptive_span: span-loss coefficient"),
+      config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
+                                "plain (one masked T x T product) | fused (query tiles over their band) | auto; checkpoints load under any"),
+      field("eval_stride", &C::eval_stride, "sliding-window evaluation: tokens scored per window after the first (0 = context / 2)"),
+  };
+  return fields;
+}
+
+}  // namespace
+
+const char* positions_name(Positions p) { return p == Positions::kSinusoidal ? "sinusoidal" : "learned"; }
+
+Positions parse_positions(const std::string& name) {
+  if (name == "learned") return Positions::kLearned;
+  if (name == "sinusoidal") return Positions::kSinusoidal;
+  fail("positions must be learned or sinusoidal (got '{}')", name);
+}
+
+std::vector<ConfigKey> gpt_config_keys() {
+  std::vector<ConfigKey> keys;
+  const GptConfig defaults;
+  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
+  return keys;
+}
+
+json to_json(const GptModelConfig& config) { return struct_to_json(config, model_fields()); }
+
+json to_json(const GptConfig& config) {
+  return json{{"arch", "gpt"},
+              {"model", to_json(config.model)},
+              {"train", struct_to_json(config.train, config_detail::train_fields())}};
+}
+
+GptConfig gpt_config_from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
+  if (!j.contains("arch") || j["arch"] != "gpt") fail("{}: not a GPT config (\"arch\": \"gpt\" missing)", origin);
+  GptConfig config;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      read_section(config.model, value, model_fields(), "model", origin);
+    } else if (key == "train") {
+      config_detail::read_train_section(config.train, value, origin);
+    } else if (key != "arch" && key != "description") {
+      fail("{}: unknown config section '{}' (expected 'model' and 'train')", origin, key);
+    }
+  }
+  return config;
+}
+
+void apply_overrides(GptConfig& config, const std::vector<std::string>& overrides) {
+  for (const auto& item : overrides) {
+    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
+    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
+      fail("unknown config key '{}' in override '{}'", o.key, o.item);
+  }
+}
+
+void validate(const GptModelConfig& c) {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
+  };
+  positive("n_layer", c.n_layer);
+  positive("n_head", c.n_head);
+  positive("d_model", c.d_model);
+  positive("context", c.context);
+  if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
+  if (c.d_inner < 0) fail("config: d_inner must be >= 0 (0 = 4 d_model; got {})", c.d_inner);
+  if (c.d_model % c.n_head != 0) fail("config: d_model ({}) must be a multiple of n_head ({})", c.d_model, c.n_head);
+  if (c.positions == Positions::kSinusoidal && c.d_model % 2 != 0)
+    fail("config: sinusoidal positions need an even d_model (got {})", c.d_model);
+  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
+  if (!(c.attn_dropout >= 0 && c.attn_dropout < 1)) fail("config: attn_dropout must be in [0, 1) (got {})", c.attn_dropout);
+  if (!(c.init_std > 0)) fail("config: init_std must be positive (got {})", c.init_std);
+  if (c.window < 1) fail("config: window must be >= 1 (got {})", c.window);
+  if (c.attn_span < 0) fail("config: attn_span must be >= 0 (0 = context; got {})", c.attn_span);
+  if (c.attn_span > c.context) fail("config: attn_span ({}) cannot exceed the context ({})", c.attn_span, c.context);
+  positive("adapt_span_ramp", c.adapt_span_ramp);
+  if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
+    fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
+  if (!(c.adapt_span_loss >= 0)) fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
+  if (c.eval_stride < 0 || c.eval_stride > c.context)
+    fail("config: eval_stride must be in [0, context] (0 = context / 2; got {})", c.eval_stride);
+  const double H = static_cast<double>(c.d_model), I = static_cast<double>(c.inner_dim());
+  check_model_fits(static_cast<double>(c.vocab_size + c.context) * H * (c.tie_weights ? 1 : 2) +
+                   static_cast<double>(c.n_layer) * (4 * H * H + 2 * H * I));
+}
+
+void validate(const GptConfig& config) {
+  validate(config.model);
+  validate(config.train);
+}
+
+std::string gpt_model_difference(const GptModelConfig& a, const GptModelConfig& b) {
+  auto ja = to_json(a), jb = to_json(b);
+  for (const auto& [key, value] : ja.items()) {
+    // How the model runs, not what its weights are.
+    if (key == "attn_impl" || key == "dropout" || key == "attn_dropout" || key == "eval_stride") continue;
+    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
+  }
+  return "";
+}
+
+}  // namespace spanformer

@@ -1,0 +1,283 @@
+// The GPT family (issue 12) on the one engine: a decoder-only model with a drop-in causal attention
+// (models/gpt.h, attention/causal_attention.h).
+//
+// Train step: B / processes contexts of T tokens drawn at uniformly random starts (the Runner's
+// DataRestart::kRandomContexts), batch_split groups each run forward, mean NLL + span loss, backward;
+// gradients averaged over processes; AdamW with the shared schedule and global clipping; spans clamped.
+// Validation: eval_blocks batches of B contexts at evenly spaced starts of the valid split (the same
+// ones at every interval), mean NLL over all their tokens.
+// Evaluation (`spanformer eval`): the whole split with a sliding window of T tokens and stride S
+// (model.eval_stride): the first window scores all its tokens, each later window moves by S and scores
+// only its last S (or fewer, at the end), so every token is scored once with at least T - S tokens of
+// context (except the first T). Reported per token (bpc or perplexity), the same for every attention.
+#include "families.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+
+#include <fmt/ranges.h>
+
+#include "spanformer/config/gpt_config.h"
+#include "spanformer/dist/group.h"
+#include "spanformer/models/gpt.h"
+#include "spanformer/train/evaluate.h"
+#include "spanformer/train/optim.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/runtime.h"
+
+namespace spanformer::train {
+namespace {
+
+using models::GptModel;
+
+// Sliding windows over n tokens (n - 1 targets): start of each window and how many of its last
+// positions it scores. Every window has min(T, n - 1) positions.
+struct Window {
+  int64_t start, scored;
+};
+std::vector<Window> sliding_windows(int64_t n, int64_t T, int64_t stride) {
+  std::vector<Window> out;
+  const int64_t targets = n - 1, length = std::min(T, targets);
+  if (length < 1) return out;
+  out.push_back({0, length});
+  for (int64_t end = length; end < targets;) {
+    const int64_t next = std::min(end + stride, targets);
+    out.push_back({next - length, next - end});
+    end = next;
+  }
+  return out;
+}
+
+class GptFamily : public Family {
+ public:
+  explicit GptFamily(GptConfig config) : config_(std::move(config)) {}
+
+  const char* name() const override { return "gpt"; }
+  nlohmann::json config_json() const override { return to_json(config_); }
+  TrainConfig& train() override { return config_.train; }
+  void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
+  void validate() const override { spanformer::validate(config_); }
+  std::string model_difference(const nlohmann::json& checkpoint_config) const override {
+    return gpt_model_difference(config_.model, gpt_config_from_json(checkpoint_config, "checkpoint").model);
+  }
+
+  void build() override {
+    spanformer::validate(config_.model);
+    if (config_.model.vocab_size < 1) fail("gpt: vocab_size is unknown (set model.vocab_size or give data)");
+    model_ = GptModel(config_.model);
+  }
+  torch::nn::Module& module() override { return *model_; }
+
+  void make_optimizers() override {
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    for (auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
+    optimizer_ = std::make_unique<Optimizer>(params, optimizer_options(config_.train));
+  }
+  void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
+  void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
+  void load_weights(const Checkpoint& in) override {
+    Family::load_weights(in);
+    model_->clamp_spans();  // the host copies of the spans, which the attention's band reads
+  }
+
+  int64_t block_length() const override { return config_.model.context; }
+  DataRestart data_restart() const override { return DataRestart::kRandomContexts; }
+  void init_state(int64_t) override {}
+  void reset_train_state() override {}
+
+  torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) override {
+    model_->train();
+    optimizer_->zero_grad();
+    std::vector<torch::Tensor> no_state;
+    auto loss = accumulate_gradients(x.size(0), config_.train.batch_split, no_state, ctx, model_->parameters(),
+                                     [&](int64_t first, int64_t count, std::vector<torch::Tensor>&) {
+                                       auto logits = model_->logits(model_->forward(x.narrow(0, first, count)));  // (b, T, V)
+                                       auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                                                            y.narrow(0, first, count).reshape({-1}));
+                                       return std::pair{nll, nll + model_->span_loss()};
+                                     });
+    optimizer_->step(ctx.lr);
+    model_->clamp_spans();
+    return loss;
+  }
+
+  double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count, int64_t&) override {
+    const int64_t T = config_.model.context, windows = config_.train.eval_blocks * batch;
+    if (valid.size() <= T + 1) fail("{} is too short for contexts of {} tokens", valid.path(), T);
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    double sum = 0;
+    for (int64_t i = 0; i < config_.train.eval_blocks; ++i) {
+      std::vector<int64_t> starts;
+      for (int64_t b = first; b < first + count; ++b) {
+        const int64_t w = i * batch + b;
+        starts.push_back(windows > 1 ? w * (valid.size() - T - 1) / (windows - 1) : 0);
+      }
+      auto [vx, vy] = make_contexts(valid, starts, T, device());
+      auto logits = model_->logits(model_->forward(vx));  // (b, T, V)
+      sum += torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), vy.reshape({-1})).item<double>();
+    }
+    model_->train();
+    return sum / static_cast<double>(config_.train.eval_blocks);
+  }
+
+  void save_state(CheckpointWriter&, const std::function<torch::Tensor(const torch::Tensor&)>&) override {}
+  void load_state(const Checkpoint&, int64_t, int64_t, int64_t) override {}
+
+  void log_extras(int64_t, nlohmann::json& record, std::string& text) override { log_spans(model_->spans(), record, text); }
+
+  EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& r) override {
+    const int64_t batch = r.batch > 0 ? r.batch : config_.train.eval_batch_size;
+    const int64_t T = config_.model.context, S = config_.model.stride();
+    if (tokens.size() < 2) fail("{} has {} tokens: nothing to score", tokens.path(), tokens.size());
+    const int64_t world = r.group ? r.group->world() : 1, rank = r.group ? r.group->rank() : 0;
+    if (!r.dump_logprobs.empty() && world > 1) fail("--dump-logprobs runs in one process");
+    auto windows = sliding_windows(tokens.size(), T, S);
+    const int64_t length = std::min(T, tokens.size() - 1);
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    double nll = 0;
+    int64_t scored = 0, done = 0;
+    std::vector<torch::Tensor> logprobs;  // (scored) per window, in text order (dump only)
+    std::vector<Window> mine;             // this process's windows: every world-th
+    for (size_t w = static_cast<size_t>(rank); w < windows.size(); w += static_cast<size_t>(world)) mine.push_back(windows[w]);
+    for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(batch)) {
+      const size_t n = std::min(mine.size() - i, static_cast<size_t>(batch));
+      std::vector<int64_t> starts;
+      for (size_t j = 0; j < n; ++j) starts.push_back(mine[i + j].start);
+      auto [x, y] = make_contexts(tokens, starts, length, device());
+      auto lp = torch::log_softmax(model_->logits(model_->forward(x)).to(torch::kDouble), -1)
+                    .gather(-1, y.unsqueeze(-1))
+                    .squeeze(-1)
+                    .cpu();  // (n, length)
+      for (size_t j = 0; j < n; ++j) {
+        const int64_t c = mine[i + j].scored;
+        auto part = lp[static_cast<int64_t>(j)].narrow(0, length - c, c);  // (c)
+        nll -= part.sum().item<double>();
+        scored += c;
+        if (!r.dump_logprobs.empty()) logprobs.push_back(part);
+      }
+      done += static_cast<int64_t>(n);
+      if (r.progress) r.progress(done, static_cast<int64_t>(mine.size()));
+    }
+    if (r.group) {
+      nll = r.group->all_reduce_sum(nll);
+      scored = static_cast<int64_t>(r.group->all_reduce_sum(static_cast<double>(scored)));
+    }
+    if (!r.dump_logprobs.empty()) write_logprobs(r.dump_logprobs, torch::cat(logprobs).unsqueeze(0));
+    EvalReport report;
+    report.nll = nll / static_cast<double>(scored);
+    report.tokens = scored;
+    report.blocks = static_cast<int64_t>(windows.size());
+    report.details = fmt::format("{} windows of {} tokens, stride {}, {} tokens", windows.size(), length, S, scored);
+    return report;
+  }
+
+  void sample(const data::Vocab& vocab, const SampleRequest& r) override {
+    model_->eval();
+    models::GptDecoder decoder;
+    sample_tokens(vocab, r, std::max<int64_t>(1, config_.model.context / 2),
+                  [&](const torch::Tensor& x) { return model_->extend(x, decoder); },
+                  [&](const torch::Tensor& last) { return model_->logits(last); }, device());
+  }
+
+  std::vector<std::vector<double>> spans() const override { return model_->spans(); }
+  int64_t span_limit() const override {
+    return config_.model.attention == attention::CausalKind::kAdaptiveSpan ? config_.model.span_limit() : 0;
+  }
+  int64_t span_ramp() const override { return config_.model.adapt_span_ramp; }
+
+  void bench(const BenchRequest& r) override;
+
+ private:
+  torch::Device device() const { return model_->wte->weight.device(); }
+
+  GptConfig config_;
+  GptModel model_{nullptr};
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+void GptFamily::bench(const BenchRequest& r) {
+  if (r.mem_len >= 0 || r.tgt_len > 0) fail("bench: --mem-len and --tgt-len are Transformer-XL/PAR settings");
+  if (!r.spans_from.empty()) fail("bench: --spans-from is for adaptive-span checkpoints");
+  auto& c = config_.model;
+  if (c.vocab_size == 0) c.vocab_size = 256;
+  if ((r.span >= 0 || !r.span_dist.empty()) && c.attention != attention::CausalKind::kAdaptiveSpan)
+    fail("bench: --span and --span-dist need model.attention = adaptive_span");
+  if (r.span >= 0) c.adapt_span_init = std::min(1.0, r.span / static_cast<double>(c.span_limit()));
+  validate();
+  torch::manual_seed(config_.train.seed);
+  build();
+  if (r.span_dist == "bimodal") {
+    std::vector<torch::Tensor> ratios;
+    for (const auto& block : *model_->blocks) ratios.push_back(block->as<models::GptBlock>()->attn->span->span_ratio);
+    set_bimodal_spans(ratios, static_cast<double>(c.span_limit()));
+  }
+  model_->clamp_spans();
+  model_->to(r.device);
+  make_optimizers();
+  const int64_t B = config_.train.batch_size, T = c.context, V = c.vocab_size;
+  std::string what;
+  double per_step = 0, tokens_per_step = static_cast<double>(B * T);
+  if (r.generate) {  // one token at a time after a prompt of T / 2, to a full context, cache against none
+    model_->eval();
+    torch::NoGradGuard no_grad;
+    const int64_t prompt = std::max<int64_t>(1, T / 2), steps = T - prompt;
+    auto run = [&](bool use_cache) {
+      models::GptDecoder d;
+      d.use_cache = use_cache;
+      model_->extend(torch::randint(V, {1, prompt}, torch::kLong).to(r.device), d);
+      const double t0 = now_seconds();
+      for (int64_t i = 0; i < steps; ++i) model_->extend(torch::randint(V, {1, 1}, torch::kLong).to(r.device), d);
+      return static_cast<double>(steps) / (now_seconds() - t0);
+    };
+    double cached = 0, recomputed = 0;
+    for (int64_t i = 0; i < r.warmup + r.steps; ++i) {
+      const double a = run(true), b = run(false);
+      fmt::print(stderr, "  round {}/{}: {:.0f} tokens/s with the cache, {:.0f} without{}\n", i + 1, r.warmup + r.steps, a,
+                 b, i < r.warmup ? " (warmup)" : "");
+      if (i >= r.warmup) cached += a / static_cast<double>(r.steps), recomputed += b / static_cast<double>(r.steps);
+    }
+    fmt::print("bench: generate, {} layers, H {}, K {}, T {}, attention {}, tokens {} .. {} after a prompt of {}\n",
+               c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), prompt + 1, T, prompt);
+    fmt::print("bench: {:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x), peak RSS {:.0f} MB\n",
+               cached, recomputed, cached / recomputed, peak_rss_bytes() / 1e6);
+    return;
+  }
+  StepContext ctx;
+  ctx.lr = 1e-9;
+  per_step = time_steps(r, [&] {
+    auto x = torch::randint(V, {B, T}, torch::kLong).to(r.device);
+    auto y = torch::randint(V, {B, T}, torch::kLong).to(r.device);
+    if (r.eval) {
+      torch::NoGradGuard no_grad;
+      model_->eval();
+      auto logits = model_->logits(model_->forward(x));
+      torch::cross_entropy_loss(logits.reshape({-1, V}), y.reshape({-1})).item<double>();
+    } else {
+      train_step(x, y, ctx).item<double>();
+    }
+  });
+  double band = 0;
+  for (const auto& block : *model_->blocks)
+    band += static_cast<double>(block->as<models::GptBlock>()->attn->band(T)) / static_cast<double>(c.n_layer);
+  what = r.eval ? "eval forward" : "train step";
+  fmt::print("bench: {}, {} layers, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}\n",
+             what, c.n_layer, c.d_model, c.n_head, T, B, r.threads, attention::causal_kind_name(c.attention),
+             attention::attn_impl_name(c.attn_impl), band);
+  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3, tokens_per_step / per_step,
+             peak_rss_bytes() / 1e6);
+}
+
+}  // namespace
+
+std::unique_ptr<Family> make_gpt_family(const nlohmann::json& config, const std::string& origin,
+                                        const std::vector<std::string>& overrides) {
+  GptConfig c = gpt_config_from_json(config, origin);
+  apply_overrides(c, overrides);
+  return std::make_unique<GptFamily>(std::move(c));
+}
+
+}  // namespace spanformer::train

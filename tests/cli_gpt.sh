@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPT family through the engine's commands: every attention trains, resumes, evaluates (sliding
+# window), generates with the KV cache and benchmarks; spans of the adaptive-span model; safetensors
+# round trip; word-level data; the family's user mistakes (one line, non-zero exit).
+set -euo pipefail
+bin="$1"; src="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+head -c 200000 "$src/../shared/data/dickens.txt" > "$tmp/text.txt"
+"$bin" data prepare "$tmp/text.txt" --out "$tmp/data" > /dev/null 2>&1
+"$bin" config keys --arch gpt | grep -q "model.attention"
+small=(--n_layer=2 --d_model=32 --n_head=2 --context=64 --batch_size=4 --nb_steps=20 --eval_interval=10
+       --eval_blocks=2 --lr_warmup=2 --eval_batch_size=4)
+for attention in dense window adaptive_span; do
+  run="$tmp/$attention"
+  "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$run" "${small[@]}" --attention=$attention \
+    --window=16 --adapt_span_init=0.2 --stop-after 10 --quiet > /dev/null
+  "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$run" "${small[@]}" --attention=$attention \
+    --window=16 --adapt_span_init=0.2 --resume --quiet | tee "$tmp/train.out"
+  grep -q "trained 20 steps" "$tmp/train.out"
+  test "$(wc -l < "$run/log.jsonl")" -eq 2
+  "$bin" eval "$run" --split test --json > "$tmp/eval.json"
+  /usr/bin/python3 - "$tmp/eval.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert 0 < r["bpc"] < 8 and r["tokens"] > 0 and "stride 32" in r["protocol"], r
+PY
+  # Every target scored once: the dump has one log-probability per token and sums to the NLL.
+  "$bin" eval "$run" --split test --eval_stride=7 --dump-logprobs "$tmp/lp.txt" --json > "$tmp/eval7.json"
+  /usr/bin/python3 - "$tmp/eval7.json" "$tmp/lp.txt" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); lp = [float(l) for l in open(sys.argv[2])]
+assert len(lp) == r["tokens"], (len(lp), r["tokens"])
+assert abs(-sum(lp) / len(lp) - r["nll"]) < 1e-6, (sum(lp), r)
+PY
+  "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 4 > "$tmp/gen.out"
+  test "$(wc -c < "$tmp/gen.out")" -ge 140
+  "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 4 | cmp -s - "$tmp/gen.out"
+done
+"$bin" spans "$tmp/adaptive_span" -o "$tmp/spans.png" | grep -q "layer  1"
+test -s "$tmp/spans.png"
+"$bin" spans "$tmp/dense" -o "$tmp/none.png" 2> "$tmp/err" && exit 1
+grep -q "^spanformer: error: " "$tmp/err"
+
+# safetensors round trip: the imported checkpoint evaluates to the same figure.
+"$bin" export safetensors "$tmp/window/checkpoint.pt" -o "$tmp/w.safetensors" > /dev/null
+"$bin" import safetensors "$tmp/w.safetensors" -o "$tmp/w.pt" > /dev/null
+diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin" eval "$tmp/w.pt" | sed 's/; [0-9.]* s)//')
+
+# Benchmarks print their figures.
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --steps 1 --warmup 0 | grep -q "ms/step"
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode eval --attention=adaptive_span --span-dist bimodal \
+  --steps 1 --warmup 0 | grep -q "adaptive_span"
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --steps 1 --warmup 0 | grep -q "with the KV cache"
+
+# Word-level data (WikiText-2 lines) train the same way, reported in perplexity.
+wt2="$src/../shared/data/wikitext-2"
+head -n 400 "$wt2/wiki.valid.tokens" > "$tmp/w.train"; head -n 100 "$wt2/wiki.test.tokens" > "$tmp/w.test"
+"$bin" data words --train "$tmp/w.train" --valid "$tmp/w.test" --test "$tmp/w.test" --out "$tmp/words" > /dev/null
+"$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/words" --out "$tmp/wrun" "${small[@]}" --quiet | grep -q "ppl"
+"$bin" eval "$tmp/wrun" --split test | grep -q "^test ppl"
+
+# Mistakes: one line, non-zero exit.
+expect_error() {
+  if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
+  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err"; then
+    echo "FAIL: $* -> $(cat "$tmp/err")"; exit 1
+  fi
+}
+expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=flashy
+expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --context=100000000
+expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --d_model=30
+expect_error "$bin" eval "$tmp/dense" --n_layer=3
+expect_error "$bin" bench -c "$src/configs/gpt/demo.json" --span 10 --steps 1
+expect_error "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1
+echo "cli gpt: passed"
