@@ -11,12 +11,12 @@ head -c 200000 "$src/../shared/data/dickens.txt" > "$tmp/text.txt"
 "$bin" config keys --arch gpt | grep -q "model.attention"
 small=(--n_layer=2 --d_model=32 --n_head=2 --context=64 --batch_size=4 --nb_steps=20 --eval_interval=10
        --eval_blocks=2 --lr_warmup=2 --eval_batch_size=4)
-for attention in dense window adaptive_span; do
+for attention in dense window adaptive_span sparse_strided sparse_fixed; do
   run="$tmp/$attention"
   "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$run" "${small[@]}" --attention=$attention \
-    --window=16 --adapt_span_init=0.2 --stop-after 10 --quiet > /dev/null
+    --window=16 --adapt_span_init=0.2 --sparse_combine=per_head --stop-after 10 --quiet > /dev/null
   "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$run" "${small[@]}" --attention=$attention \
-    --window=16 --adapt_span_init=0.2 --resume --quiet | tee "$tmp/train.out"
+    --window=16 --adapt_span_init=0.2 --sparse_combine=per_head --resume --quiet | tee "$tmp/train.out"
   grep -q "trained 20 steps" "$tmp/train.out"
   test "$(wc -l < "$run/log.jsonl")" -eq 2
   "$bin" eval "$run" --split test --json > "$tmp/eval.json"

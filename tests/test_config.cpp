@@ -56,7 +56,7 @@ TEST(Config, ValidationNamesTheBadValue) {
   EXPECT_EQ(error_of([] { validate(valid_config()); }), "");
   // Closed choices are refused where they are parsed, naming the key and the choices.
   Config c = valid_config();
-  EXPECT_NE(error_of([&] { apply_overrides(c, {"--optim=rmsprop"}); }).find("'optim': optim must be adagrad, sgd or adam"),
+  EXPECT_NE(error_of([&] { apply_overrides(c, {"--optim=rmsprop"}); }).find("'optim': optim must be adagrad, sgd, adam or adamw"),
             std::string::npos);
   EXPECT_NE(error_of([&] { apply_overrides(c, {"--scheduler=step"}); }).find("scheduler must be"), std::string::npos);
 }

@@ -30,7 +30,24 @@ struct Case {
   int64_t window;
   std::vector<double> z;  // adaptive span: per head z (tokens)
   int64_t L;              // adaptive span: largest span
+  int64_t stride = 0, summary = 0, layer = 0;  // sparse patterns
+  attention::SparseCombine combine = attention::SparseCombine::kMerged;
 };
+
+// The Sparse Transformer's pattern for head h of K, written from the paper's definitions.
+bool sparse_allowed(const Case& c, int64_t h, int64_t K, int64_t i, int64_t j) {
+  if (j > i) return false;
+  if (j == i) return true;
+  const int64_t l = c.stride;
+  const bool a1 = c.kind == CausalKind::kSparseStrided ? i - j < l : i / l == j / l;
+  const bool a2 = c.kind == CausalKind::kSparseStrided ? (i - j) % l == 0 : j % l >= l - c.summary;
+  switch (c.combine) {
+    case attention::SparseCombine::kMerged: return a1 || a2;
+    case attention::SparseCombine::kAlternating: return c.layer % 2 == 0 ? a1 : a2;
+    case attention::SparseCombine::kPerHead: return h < (K + 1) / 2 ? a1 : a2;
+  }
+  return false;
+}
 
 // out[b, h, i] = sum_j w_ij v_j with w_ij = m(d) exp(s_ij) / sum_l m(d_il) exp(s_il), written as loops
 // over every (query, key) pair from the formulas in attention/causal_attention.h.
@@ -55,6 +72,8 @@ at::Tensor loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
           double m = d >= 1 ? 1.0 : 0.0;
           if (c.kind == CausalKind::kWindow) m = (d >= 1 && d <= c.window) ? 1.0 : 0.0;
           if (c.kind == CausalKind::kAdaptiveSpan) m = (d >= 1 && d <= c.L) ? nn::span_mask_value(c.z[h], d, R) : 0.0;
+          if (c.kind == CausalKind::kSparseStrided || c.kind == CausalKind::kSparseFixed)
+            m = sparse_allowed(c, h, K, C - N + i, j) ? 1.0 : 0.0;
           w[j] = m;
           if (m > 0) best = std::max(best, s[j]);
         }
@@ -89,6 +108,9 @@ GptConfig tiny_gpt(CausalKind kind, int64_t T = 24) {
   m.window = 5;
   m.adapt_span_ramp = 4;
   m.adapt_span_init = 0.2;
+  m.sparse_stride = 5;
+  m.sparse_summary = 2;
+  m.sparse_combine = attention::SparseCombine::kPerHead;
   return c;
 }
 
@@ -114,10 +136,16 @@ TEST(GptAttention, EveryPatternMatchesTheLoopOracleAndFusedEqualsPlain) {
                              {CausalKind::kWindow, 7, {}, 0},         {CausalKind::kWindow, 100, {}, 0},
                              {CausalKind::kAdaptiveSpan, 0, {0.0, 5.5, 40.2}, 64},
                              {CausalKind::kAdaptiveSpan, 0, {3.0, 64.0, 17.75}, 64}};
+  using attention::SparseCombine;
+  for (auto kind : {CausalKind::kSparseStrided, CausalKind::kSparseFixed})
+    for (auto [combine, layer] : {std::pair{SparseCombine::kMerged, 0}, std::pair{SparseCombine::kAlternating, 0},
+                                  std::pair{SparseCombine::kAlternating, 1}, std::pair{SparseCombine::kPerHead, 0}})
+      cases.push_back({kind, 0, {}, 0, kind == CausalKind::kSparseStrided ? 7 : 8, 3, layer, combine});
   for (const auto& [N, C] : shapes)
     for (const auto& c : cases) {
-      SCOPED_TRACE(fmt::format("N {} C {} kind {} window {}", N, C, attention::causal_kind_name(c.kind), c.window));
-      const int64_t K = c.kind == CausalKind::kAdaptiveSpan ? 3 : 2, D = 4;
+      SCOPED_TRACE(fmt::format("N {} C {} kind {} window {} combine {} layer {}", N, C, attention::causal_kind_name(c.kind),
+                               c.window, attention::sparse_combine_name(c.combine), c.layer));
+      const int64_t K = c.kind == CausalKind::kWindow || c.kind == CausalKind::kDense ? 2 : 3, D = 4;
       torch::manual_seed(N * 1000 + C);
       auto q = torch::randn({2, K, N, D}, torch::kDouble).requires_grad_();
       auto k = torch::randn({2, K, C, D}, torch::kDouble).requires_grad_();
@@ -126,6 +154,11 @@ TEST(GptAttention, EveryPatternMatchesTheLoopOracleAndFusedEqualsPlain) {
       attention::CausalSpec spec;
       spec.kind = c.kind;
       spec.window = c.window;
+      spec.stride = c.stride;
+      spec.summary = c.summary;
+      spec.combine = c.combine;
+      spec.layer = c.layer;
+      spec.heads = K;
       if (c.kind == CausalKind::kAdaptiveSpan) {
         span = make_span(c.z, c.L, R);
         spec.span = span.get();
@@ -163,13 +196,16 @@ TEST(GptAttention, BadShapesAreOneLineErrors) {
   attention::CausalSpec spec;
   auto q = torch::randn({1, 2, 5, 4}), k = torch::randn({1, 2, 4, 4});
   EXPECT_NE(tu::error_of([&] { attention::causal_attention(q, k, k, spec); }).find("C >= N >= 1"), std::string::npos);
-  EXPECT_NE(tu::error_of([&] { attention::parse_causal_kind("flashy"); }).find("dense, window or adaptive_span"),
+  EXPECT_NE(tu::error_of([&] { attention::parse_causal_kind("flashy"); }).find("dense, window, adaptive_span"),
             std::string::npos);
 }
 
 // The whole model, fused against plain: loss and the gradient of every parameter (double precision).
+const CausalKind kAllKinds[] = {CausalKind::kDense, CausalKind::kWindow, CausalKind::kAdaptiveSpan,
+                                CausalKind::kSparseStrided, CausalKind::kSparseFixed};
+
 TEST(GptModel, FusedModelEqualsPlainModelWithGradients) {
-  for (auto kind : {CausalKind::kDense, CausalKind::kWindow, CausalKind::kAdaptiveSpan}) {
+  for (auto kind : kAllKinds) {
     SCOPED_TRACE(attention::causal_kind_name(kind));
     auto config = tiny_gpt(kind, 150);  // three query tiles
     config.model.window = 70;
@@ -195,7 +231,7 @@ TEST(GptModel, FusedModelEqualsPlainModelWithGradients) {
 
 // Changing token j changes nothing at positions before j.
 TEST(GptModel, AttentionIsCausal) {
-  for (auto kind : {CausalKind::kDense, CausalKind::kWindow, CausalKind::kAdaptiveSpan})
+  for (auto kind : kAllKinds)
     for (auto impl : {AttnImpl::kPlain, AttnImpl::kFused}) {
       auto config = tiny_gpt(kind, 100);
       config.model.attn_impl = impl;
@@ -214,7 +250,7 @@ TEST(GptModel, AttentionIsCausal) {
 // Generation with the KV cache (trimmed to the band or not) gives the hidden states of recomputing the
 // whole context at every step, through context slides (2.5 T tokens).
 TEST(GptModel, KvCacheGenerationEqualsRecomputation) {
-  for (auto kind : {CausalKind::kDense, CausalKind::kWindow, CausalKind::kAdaptiveSpan})
+  for (auto kind : kAllKinds)
     for (auto positions : {Positions::kLearned, Positions::kSinusoidal}) {
       SCOPED_TRACE(fmt::format("{} {}", attention::causal_kind_name(kind), positions_name(positions)));
       auto config = tiny_gpt(kind, 24);
@@ -348,7 +384,7 @@ TEST(GptConfig, NonsenseValuesAreRefusedNamingTheKey) {
 TEST(GptTraining, EveryAttentionLearnsAndResumesBitForBit) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 30000);
-  for (auto kind : {CausalKind::kDense, CausalKind::kWindow, CausalKind::kAdaptiveSpan}) {
+  for (auto kind : kAllKinds) {
     SCOPED_TRACE(attention::causal_kind_name(kind));
     GptConfig c = tiny_gpt(kind, 32);
     c.model.vocab_size = 0;

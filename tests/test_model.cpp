@@ -203,7 +203,7 @@ class ReferenceModelSmall4 : public ReferenceModelTest {
 };
 
 TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) { reproduce_fixed_log_probabilities(); }
-TEST_F(ReferenceModel, ReproducesValidAndTestBitsPerCharacter) { reproduce_bits_per_character({"plain", "fused", "auto"}); }
+TEST_F(ReferenceModel, SlowReproducesValidAndTestBitsPerCharacter) { reproduce_bits_per_character({"plain", "fused", "auto"}); }
 TEST_F(ReferenceModelSmall4, ReproducesLogProbabilitiesSpansAndTrimming) { reproduce_fixed_log_probabilities(); }
 // The full valid and test splits through both paths (auto takes the plain path on every layer of this
 // model: its windows are 64-128 keys): about 3 minutes on a 2-core machine.

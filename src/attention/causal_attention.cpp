@@ -5,8 +5,9 @@
 #include <limits>
 #include <vector>
 
-#include "spanformer/nn/adaptive_span.h"
 #include <fmt/ranges.h>
+
+#include "spanformer/nn/adaptive_span.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer::attention {
@@ -16,6 +17,8 @@ const char* causal_kind_name(CausalKind kind) {
     case CausalKind::kDense: return "dense";
     case CausalKind::kWindow: return "window";
     case CausalKind::kAdaptiveSpan: return "adaptive_span";
+    case CausalKind::kSparseStrided: return "sparse_strided";
+    case CausalKind::kSparseFixed: return "sparse_fixed";
   }
   return "?";
 }
@@ -24,55 +27,103 @@ CausalKind parse_causal_kind(const std::string& name) {
   if (name == "dense") return CausalKind::kDense;
   if (name == "window") return CausalKind::kWindow;
   if (name == "adaptive_span") return CausalKind::kAdaptiveSpan;
-  fail("attention must be dense, window or adaptive_span (got '{}')", name);
+  if (name == "sparse_strided") return CausalKind::kSparseStrided;
+  if (name == "sparse_fixed") return CausalKind::kSparseFixed;
+  fail("attention must be dense, window, adaptive_span, sparse_strided or sparse_fixed (got '{}')", name);
 }
+
+const char* sparse_combine_name(SparseCombine c) {
+  switch (c) {
+    case SparseCombine::kMerged: return "merged";
+    case SparseCombine::kAlternating: return "alternating";
+    case SparseCombine::kPerHead: return "per_head";
+  }
+  return "?";
+}
+
+SparseCombine parse_sparse_combine(const std::string& name) {
+  if (name == "merged") return SparseCombine::kMerged;
+  if (name == "alternating") return SparseCombine::kAlternating;
+  if (name == "per_head") return SparseCombine::kPerHead;
+  fail("sparse_combine must be merged, alternating or per_head (got '{}')", name);
+}
+
+namespace {
+
+bool is_sparse(CausalKind kind) { return kind == CausalKind::kSparseStrided || kind == CausalKind::kSparseFixed; }
+
+// Which components head h of this layer uses: 1, 2 or 3 (both).
+int components_of(const CausalSpec& spec, int64_t h, int64_t K) {
+  switch (spec.combine) {
+    case SparseCombine::kMerged: return 3;
+    case SparseCombine::kAlternating: return spec.layer % 2 == 0 ? 1 : 2;
+    case SparseCombine::kPerHead: return h < (K + 1) / 2 ? 1 : 2;
+  }
+  return 3;
+}
+
+}  // namespace
 
 int64_t causal_band(const CausalSpec& spec, int64_t keys) {
   switch (spec.kind) {
-    case CausalKind::kDense: return keys;
     case CausalKind::kWindow: return std::min(keys, spec.window);
     case CausalKind::kAdaptiveSpan: {
       int64_t band = 1;
       for (int64_t s : spec.span->visited(spec.span->options().attn_span())) band = std::max(band, s);
       return std::min(keys, band);
     }
+    default: return keys;
   }
-  return keys;
 }
 
-at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& distance) {
-  auto causal = distance >= 1;  // (N, C)
+at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const at::Tensor& kpos, at::ScalarType dtype) {
+  auto distance = (qpos - kpos + 1).to(dtype);  // (n, c)
+  auto causal = kpos <= qpos;                    // (n, c)
   switch (spec.kind) {
-    case CausalKind::kDense: return causal.to(distance.scalar_type()).unsqueeze(0);
-    case CausalKind::kWindow: return (causal & (distance <= spec.window)).to(distance.scalar_type()).unsqueeze(0);
-    case CausalKind::kAdaptiveSpan:  // (K, N, C); L is a hard limit as in the paper (distances 1..L)
-      return spec.span->mask_at(distance) *
-             (causal & (distance <= spec.span->options().attn_span())).to(distance.scalar_type());
+    case CausalKind::kDense: return causal.to(dtype).unsqueeze(0);
+    case CausalKind::kWindow: return (causal & (qpos - kpos < spec.window)).to(dtype).unsqueeze(0);
+    case CausalKind::kAdaptiveSpan:  // (K, n, c); L is a hard limit as in the paper (distances 1..L)
+      return spec.span->mask_at(distance) * (causal & (qpos - kpos < spec.span->options().attn_span())).to(dtype);
+    case CausalKind::kSparseStrided:
+    case CausalKind::kSparseFixed: {
+      const int64_t l = spec.stride;
+      at::Tensor a1, a2;
+      if (spec.kind == CausalKind::kSparseStrided) {
+        a1 = qpos - kpos < l;
+        a2 = at::remainder(qpos - kpos, l) == 0;
+      } else {
+        a1 = at::floor_divide(qpos, l) == at::floor_divide(kpos, l);
+        a2 = at::remainder(kpos, l) >= l - spec.summary;
+      }
+      auto self = qpos == kpos;
+      auto m1 = (causal & (a1 | self)).to(dtype), m2 = (causal & (a2 | self)).to(dtype), both = (causal & (a1 | a2 | self)).to(dtype);
+      if (spec.combine == SparseCombine::kMerged) return both.unsqueeze(0);
+      if (spec.combine == SparseCombine::kAlternating) return (spec.layer % 2 == 0 ? m1 : m2).unsqueeze(0);
+      const int64_t K = spec.heads, first = (K + 1) / 2;  // per head: heads [0, first) use A1, the rest A2
+      return at::cat({m1.unsqueeze(0).expand({first, -1, -1}), m2.unsqueeze(0).expand({K - first, -1, -1})}, 0);
+    }
   }
   return {};
 }
 
 namespace {
 
-// a = m exp(s) / sum m exp(s) over the last dim. s (B, K, n, c), m (K or 1, n, c). The shift is the
-// largest score among keys with m > 0 (d = 1 always qualifies); keys with m = 0 contribute 0 to the
-// value and exp(min(s - shift, 30)) to m's gradient.
+// a = m exp(s) / sum m exp(s) over the last dim. s (..., c), m broadcastable to s. The shift is the
+// largest score among keys with m > 0 (the query itself always qualifies); keys with m = 0 contribute 0
+// to the value and exp(min(s - shift, 30)) to m's gradient.
 at::Tensor masked_softmax(const at::Tensor& s, const at::Tensor& m) {
   at::Tensor shift;
   {
     at::NoGradGuard no_grad;
     shift = at::where(m > 0, s, at::full({}, -std::numeric_limits<double>::infinity(), s.options()))
-                .amax(-1, /*keepdim=*/true);  // (B, K, n, 1)
+                .amax(-1, /*keepdim=*/true);
   }
-  auto e = at::exp((s - shift).clamp_max(30.0)) * m;  // (B, K, n, c)
+  auto e = at::exp((s - shift).clamp_max(30.0)) * m;
   return e / e.sum(-1, /*keepdim=*/true);
 }
 
-// Distances d (n, c) of queries [q0, q0 + n) at key positions offset + q0 + i and keys [k0, k0 + c).
-at::Tensor distances(int64_t offset, int64_t q0, int64_t n, int64_t k0, int64_t c, const at::TensorOptions& options) {
-  auto qpos = at::arange(offset + q0, offset + q0 + n, options).unsqueeze(1);  // (n, 1)
-  auto kpos = at::arange(k0, k0 + c, options).unsqueeze(0);                    // (1, c)
-  return qpos - kpos + 1;                                                      // (n, c)
+at::Tensor positions(int64_t first, int64_t n, const at::Tensor& like) {
+  return at::arange(first, first + n, like.options().dtype(at::kLong));
 }
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& m,
@@ -83,8 +134,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return at::matmul(a, v);  // (B, K, n, D)
 }
 
-// Query-key pairs the fused tiles read, as a fraction of N x C.
-double fused_fraction(int64_t N, int64_t C, int64_t band) {
+// Query-key pairs the banded tiles read, as a fraction of N x C.
+double band_fraction(int64_t N, int64_t C, int64_t band) {
   double read = 0;
   for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
     const int64_t n = std::min(kQueryTile, N - i0), last = C - N + i0 + n - 1;
@@ -93,13 +144,72 @@ double fused_fraction(int64_t N, int64_t C, int64_t band) {
   return read / (static_cast<double>(N) * static_cast<double>(C));
 }
 
+// Sparse patterns: for queries [i0, i0 + n) at key positions p = C - N + i, the keys any head of the
+// layer may read, one row per query, padded to the tile's longest row with the query itself (and a
+// validity mask, so padding weighs 0). Rows list each key once.
+struct Gathered {
+  at::Tensor index, valid;  // (n, width) int64 key positions, (n, width) bool
+};
+Gathered sparse_rows(const CausalSpec& spec, int64_t K, int64_t offset, int64_t i0, int64_t n) {
+  bool use1 = false, use2 = false;
+  for (int64_t h = 0; h < K; ++h) {
+    const int c = components_of(spec, h, K);
+    use1 |= (c & 1) != 0;
+    use2 |= (c & 2) != 0;
+  }
+  const int64_t l = spec.stride;
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(n));
+  size_t width = 1;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t p = offset + i0 + r;
+    auto& row = rows[static_cast<size_t>(r)];
+    row.push_back(p);
+    if (spec.kind == CausalKind::kSparseStrided) {
+      if (use1)
+        for (int64_t j = std::max<int64_t>(0, p - l + 1); j < p; ++j) row.push_back(j);
+      if (use2)
+        for (int64_t j = p - l; j >= 0; j -= l) row.push_back(j);
+    } else {
+      if (use1)
+        for (int64_t j = p / l * l; j < p; ++j) row.push_back(j);
+      if (use2)
+        for (int64_t b = 0; b * l <= p; ++b)
+          for (int64_t j = b * l + l - spec.summary; j < std::min(b * l + l, p + 1); ++j) row.push_back(j);
+    }
+    std::sort(row.begin(), row.end());
+    row.erase(std::unique(row.begin(), row.end()), row.end());
+    width = std::max(width, row.size());
+  }
+  auto index = at::empty({n, static_cast<int64_t>(width)}, at::kLong);
+  auto valid = at::zeros({n, static_cast<int64_t>(width)}, at::kBool);
+  auto ia = index.accessor<int64_t, 2>();
+  auto va = valid.accessor<bool, 2>();
+  for (int64_t r = 0; r < n; ++r) {
+    const auto& row = rows[static_cast<size_t>(r)];
+    for (size_t c = 0; c < width; ++c) {
+      ia[r][static_cast<int64_t>(c)] = c < row.size() ? row[c] : offset + i0 + r;
+      va[r][static_cast<int64_t>(c)] = c < row.size();
+    }
+  }
+  return {index, valid};
+}
+
+// The longest row of sparse_rows over all queries (host arithmetic only), as a fraction of C.
+double sparse_fraction(const CausalSpec& spec, int64_t N, int64_t C) {
+  const int64_t l = spec.stride, last = C - 1;
+  const double width = static_cast<double>(l) + static_cast<double>(last / l + 1) * static_cast<double>(
+                                                      spec.kind == CausalKind::kSparseFixed ? spec.summary : 1);
+  (void)N;
+  return std::min(1.0, width / static_cast<double>(C));
+}
+
 }  // namespace
 
 at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const CausalSpec& spec) {
   const int64_t N = q.size(2), C = k.size(2);
-  auto d = distances(C - N, 0, N, 0, C, q.options());  // (N, C)
-  return attend(q, k, v, causal_weights(spec, d), spec);
+  auto m = causal_weights(spec, positions(C - N, N, q).unsqueeze(1), positions(0, C, q).unsqueeze(0), q.scalar_type());
+  return attend(q, k, v, m, spec);  // m (K or 1, N, C)
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CausalSpec& spec,
@@ -111,15 +221,41 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (spec.kind == CausalKind::kWindow && spec.window < 1) fail("causal attention: window must be >= 1");
   if (spec.kind == CausalKind::kAdaptiveSpan && (!spec.span || spec.span->options().nb_heads() != q.size(1)))
     fail("causal attention: adaptive_span needs one span per head");
-  const int64_t N = q.size(2), C = k.size(2), band = causal_band(spec, C);
-  if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && fused_fraction(N, C, band) > 0.75))
-    return causal_attention_reference(q, k, v, spec);
+  if (is_sparse(spec.kind) && (spec.stride < 1 || spec.summary < 1 || spec.summary > spec.stride ||
+                               (spec.combine == SparseCombine::kPerHead && spec.heads != q.size(1))))
+    fail("causal attention: sparse patterns need stride >= 1, 1 <= summary <= stride and, per head, one pattern per head");
+  const int64_t N = q.size(2), C = k.size(2), K = q.size(1);
   std::vector<at::Tensor> tiles;  // (B, K, n, D) each
+  if (is_sparse(spec.kind)) {
+    if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && sparse_fraction(spec, N, C) > 0.75))
+      return causal_attention_reference(q, k, v, spec);
+    const int64_t B = q.size(0), D = q.size(3);
+    for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
+      const int64_t n = std::min(kQueryTile, N - i0);
+      auto g = sparse_rows(spec, K, C - N, i0, n);  // (n, w)
+      const int64_t w = g.index.size(1);
+      auto index = g.index.to(q.device());
+      auto kg = k.index_select(2, index.view({-1})).view({B, K, n, w, D});  // (B, K, n, w, D)
+      auto vg = v.index_select(2, index.view({-1})).view({B, K, n, w, D});
+      auto qt = q.narrow(2, i0, n).unsqueeze(3);                               // (B, K, n, 1, D)
+      auto s = at::matmul(qt, kg.transpose(-1, -2)).squeeze(3) / std::sqrt(static_cast<double>(D));  // (B, K, n, w)
+      auto m = causal_weights(spec, positions(C - N + i0, n, q).unsqueeze(1), index, q.scalar_type()) *
+               g.valid.to(q.device()).to(q.scalar_type());  // (K or 1, n, w)
+      auto a = masked_softmax(s, m);
+      if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
+      tiles.push_back(at::matmul(a.unsqueeze(3), vg).squeeze(3));  // (B, K, n, D)
+    }
+    return tiles.size() == 1 ? tiles[0] : at::cat(tiles, 2);
+  }
+  const int64_t band = causal_band(spec, C);
+  if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && band_fraction(N, C, band) > 0.75))
+    return causal_attention_reference(q, k, v, spec);
   for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
     const int64_t n = std::min(kQueryTile, N - i0);
     const int64_t last = C - N + i0 + n - 1, k0 = std::max<int64_t>(0, C - N + i0 - band + 1), c = last + 1 - k0;
-    auto d = distances(C - N, i0, n, k0, c, q.options());  // (n, c)
-    tiles.push_back(attend(q.narrow(2, i0, n), k.narrow(2, k0, c), v.narrow(2, k0, c), causal_weights(spec, d), spec));
+    auto m = causal_weights(spec, positions(C - N + i0, n, q).unsqueeze(1), positions(k0, c, q).unsqueeze(0),
+                            q.scalar_type());  // (K or 1, n, c)
+    tiles.push_back(attend(q.narrow(2, i0, n), k.narrow(2, k0, c), v.narrow(2, k0, c), m, spec));
   }
   return tiles.size() == 1 ? tiles[0] : at::cat(tiles, 2);  // (B, K, N, D)
 }

@@ -31,12 +31,16 @@ const std::vector<Field<GptModelConfig>>& model_fields() {
       field("attn_dropout", &C::attn_dropout, "attention probabilities"),
       field("init_std", &C::init_std, "N(0, init_std) weights; residual projections / sqrt(2 n_layer)"),
       config_detail::enum_field("attention", &C::attention, attention::parse_causal_kind, attention::causal_kind_name,
-                                "dense | window | adaptive_span"),
+                                "dense | window | adaptive_span | sparse_strided | sparse_fixed"),
       field("window", &C::window, "window: keys per query, itself included"),
       field("attn_span", &C::attn_span, "adaptive_span: L, the largest span (0 = context)"),
       field("adapt_span_ramp", &C::adapt_span_ramp, "adaptive_span: R, the mask's ramp"),
       field("adapt_span_init", &C::adapt_span_init, "adaptive_span: initial z / L"),
       field("adapt_span_loss", &C::adapt_span_loss, "adaptive_span: span-loss coefficient"),
+      field("sparse_stride", &C::sparse_stride, "sparse_*: l, the stride (0 = round(sqrt(context)))"),
+      field("sparse_summary", &C::sparse_summary, "sparse_fixed: c, summary keys at the end of every block of l"),
+      config_detail::enum_field("sparse_combine", &C::sparse_combine, attention::parse_sparse_combine,
+                                attention::sparse_combine_name, "sparse_*: merged (A1 u A2 in every head) | alternating (by layer) | per_head"),
       config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
                                 "plain (one masked T x T product) | fused (query tiles over their band) | auto; checkpoints load under any"),
       field("eval_stride", &C::eval_stride, "sliding-window evaluation: tokens scored per window after the first (0 = context / 2)"),
@@ -118,6 +122,9 @@ void validate(const GptModelConfig& c) {
   if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
     fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
   if (!(c.adapt_span_loss >= 0)) fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
+  if (c.sparse_stride < 0) fail("config: sparse_stride must be >= 0 (0 = sqrt(context); got {})", c.sparse_stride);
+  if (c.attention == attention::CausalKind::kSparseFixed && (c.sparse_summary < 1 || c.sparse_summary > c.stride_l()))
+    fail("config: sparse_summary must be in [1, sparse_stride = {}] (got {})", c.stride_l(), c.sparse_summary);
   if (c.eval_stride < 0 || c.eval_stride > c.context)
     fail("config: eval_stride must be in [0, context] (0 = context / 2; got {})", c.eval_stride);
   const double H = static_cast<double>(c.d_model), I = static_cast<double>(c.inner_dim());

@@ -19,7 +19,7 @@ torch::Tensor sinusoidal_positions(int64_t T, int64_t H) {
   return table.to(torch::kFloat);                                                   // (T, H)
 }
 
-GptAttentionImpl::GptAttentionImpl(const GptModelConfig& config) : config_(config) {
+GptAttentionImpl::GptAttentionImpl(const GptModelConfig& config, int64_t layer) : config_(config), layer_(layer) {
   const int64_t H = config.d_model;
   qkv = register_module("qkv", torch::nn::Linear(H, 3 * H));
   proj = register_module("proj", torch::nn::Linear(H, H));
@@ -35,6 +35,11 @@ attention::CausalSpec GptAttentionImpl::spec() const {
   s.kind = config_.attention;
   s.window = config_.window;
   s.span = span ? span.get() : nullptr;
+  s.stride = config_.stride_l();
+  s.summary = config_.sparse_summary;
+  s.combine = config_.sparse_combine;
+  s.layer = layer_;
+  s.heads = config_.n_head;
   s.dropout = config_.attn_dropout;
   s.training = is_training();
   return s;
@@ -61,10 +66,10 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
   return proj(out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
 }
 
-GptBlockImpl::GptBlockImpl(const GptModelConfig& config) : dropout_(config.dropout) {
+GptBlockImpl::GptBlockImpl(const GptModelConfig& config, int64_t layer) : dropout_(config.dropout) {
   const int64_t H = config.d_model;
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  attn = register_module("attn", GptAttention(config));
+  attn = register_module("attn", GptAttention(config, layer));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   fc1 = register_module("fc1", torch::nn::Linear(H, config.inner_dim()));
   fc2 = register_module("fc2", torch::nn::Linear(config.inner_dim(), H));
@@ -86,7 +91,7 @@ GptModelImpl::GptModelImpl(const GptModelConfig& config) : config_(config) {
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t l = 0; l < config.n_layer; ++l) {
-    block_list_.push_back(GptBlock(config));
+    block_list_.push_back(GptBlock(config, l));
     blocks->push_back(block_list_.back());
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));

@@ -1,6 +1,7 @@
 // Causal self-attention for decoder-only models (the GPT family, config/gpt_config.h), with the
 // attention pattern a drop-in choice. Every pattern is one formula, a masked softmax with per-key
-// weights m_h(d) >= 0 at distance d = (query position) - (key position) + 1 (d = 1: the query itself):
+// weights m_h >= 0 of the query and key positions i >= j, for most patterns a function of the distance
+// d = i - j + 1 (d = 1: the query itself):
 //
 //     s_ij = q_i . k_j / sqrt(D),      a_ij = m_h(d_ij) exp(s_ij) / sum_l m_h(d_il) exp(s_il),
 //     out_i = sum_j a_ij v_j   (then dropout on a when training)
@@ -13,6 +14,14 @@
 //                  ever empty. This is the paper's formula (eq. 7: the mask inside the softmax); the
 //                  Python reference's extra 1e-8 (sum of every key's exp) term is not used here, so a
 //                  head's result depends only on the keys its span reaches.
+//   sparse_strided the Sparse Transformer's strided pattern (Child et al. 2019, stride l):
+//                  A1 = {j : i - j < l} (the last l keys), A2 = {j : (i - j) mod l = 0}
+//   sparse_fixed   its fixed pattern (stride l, summary c): A1 = {j : floor(j / l) = floor(i / l)} (the
+//                  query's own block), A2 = {j : j mod l >= l - c} (the last c keys of every block)
+//                  Both with j <= i, m in {0, 1}, combined as the paper's three ways (sparse_combine):
+//                  merged (every head A1 u A2), alternating (even layers A1, odd layers A2), per_head
+//                  (the first ceil(K / 2) heads A1, the others A2). The query itself is always in, so no
+//                  row is empty (A2 of sparse_fixed alone would leave the first l - c queries none).
 //
 // Where m_h(d) = 0 the key takes no part: its score is never needed. Each head reads at most the last
 // S_h keys, S_h = min(context, band): dense: all; window: w; adaptive span: floor(z_h + R) + 1
@@ -29,6 +38,9 @@
 //   fused  query tiles of kQueryTile rows; a tile reads only keys [first - S + 1, last] where S is the
 //          largest band of its heads, so tiles above the diagonal and keys beyond every head's span are
 //          never touched, and backward stores tile-sized scores only (O(N S) instead of O(N C));
+//          Sparse patterns: each query tile gathers, row by row, the keys any of the layer's heads may
+//          read (O(l + C / l) per query for strided, O(l + c C / l) for fixed, against C), so compute
+//          and memory grow as N (l + C / l): N^1.5 with l ~ sqrt(N);
 //   auto   fused where the tiles skip a quarter of the query-key pairs or more, else plain.
 #pragma once
 #include <ATen/ATen.h>
@@ -44,9 +56,13 @@ class AdaptiveSpanImpl;
 
 namespace spanformer::attention {
 
-enum class CausalKind { kDense, kWindow, kAdaptiveSpan };
+enum class CausalKind { kDense, kWindow, kAdaptiveSpan, kSparseStrided, kSparseFixed };
 const char* causal_kind_name(CausalKind kind);
 CausalKind parse_causal_kind(const std::string& name);  // one-line error naming the choices
+
+enum class SparseCombine { kMerged, kAlternating, kPerHead };
+const char* sparse_combine_name(SparseCombine c);
+SparseCombine parse_sparse_combine(const std::string& name);
 
 inline constexpr int64_t kQueryTile = 64;
 
@@ -54,6 +70,9 @@ struct CausalSpec {
   CausalKind kind = CausalKind::kDense;
   int64_t window = 0;                          // w (window)
   const nn::AdaptiveSpanImpl* span = nullptr;  // the heads' spans (adaptive_span)
+  int64_t stride = 0, summary = 0;             // l and c (sparse patterns)
+  SparseCombine combine = SparseCombine::kMerged;
+  int64_t layer = 0, heads = 0;                // the layer's index and K (alternating, per_head)
   double dropout = 0.0;                        // on a, when training
   bool training = false;
 };
@@ -61,8 +80,9 @@ struct CausalSpec {
 // Keys per query a head reads at most (S_h above), the largest over heads; `keys` caps it.
 int64_t causal_band(const CausalSpec& spec, int64_t keys);
 
-// m_h(d) for distances d (N, C) -> (K or 1, N, C) in d's dtype (one home of the three patterns).
-at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& distance);
+// m_h at query positions qpos (n, 1) and key positions kpos (1 or n, c), int64 -> (K or 1, n, c) in
+// `dtype` (the one home of every pattern).
+at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const at::Tensor& kpos, at::ScalarType dtype);
 
 // q (B, K, N, D); k, v (B, K, C, D), C >= N. Returns (B, K, N, D). Validates once, then dispatches.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CausalSpec& spec,

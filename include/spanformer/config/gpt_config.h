@@ -12,6 +12,8 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,6 +46,9 @@ struct GptModelConfig {
   int64_t adapt_span_ramp = 32;     // R
   double adapt_span_init = 0.0;     // initial z / L (the reference starts at 0)
   double adapt_span_loss = 2e-6;    // span-loss coefficient
+  int64_t sparse_stride = 0;   // sparse_*: l (0 = round(sqrt(context)))
+  int64_t sparse_summary = 8;  // sparse_fixed: c, the summary keys at the end of every block (<= l)
+  attention::SparseCombine sparse_combine = attention::SparseCombine::kMerged;  // merged | alternating | per_head
   // plain = the reference composition (one masked T x T product); fused = query tiles that read only
   // the keys their band reaches (causal tiles above the diagonal never touched); auto = fused.
   attention::AttnImpl attn_impl = attention::AttnImpl::kAuto;
@@ -51,6 +56,9 @@ struct GptModelConfig {
 
   int64_t inner_dim() const { return d_inner > 0 ? d_inner : 4 * d_model; }
   int64_t span_limit() const { return attn_span > 0 ? attn_span : context; }
+  int64_t stride_l() const {
+    return sparse_stride > 0 ? sparse_stride : std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(context))));
+  }
   int64_t stride() const { return eval_stride > 0 ? eval_stride : std::max<int64_t>(1, context / 2); }
 };
 

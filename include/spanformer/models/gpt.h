@@ -1,5 +1,5 @@
 // A GPT-style decoder (Radford et al. 2019, GPT-2) whose causal self-attention is a drop-in choice
-// (attention/causal_attention.h): dense, window or adaptive span.
+// (attention/causal_attention.h): dense, window, adaptive span, Sparse Transformer strided or fixed.
 //
 //   x (B, N) token ids at positions p0 .. p0 + N - 1 (p0 + N <= T)
 //   h = drop(wte(x) + P[p0 : p0 + N])          (B, N, H)   P learned (T, H) or sinusoidal
@@ -51,7 +51,7 @@ struct GptDecoder {
 
 class GptAttentionImpl : public torch::nn::Module {
  public:
-  explicit GptAttentionImpl(const GptModelConfig& config);
+  GptAttentionImpl(const GptModelConfig& config, int64_t layer);
   // h (B, N, H) -> (B, N, H); with k_cache / v_cache (B, K, C, D) the new keys are appended (and the
   // cache trimmed to `keep` keys when keep >= 0).
   torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
@@ -65,12 +65,13 @@ class GptAttentionImpl : public torch::nn::Module {
 
  private:
   GptModelConfig config_;
+  int64_t layer_;
 };
 TORCH_MODULE(GptAttention);
 
 class GptBlockImpl : public torch::nn::Module {
  public:
-  explicit GptBlockImpl(const GptModelConfig& config);
+  GptBlockImpl(const GptModelConfig& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
                         int64_t keep = -1);
 
