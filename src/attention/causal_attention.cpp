@@ -195,11 +195,10 @@ Gathered sparse_rows(const CausalSpec& spec, int64_t K, int64_t offset, int64_t 
 }
 
 // The longest row of sparse_rows over all queries (host arithmetic only), as a fraction of C.
-double sparse_fraction(const CausalSpec& spec, int64_t N, int64_t C) {
+double sparse_fraction(const CausalSpec& spec, int64_t C) {
   const int64_t l = spec.stride, last = C - 1;
   const double width = static_cast<double>(l) + static_cast<double>(last / l + 1) * static_cast<double>(
                                                       spec.kind == CausalKind::kSparseFixed ? spec.summary : 1);
-  (void)N;
   return std::min(1.0, width / static_cast<double>(C));
 }
 
@@ -227,7 +226,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t N = q.size(2), C = k.size(2), K = q.size(1);
   std::vector<at::Tensor> tiles;  // (B, K, n, D) each
   if (is_sparse(spec.kind)) {
-    if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && sparse_fraction(spec, N, C) > 0.75))
+    if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && sparse_fraction(spec, C) > 0.75))
       return causal_attention_reference(q, k, v, spec);
     const int64_t B = q.size(0), D = q.size(3);
     for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {

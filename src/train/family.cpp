@@ -241,6 +241,12 @@ OptimizerOptions optimizer_options(const TrainConfig& train) {
   return o;
 }
 
+std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const TrainConfig& train) {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
+  return std::make_unique<Optimizer>(params, optimizer_options(train));
+}
+
 void log_spans(const std::vector<std::vector<double>>& spans, nlohmann::json& record, std::string& text) {
   if (spans.empty()) return;
   std::vector<double> mean, max;

@@ -85,7 +85,8 @@ RunResult run_training(Family& family, const RunOptions& options) {
   const int64_t B = tc.batch_size, M = family.block_length();
   const int64_t local = B / world, first = rank * local;  // this rank's streams [first, first + local)
   data::Streams train_streams(*corpus.train, B), valid_streams(*corpus.valid, B);
-  if (family.data_restart() == DataRestart::kRandomContexts) {
+  const bool contexts = family.data_restart() == DataRestart::kRandomContexts;  // no streams to walk
+  if (contexts) {
     if (corpus.train->size() <= M + 1) fail("{}/train.bin is too short for contexts of {} tokens", tc.data, M);
     if (corpus.valid->size() <= M + 1) fail("{}/valid.bin is too short for contexts of {} tokens", tc.data, M);
   } else {
@@ -117,8 +118,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
     if (ck.has("state.valid_pos")) state.valid_pos = ck.integer("state.valid_pos");
     state.elapsed_seconds = ck.number("state.elapsed_seconds");
     if (ck.has("state.best_valid")) state.best_valid = ck.number("state.best_valid");
-    const bool streams = family.data_restart() != DataRestart::kRandomContexts;
-    if (state.step < 0 || state.train_pos < 0 || (streams && state.train_pos + M >= train_streams.length()) || state.valid_pos < 0 ||
+    if (state.step < 0 || state.train_pos < 0 || (!contexts && state.train_pos + M >= train_streams.length()) || state.valid_pos < 0 ||
         state.valid_pos >= valid_streams.length() || !(state.elapsed_seconds >= 0))
       fail("checkpoint {} is damaged: its training position (step {}, train {}, valid {}) is outside the data",
            checkpoint_path, state.step, state.train_pos, state.valid_pos);
@@ -201,7 +201,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
     ctx.group = group;
     ctx.reducer = reducer.get();
     torch::Tensor x, y;  // (b, e + M)
-    if (family.data_restart() == DataRestart::kRandomContexts) {
+    if (contexts) {
       auto draw = torch::randint(corpus.train->size() - M, {B}, torch::kLong);  // every rank draws all B
       std::vector<int64_t> starts(draw.data_ptr<int64_t>() + first, draw.data_ptr<int64_t>() + first + local);
       std::tie(x, y) = make_contexts(*corpus.train, starts, M, device);
@@ -218,9 +218,8 @@ RunResult run_training(Family& family, const RunOptions& options) {
     state.step = ctx.step;
     interval_loss += loss_value;
     ++interval_steps;
-    if (family.data_restart() != DataRestart::kRandomContexts) state.train_pos += M;
-    if (family.data_restart() != DataRestart::kRandomContexts &&
-        state.train_pos + M > train_streams.length() - 1) {  // no full block left
+    if (!contexts) state.train_pos += M;
+    if (!contexts && state.train_pos + M > train_streams.length() - 1) {  // no full block left
       state.train_pos = family.data_restart() == DataRestart::kRandomOffset
                             ? torch::randint(M, {1}, torch::kLong).item<int64_t>()  // the reference's rule
                             : 0;

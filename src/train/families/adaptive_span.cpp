@@ -74,9 +74,7 @@ class AdaptiveSpanFamily : public Family {
   const Config& config() const { return config_; }
 
   void make_optimizers() override {
-    std::vector<std::pair<std::string, torch::Tensor>> params;
-    for (auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
-    optimizer_ = std::make_unique<Optimizer>(params, optimizer_options(config_.train));
+    optimizer_ = make_optimizer(*model_, config_.train);
   }
   void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
   void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }

@@ -52,6 +52,8 @@ void sample_tokens(const data::Vocab& vocab, const SampleRequest& request, int64
 
 // The main optimizer's options from the shared train section.
 OptimizerOptions optimizer_options(const TrainConfig& train);
+// That optimizer over every named parameter of a model.
+std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const TrainConfig& train);
 
 // Log fields of learned spans (mean and max per layer) and the progress line's span means.
 void log_spans(const std::vector<std::vector<double>>& spans, nlohmann::json& record, std::string& text);

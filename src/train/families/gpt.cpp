@@ -71,9 +71,7 @@ class GptFamily : public Family {
   torch::nn::Module& module() override { return *model_; }
 
   void make_optimizers() override {
-    std::vector<std::pair<std::string, torch::Tensor>> params;
-    for (auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
-    optimizer_ = std::make_unique<Optimizer>(params, optimizer_options(config_.train));
+    optimizer_ = make_optimizer(*model_, config_.train);
   }
   void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
   void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
