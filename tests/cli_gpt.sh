@@ -8,7 +8,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 head -c 200000 "$src/../shared/data/dickens.txt" > "$tmp/text.txt"
 "$bin" data prepare "$tmp/text.txt" --out "$tmp/data" > /dev/null 2>&1
-"$bin" config keys --arch gpt | grep -q "model.attention"
+"$bin" config keys --arch gpt | grep "model.attention" > /dev/null
 small=(--n_layer=2 --d_model=32 --n_head=2 --context=64 --batch_size=4 --nb_steps=20 --eval_interval=10
        --eval_blocks=2 --lr_warmup=2 --eval_batch_size=4)
 for attention in dense window adaptive_span sparse_strided sparse_fixed; do
@@ -37,7 +37,7 @@ PY
   test "$(wc -c < "$tmp/gen.out")" -ge 140
   "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 4 | cmp -s - "$tmp/gen.out"
 done
-"$bin" spans "$tmp/adaptive_span" -o "$tmp/spans.png" | grep -q "layer  1"
+"$bin" spans "$tmp/adaptive_span" -o "$tmp/spans.png" | grep "layer  1" > /dev/null
 test -s "$tmp/spans.png"
 "$bin" spans "$tmp/dense" -o "$tmp/none.png" 2> "$tmp/err" && exit 1
 grep -q "^spanformer: error: " "$tmp/err"
@@ -48,17 +48,17 @@ grep -q "^spanformer: error: " "$tmp/err"
 diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin" eval "$tmp/w.pt" | sed 's/; [0-9.]* s)//')
 
 # Benchmarks print their figures.
-"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --steps 1 --warmup 0 | grep -q "ms/step"
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --steps 1 --warmup 0 | grep "ms/step" > /dev/null
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode eval --attention=adaptive_span --span-dist bimodal \
-  --steps 1 --warmup 0 | grep -q "adaptive_span"
-"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --steps 1 --warmup 0 | grep -q "with the KV cache"
+  --steps 1 --warmup 0 | grep "adaptive_span" > /dev/null
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --steps 1 --warmup 0 | grep "with the KV cache" > /dev/null
 
 # Word-level data (WikiText-2 lines) train the same way, reported in perplexity.
 wt2="$src/../shared/data/wikitext-2"
 head -n 400 "$wt2/wiki.valid.tokens" > "$tmp/w.train"; head -n 100 "$wt2/wiki.test.tokens" > "$tmp/w.test"
 "$bin" data words --train "$tmp/w.train" --valid "$tmp/w.test" --test "$tmp/w.test" --out "$tmp/words" > /dev/null
-"$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/words" --out "$tmp/wrun" "${small[@]}" --quiet | grep -q "ppl"
-"$bin" eval "$tmp/wrun" --split test | grep -q "^test ppl"
+"$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/words" --out "$tmp/wrun" "${small[@]}" --quiet | grep "ppl" > /dev/null
+"$bin" eval "$tmp/wrun" --split test | grep "^test ppl" > /dev/null
 
 # Mistakes: one line, non-zero exit.
 expect_error() {
