@@ -33,7 +33,7 @@ for family in span xl; do
   # The run directory records each session: code version, commit, LibTorch, host, start, command line.
   $py -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; assert len(r)==1 and r[0]['step']==0 and \
 r[0]['command'][1]=='train' and r[0]['host'] and r[0]['start'].endswith('Z') and r[0]['torch'], r" "$tmp/$family/sessions.jsonl"
-  "$bin" export safetensors "$tmp/$family" -o "$tmp/$family.safetensors" | grep -q "config: $tmp/$family.json"
+  "$bin" export safetensors "$tmp/$family" -o "$tmp/$family.safetensors" | grep "config: $tmp/$family.json" > /dev/null
   $py "$st" check "$tmp/$family.safetensors"
   # Our file -> checkpoint -> the same evaluation, bit for bit.
   "$bin" import safetensors "$tmp/$family.safetensors" -o "$tmp/$family.pt" > /dev/null

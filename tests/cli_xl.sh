@@ -28,9 +28,9 @@ grep -q "trained 20 steps" "$tmp/train.out"
 test "$(wc -l < "$tmp/txl/log.jsonl")" -eq 2
 "$bin" eval "$tmp/txl" --split test | tee "$tmp/eval.out"
 grep -qE "^test ppl [0-9]+\.[0-9]+ .*mem_len 24, clamp_len 0, same_length true" "$tmp/eval.out"
-"$bin" eval "$tmp/txl" --split test --eval_mem_len=8 | grep -q "mem_len 8"
-"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --steps 1 --warmup 1 | grep -q "ms/step"
-"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --mode eval --mem-len 32 --steps 1 --warmup 0 | grep -q "ms/token"
+"$bin" eval "$tmp/txl" --split test --eval_mem_len=8 | grep "mem_len 8" > /dev/null
+"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --steps 1 --warmup 1 | grep "ms/step" > /dev/null
+"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --mode eval --mem-len 32 --steps 1 --warmup 0 | grep "ms/token" > /dev/null
 
 # The engine's commands serve this family too: sampling with memories (words out), the log-probability
 # dump (one per scored token, summing to the reported NLL), the best-validation checkpoint, --init.
@@ -51,9 +51,9 @@ test -f "$tmp/txl/best.pt"
 for arch in adaptive-span xl; do
   "$bin" config keys --arch $arch | tail -n +2 | awk 'NF < 4 { print "no help: " $0; bad = 1 } END { exit bad }'
 done
-"$bin" config keys --arch xl | grep -q "^train.lr_warmup"
-"$bin" eval "$tmp/txl/best.pt" --split test | grep -q "^test ppl"
-"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/init" --init "$tmp/txl" --nb_steps=2 --quiet | grep -q "trained 2 steps"
+"$bin" config keys --arch xl | grep "^train.lr_warmup" > /dev/null
+"$bin" eval "$tmp/txl/best.pt" --split test | grep "^test ppl" > /dev/null
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/init" --init "$tmp/txl" --nb_steps=2 --quiet | grep "trained 2 steps" > /dev/null
 
 # Adaptive span inside Transformer-XL attention: trains, logs spans, draws them, evaluates, samples.
 "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/span" --nb_steps=4 --eval_interval=2 --adapt_span=true \
@@ -61,8 +61,8 @@ done
 grep -q '"span_mean"' "$tmp/span/log.jsonl"
 "$bin" spans "$tmp/span" -o "$tmp/span.png" | tee "$tmp/spans.out"
 test "$(grep -c '^layer' "$tmp/spans.out")" -eq 2
-head -c 8 "$tmp/span.png" | od -An -c | grep -q "P   N   G"
-"$bin" eval "$tmp/span" --split test | grep -q "^test ppl"
+head -c 8 "$tmp/span.png" | od -An -c | grep "P   N   G" > /dev/null
+"$bin" eval "$tmp/span" --split test | grep "^test ppl" > /dev/null
 "$bin" generate "$tmp/span" --prompt "the" --tokens 5 --seed 1 > /dev/null
 if "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e10" --adapt_span=true --ext_len=4 2> "$tmp/err"; then
   echo "FAIL: ext_len with adapt_span accepted"; exit 1; fi
@@ -76,7 +76,7 @@ V=$(wc -l < "$tmp/wt/words.txt")
 roundtrip() {  # roundtrip NAME RUN_DIR PYTHON_CONFIG_JSON OVERRIDES...
   local name="$1" run="$2" pyconf="$3"; shift 3
   echo "$pyconf" > "$tmp/$name.py.json"
-  "$bin" export transformer-xl "$run" -o "$tmp/$name.state.pt" | grep -q "exported"
+  "$bin" export transformer-xl "$run" -o "$tmp/$name.state.pt" | grep "exported" > /dev/null
   "$bin" eval "$run" --split test --batch 1 --dump-logprobs "$tmp/$name.lp" > /dev/null
   /usr/bin/python3 "$src/tests/xl_reference.py" "$tmp/$name.py.json" "$tmp/$name.state.pt" "$tmp/wt/test.bin" \
     "$tmp/$name.py.lp" "$tmp/$name.py.state.pt"
@@ -100,10 +100,10 @@ roundtrip untied "$tmp/untied" "{\"n_layer\": 2, \"d_model\": 32, \"n_head\": 2,
   \"pre_lnorm\": true, \"tgt_len\": 8, \"mem_len\": 24, \"clamp_len\": 6, \"same_length\": false}" "${untied[@]}"
 
 # The PAR search, its picture, the derived model.
-"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/par" --search=true --quiet | grep -q "trained 20 steps"
+"$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/par" --search=true --quiet | grep "trained 20 steps" > /dev/null
 grep -q '"probs"' "$tmp/par/log.jsonl"
-"$bin" par plot "$tmp/par" --out "$tmp/search.png" | grep -q "2 records, 4 blocks"
-head -c 8 "$tmp/search.png" | od -An -c | grep -q "P   N   G"
+"$bin" par plot "$tmp/par" --out "$tmp/search.png" | grep "2 records, 4 blocks" > /dev/null
+head -c 8 "$tmp/search.png" | od -An -c | grep "P   N   G" > /dev/null
 "$bin" par derive "$tmp/par" --rule argmax --out "$tmp/derived_argmax.json" > "$tmp/argmax.out" 2> "$tmp/argmax.err"
 grep -q "derived layers" "$tmp/argmax.out"
 # A derived model without attention is announced (it cannot look back); one with attention is not.
@@ -111,8 +111,8 @@ if grep -q ", 0 attention)" "$tmp/argmax.out"; then grep -q "warning: the derive
 else ! grep -q "warning" "$tmp/argmax.err"; fi
 "$bin" par derive "$tmp/par" --ratio 2 --out "$tmp/derived.json" | tee "$tmp/derive.out"
 grep -q '"search": false' "$tmp/derived.json"
-"$bin" train -c "$tmp/derived.json" --data "$tmp/wt" --out "$tmp/derived" --nb_steps=10 --quiet | grep -q "trained 10 steps"
-"$bin" eval "$tmp/derived" --split test | grep -q "^test ppl"
+"$bin" train -c "$tmp/derived.json" --data "$tmp/wt" --out "$tmp/derived" --nb_steps=10 --quiet | grep "trained 10 steps" > /dev/null
+"$bin" eval "$tmp/derived" --split test | grep "^test ppl" > /dev/null
 
 # Mistakes.
 expect_error() {  # expect_error "message part" command...
