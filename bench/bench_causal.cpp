@@ -2,9 +2,11 @@
 // as a separate process per point so that its peak RSS is that point's: the sweep in
 // bench/causal_sweep.sh runs it over patterns and T and fits time ~ T^alpha.
 //   ./build/bench/bench_causal PATTERN T [IMPL] [REPEATS]
-//   PATTERN: dense | window | adaptive_span | sparse_strided | sparse_fixed; IMPL: plain | fused | auto
+//   PATTERN: dense | flash | window | adaptive_span | sparse_strided | sparse_fixed | lsh;
+//   IMPL: plain | fused | auto
 // Shapes as issue 12 asks: B 1, K 8, D 64, float32; window 256; adaptive span with the bimodal layout
-// (3 of 4 heads z in [16, 256], 1 of 4 in [2048, T]); sparse l = round(sqrt(T)), c = 8, merged.
+// (3 of 4 heads z in [16, 256], 1 of 4 in [2048, T]); sparse l = round(sqrt(T)), c = 8, merged; lsh
+// 2 rounds, chunk 64, T / 64 buckets, shared query/keys (k = q).
 // Prints: pattern, impl, T, median ms of REPEATS runs (after one warm-up), peak RSS in MB.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -53,13 +55,16 @@ int main(int argc, char** argv) {
     spec.stride = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(T))));
     spec.summary = std::min<int64_t>(8, spec.stride);
     spec.heads = K;
+    spec.lsh_rounds = 2;
+    spec.lsh_chunk = 64;
+    spec.lsh_buckets = std::max<int64_t>(2, T / 64 / 2 * 2);
     auto q = torch::randn({B, K, T, D}).requires_grad_();
     auto k = torch::randn({B, K, T, D}).requires_grad_();
     auto v = torch::randn({B, K, T, D}).requires_grad_();
     std::vector<double> times;
     for (int i = 0; i <= repeats; ++i) {
       const double t0 = now_seconds();
-      auto out = attention::causal_attention(q, k, v, spec, impl);  // (B, K, T, D)
+      auto out = attention::causal_attention(q, kind == attention::CausalKind::kLsh ? q : k, v, spec, impl);  // (B, K, T, D)
       out.sum().backward();
       const double dt = now_seconds() - t0;
       if (i > 0) times.push_back(dt);

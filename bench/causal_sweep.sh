@@ -2,12 +2,15 @@
 # Time and peak memory of one forward + backward of each causal attention pattern against T (B 1, K 8,
 # D 64), one process per point, and the fitted exponent alpha of time ~ T^alpha over the measured T.
 #   bash bench/causal_sweep.sh [build dir] [T ...]     (default: build, T = 1024 2048 4096 8192)
+#   PATTERNS="dense flash" bash bench/causal_sweep.sh  (a subset of the patterns)
 # A point that runs out of memory or time is printed as such and left out of the fit.
 set -u
 build="${1:-build}"; shift || true
 lengths=("$@"); [ ${#lengths[@]} -eq 0 ] && lengths=(1024 2048 4096 8192)
-for pattern in dense window adaptive_span sparse_strided sparse_fixed; do
-  for impl in plain fused; do
+for pattern in ${PATTERNS:-dense flash window adaptive_span sparse_strided sparse_fixed lsh}; do
+  impls="plain fused"
+  [ "$pattern" = flash ] && impls=fused  # flash's plain composition is dense's
+  for impl in $impls; do
     out=()
     for T in "${lengths[@]}"; do
       line=$(GOMP_SPINCOUNT=10000 timeout 600 "$build/bench/bench_causal" "$pattern" "$T" "$impl" 3 2>&1) \

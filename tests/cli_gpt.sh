@@ -11,12 +11,13 @@ head -c 200000 "$src/../shared/data/dickens.txt" > "$tmp/text.txt"
 "$bin" config keys --arch gpt | grep "model.attention" > /dev/null
 small=(--n_layer=2 --d_model=32 --n_head=2 --context=64 --batch_size=4 --nb_steps=20 --eval_interval=10
        --eval_blocks=2 --lr_warmup=2 --eval_batch_size=4)
-for attention in dense window adaptive_span sparse_strided sparse_fixed; do
+for attention in dense flash window adaptive_span sparse_strided sparse_fixed lsh; do
   run="$tmp/$attention"
+  extra=(); [ "$attention" = lsh ] && extra=(--reversible=true --ff_chunks=2)  # the Reformer's three parts
   "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$run" "${small[@]}" --attention=$attention \
-    --window=16 --adapt_span_init=0.2 --sparse_combine=per_head --stop-after 10 --quiet > /dev/null
+    --window=16 --adapt_span_init=0.2 --sparse_combine=per_head --lsh_chunk=8 "${extra[@]}" --stop-after 10 --quiet > /dev/null
   "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$run" "${small[@]}" --attention=$attention \
-    --window=16 --adapt_span_init=0.2 --sparse_combine=per_head --resume --quiet | tee "$tmp/train.out"
+    --window=16 --adapt_span_init=0.2 --sparse_combine=per_head --lsh_chunk=8 "${extra[@]}" --resume --quiet | tee "$tmp/train.out"
   grep -q "trained 20 steps" "$tmp/train.out"
   test "$(wc -l < "$run/log.jsonl")" -eq 2
   "$bin" eval "$run" --split test --json > "$tmp/eval.json"
@@ -37,6 +38,10 @@ PY
   test "$(wc -c < "$tmp/gen.out")" -ge 140
   "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 4 | cmp -s - "$tmp/gen.out"
 done
+# dense and flash are one function of the same weights: a dense run evaluates identically under flash
+# (to float rounding: the figures agree to the printed 4 decimals), and LSH evaluates with more rounds.
+diff <("$bin" eval "$tmp/dense" | sed 's/; [0-9.]* s)//') <("$bin" eval "$tmp/dense" --attention=flash | sed 's/; [0-9.]* s)//')
+"$bin" eval "$tmp/lsh" --split test --lsh_hashes=4 | grep "^test bpc" > /dev/null
 "$bin" spans "$tmp/adaptive_span" -o "$tmp/spans.png" | grep "layer  1" > /dev/null
 test -s "$tmp/spans.png"
 "$bin" spans "$tmp/dense" -o "$tmp/none.png" 2> "$tmp/err" && exit 1
@@ -71,6 +76,8 @@ expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --o
 expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --context=100000000
 expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --d_model=30
 expect_error "$bin" eval "$tmp/dense" --n_layer=3
+expect_error "$bin" eval "$tmp/dense" --attention=lsh
+expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=lsh --lsh_buckets=3
 expect_error "$bin" bench -c "$src/configs/gpt/demo.json" --span 10 --steps 1
 expect_error "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1
 echo "cli gpt: passed"

@@ -70,7 +70,7 @@ void expect_finite_differences(const F& f, const std::vector<at::Tensor>& inputs
         flat[j] = orig;
         numeric = (up - down) / (2 * eps);
       }
-      EXPECT_NEAR(grads[i].view({-1})[j].template item<double>(), numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+      EXPECT_NEAR(grads[i].reshape({-1})[j].template item<double>(), numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
           << "input " << i << " element " << j;
     }
   }

@@ -8,6 +8,9 @@
 #include <fmt/ranges.h>
 
 #include "spanformer/nn/adaptive_span.h"
+#include "spanformer/ops/adaptive_span_attention.h"
+#include "spanformer/ops/flash_attention.h"
+#include "spanformer/ops/lsh_attention.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer::attention {
@@ -15,21 +18,25 @@ namespace spanformer::attention {
 const char* causal_kind_name(CausalKind kind) {
   switch (kind) {
     case CausalKind::kDense: return "dense";
+    case CausalKind::kFlash: return "flash";
     case CausalKind::kWindow: return "window";
     case CausalKind::kAdaptiveSpan: return "adaptive_span";
     case CausalKind::kSparseStrided: return "sparse_strided";
     case CausalKind::kSparseFixed: return "sparse_fixed";
+    case CausalKind::kLsh: return "lsh";
   }
   return "?";
 }
 
 CausalKind parse_causal_kind(const std::string& name) {
   if (name == "dense") return CausalKind::kDense;
+  if (name == "flash") return CausalKind::kFlash;
   if (name == "window") return CausalKind::kWindow;
   if (name == "adaptive_span") return CausalKind::kAdaptiveSpan;
   if (name == "sparse_strided") return CausalKind::kSparseStrided;
   if (name == "sparse_fixed") return CausalKind::kSparseFixed;
-  fail("attention must be dense, window, adaptive_span, sparse_strided or sparse_fixed (got '{}')", name);
+  if (name == "lsh") return CausalKind::kLsh;
+  fail("attention must be dense, flash, window, adaptive_span, sparse_strided, sparse_fixed or lsh (got '{}')", name);
 }
 
 const char* sparse_combine_name(SparseCombine c) {
@@ -72,6 +79,7 @@ int64_t causal_band(const CausalSpec& spec, int64_t keys) {
       for (int64_t s : spec.span->visited(spec.span->options().attn_span())) band = std::max(band, s);
       return std::min(keys, band);
     }
+    case CausalKind::kLsh: return std::min(keys, spec.lsh_rounds * spec.lsh_chunk + 1);  // at most m per round + self
     default: return keys;
   }
 }
@@ -80,7 +88,9 @@ at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const 
   auto distance = (qpos - kpos + 1).to(dtype);  // (n, c)
   auto causal = kpos <= qpos;                    // (n, c)
   switch (spec.kind) {
-    case CausalKind::kDense: return causal.to(dtype).unsqueeze(0);
+    case CausalKind::kLsh: fail("causal attention: lsh has no fixed pattern of weights");
+    case CausalKind::kDense:
+    case CausalKind::kFlash: return causal.to(dtype).unsqueeze(0);
     case CausalKind::kWindow: return (causal & (qpos - kpos < spec.window)).to(dtype).unsqueeze(0);
     case CausalKind::kAdaptiveSpan:  // (K, n, c); L is a hard limit as in the paper (distances 1..L)
       return spec.span->mask_at(distance) * (causal & (qpos - kpos < spec.span->options().attn_span())).to(dtype);
@@ -224,6 +234,23 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                                (spec.combine == SparseCombine::kPerHead && spec.heads != q.size(1))))
     fail("causal attention: sparse patterns need stride >= 1, 1 <= summary <= stride and, per head, one pattern per head");
   const int64_t N = q.size(2), C = k.size(2), K = q.size(1);
+  if (spec.kind == CausalKind::kFlash) {  // the same formula as dense, its own tiles and backward
+    ops::FlashOptions o;
+    o.dropout = spec.dropout;
+    o.training = spec.training;
+    if (o.training && o.dropout > 0) o.seed = ops::draw_dropout_seed();
+    return impl == AttnImpl::kPlain ? ops::flash_attention_reference(q, k, v, o) : ops::flash_attention(q, k, v, o);
+  }
+  if (spec.kind == CausalKind::kLsh) {
+    if (!k.is_same(q) || C != N) fail("causal attention: lsh needs shared query/keys (k = q) and no KV cache");
+    ops::LshOptions o;
+    o.chunk = spec.lsh_chunk;
+    o.dropout = spec.dropout;
+    o.training = spec.training;
+    auto rotations = ops::lsh_rotations(K, spec.lsh_rounds, q.size(3), spec.lsh_buckets, q.options());  // (K, R, D, nb / 2)
+    return impl == AttnImpl::kPlain ? ops::lsh_attention_reference(q, v, rotations, o)
+                                    : ops::lsh_attention(q, v, rotations, o);
+  }
   std::vector<at::Tensor> tiles;  // (B, K, n, D) each
   if (is_sparse(spec.kind)) {
     if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && sparse_fraction(spec, C) > 0.75))

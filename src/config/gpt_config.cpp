@@ -31,7 +31,7 @@ const std::vector<Field<GptModelConfig>>& model_fields() {
       field("attn_dropout", &C::attn_dropout, "attention probabilities"),
       field("init_std", &C::init_std, "N(0, init_std) weights; residual projections / sqrt(2 n_layer)"),
       config_detail::enum_field("attention", &C::attention, attention::parse_causal_kind, attention::causal_kind_name,
-                                "dense | window | adaptive_span | sparse_strided | sparse_fixed"),
+                                "dense | flash | window | adaptive_span | sparse_strided | sparse_fixed | lsh"),
       field("window", &C::window, "window: keys per query, itself included"),
       field("attn_span", &C::attn_span, "adaptive_span: L, the largest span (0 = context)"),
       field("adapt_span_ramp", &C::adapt_span_ramp, "adaptive_span: R, the mask's ramp"),
@@ -41,8 +41,13 @@ const std::vector<Field<GptModelConfig>>& model_fields() {
       field("sparse_summary", &C::sparse_summary, "sparse_fixed: c, summary keys at the end of every block of l"),
       config_detail::enum_field("sparse_combine", &C::sparse_combine, attention::parse_sparse_combine,
                                 attention::sparse_combine_name, "sparse_*: merged (A1 u A2 in every head) | alternating (by layer) | per_head"),
+      field("lsh_hashes", &C::lsh_hashes, "lsh: R, hashing rounds (may differ at evaluation)"),
+      field("lsh_buckets", &C::lsh_buckets, "lsh: buckets, even (0 = about context / lsh_chunk)"),
+      field("lsh_chunk", &C::lsh_chunk, "lsh: m, most recent same-bucket keys read per round"),
       config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
                                 "plain (one masked T x T product) | fused (query tiles over their band) | auto; checkpoints load under any"),
+      field("reversible", &C::reversible, "reversible residual layers: activations recomputed in backward"),
+      field("ff_chunks", &C::ff_chunks, "feed-forward over this many slices of the positions (1 = whole)"),
       field("eval_stride", &C::eval_stride, "sliding-window evaluation: tokens scored per window after the first (0 = context / 2)"),
   };
   return fields;
@@ -125,6 +130,11 @@ void validate(const GptModelConfig& c) {
   if (c.sparse_stride < 0) fail("config: sparse_stride must be >= 0 (0 = sqrt(context); got {})", c.sparse_stride);
   if (c.attention == attention::CausalKind::kSparseFixed && (c.sparse_summary < 1 || c.sparse_summary > c.stride_l()))
     fail("config: sparse_summary must be in [1, sparse_stride = {}] (got {})", c.stride_l(), c.sparse_summary);
+  positive("ff_chunks", c.ff_chunks);
+  positive("lsh_hashes", c.lsh_hashes);
+  positive("lsh_chunk", c.lsh_chunk);
+  if (c.lsh_buckets < 0 || c.lsh_buckets % 2 != 0)
+    fail("config: lsh_buckets must be even and >= 2, or 0 (about context / lsh_chunk; got {})", c.lsh_buckets);
   if (c.eval_stride < 0 || c.eval_stride > c.context)
     fail("config: eval_stride must be in [0, context] (0 = context / 2; got {})", c.eval_stride);
   const double H = static_cast<double>(c.d_model), I = static_cast<double>(c.inner_dim());
@@ -141,7 +151,12 @@ std::string gpt_model_difference(const GptModelConfig& a, const GptModelConfig& 
   auto ja = to_json(a), jb = to_json(b);
   for (const auto& [key, value] : ja.items()) {
     // How the model runs, not what its weights are.
-    if (key == "attn_impl" || key == "dropout" || key == "attn_dropout" || key == "eval_stride") continue;
+    if (key == "attn_impl" || key == "dropout" || key == "attn_dropout" || key == "eval_stride" || key == "lsh_hashes" ||
+        key == "ff_chunks")
+      continue;
+    // dense and flash compute the same function with the same weights
+    if (key == "attention" && (value == "dense" || value == "flash") && (jb[key] == "dense" || jb[key] == "flash"))
+      continue;
     if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
   }
   return "";

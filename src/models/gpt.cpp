@@ -3,9 +3,13 @@
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
 
+#include <torch/autograd.h>
+
 #include <cmath>
+#include <functional>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/torch_compat.h"
 
 namespace spanformer::models {
 
@@ -21,7 +25,8 @@ torch::Tensor sinusoidal_positions(int64_t T, int64_t H) {
 
 GptAttentionImpl::GptAttentionImpl(const GptModelConfig& config, int64_t layer) : config_(config), layer_(layer) {
   const int64_t H = config.d_model;
-  qkv = register_module("qkv", torch::nn::Linear(H, 3 * H));
+  const bool shared_qk = config.attention == attention::CausalKind::kLsh;  // Reformer: one q/k projection
+  qkv = register_module("qkv", torch::nn::Linear(H, (shared_qk ? 2 : 3) * H));
   proj = register_module("proj", torch::nn::Linear(H, H));
   if (config.attention == attention::CausalKind::kAdaptiveSpan)
     span = register_module("span", nn::AdaptiveSpan(nn::AdaptiveSpanOptions(config.span_limit(), config.n_head)
@@ -40,6 +45,9 @@ attention::CausalSpec GptAttentionImpl::spec() const {
   s.combine = config_.sparse_combine;
   s.layer = layer_;
   s.heads = config_.n_head;
+  s.lsh_rounds = config_.lsh_hashes;
+  s.lsh_buckets = config_.buckets();
+  s.lsh_chunk = config_.lsh_chunk;
   s.dropout = config_.attn_dropout;
   s.training = is_training();
   return s;
@@ -50,6 +58,13 @@ int64_t GptAttentionImpl::band(int64_t keys) const { return attention::causal_ba
 torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
                                         int64_t keep) {
   const int64_t B = h.size(0), N = h.size(1), H = config_.d_model, K = config_.n_head, D = H / K;
+  if (config_.attention == attention::CausalKind::kLsh) {  // shared q/k (B, K, N, D), no cache
+    if (k_cache) fail("gpt: lsh attention reads no KV cache");
+    auto qv = qkv(h).view({B, N, 2, K, D}).permute({2, 0, 3, 1, 4});  // (2, B, K, N, D)
+    auto qk = qv[0];
+    auto out = attention::causal_attention(qk, qk, qv[1], spec(), config_.attn_impl);  // (B, K, N, D)
+    return proj(out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
+  }
   auto qkv_heads = qkv(h).view({B, N, 3, K, D}).permute({2, 0, 3, 1, 4});  // (3, B, K, N, D)
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];               // (B, K, N, D)
   if (k_cache && k_cache->defined()) {
@@ -66,7 +81,8 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
   return proj(out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
 }
 
-GptBlockImpl::GptBlockImpl(const GptModelConfig& config, int64_t layer) : dropout_(config.dropout) {
+GptBlockImpl::GptBlockImpl(const GptModelConfig& config, int64_t layer)
+    : dropout_(config.dropout), ff_chunks_(config.ff_chunks) {
   const int64_t H = config.d_model;
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   attn = register_module("attn", GptAttention(config, layer));
@@ -75,11 +91,128 @@ GptBlockImpl::GptBlockImpl(const GptModelConfig& config, int64_t layer) : dropou
   fc2 = register_module("fc2", torch::nn::Linear(config.inner_dim(), H));
 }
 
+torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
+                                             int64_t keep) {
+  return torch::dropout(attn(ln1(h), k_cache, v_cache, keep), dropout_, is_training());  // (B, N, H)
+}
+
+torch::Tensor GptBlockImpl::ff_branch(const torch::Tensor& h) {
+  auto mlp = [&](const torch::Tensor& x) { return torch::dropout(fc2(torch::gelu(fc1(ln2(x)))), dropout_, is_training()); };
+  if (ff_chunks_ <= 1 || h.size(1) <= 1) return mlp(h);  // (B, N, H)
+  std::vector<torch::Tensor> parts;
+  for (const auto& x : h.chunk(std::min(ff_chunks_, h.size(1)), 1)) parts.push_back(mlp(x));  // (B, n, H) each
+  return torch::cat(parts, 1);  // (B, N, H)
+}
+
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
                                     int64_t keep) {
-  auto x = h + torch::dropout(attn(ln1(h), k_cache, v_cache, keep), dropout_, is_training());        // (B, N, H)
-  return x + torch::dropout(fc2(torch::gelu(fc1(ln2(x)))), dropout_, is_training());                 // (B, N, H)
+  auto x = h + attention_branch(h, k_cache, v_cache, keep);  // (B, N, H)
+  return x + ff_branch(x);                                   // (B, N, H)
 }
+
+namespace {
+
+// The random state F and G run under (dropout masks, flash seeds, LSH rotations): the CPU generator,
+// and the CUDA one for CUDA tensors.
+struct RandomState {
+  torch::Tensor cpu, cuda;
+};
+RandomState random_state(const torch::Device& device) {
+  return {compat::generator_state(c10::DeviceType::CPU),
+          device.is_cuda() ? compat::generator_state(c10::DeviceType::CUDA) : torch::Tensor()};
+}
+void set_random_state(const RandomState& s) {
+  compat::set_generator_state(c10::DeviceType::CPU, s.cpu);
+  if (s.cuda.defined()) compat::set_generator_state(c10::DeviceType::CUDA, s.cuda);
+}
+
+// The reversible stack as one autograd node (formulas in models/gpt.h). Inputs: x1, x2 (B, N, H), every
+// block's parameters (block order, then each block's parameters() order) and the address of the model's
+// block list, which owns the blocks and outlives the graph. Saved: the last (y1, y2) and the random
+// state before each F and G.
+class ReversibleStack : public torch::autograd::Function<ReversibleStack> {
+ public:
+  using Blocks = std::vector<GptBlock>;
+
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x1,
+                                                const torch::Tensor& x2, at::TensorList params, int64_t blocks_address) {
+    auto& blocks = *reinterpret_cast<Blocks*>(blocks_address);
+    std::vector<torch::Tensor> cpu_states, cuda_states;
+    auto y1 = x1, y2 = x2;  // (B, N, H)
+    for (auto& block : blocks) {
+      for (int branch = 0; branch < 2; ++branch) {
+        auto state = random_state(x1.device());
+        cpu_states.push_back(state.cpu);
+        if (state.cuda.defined()) cuda_states.push_back(state.cuda);
+        if (branch == 0) y1 = y1 + block->attention_branch(y2);
+        else y2 = y2 + block->ff_branch(y1);
+      }
+    }
+    ctx->save_for_backward({y1, y2});
+    ctx->saved_data["blocks"] = blocks_address;
+    ctx->saved_data["cpu_states"] = cpu_states;
+    ctx->saved_data["cuda_states"] = cuda_states;
+    return {y1, y2};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto& blocks = *reinterpret_cast<Blocks*>(ctx->saved_data["blocks"].toInt());
+    const auto cpu_states = ctx->saved_data["cpu_states"].toTensorVector();
+    const auto cuda_states = ctx->saved_data["cuda_states"].toTensorVector();
+    auto saved = ctx->get_saved_variables();
+    auto y1 = saved[0].detach(), y2 = saved[1].detach();  // (B, N, H)
+    auto dy1 = grads[0].defined() ? grads[0] : torch::zeros_like(y1), dy2 = grads[1].defined() ? grads[1] : torch::zeros_like(y2);
+    const auto now = random_state(y1.device());
+    size_t total = 0;
+    for (auto& block : blocks) total += block->parameters().size();
+    std::vector<torch::Tensor> param_grads(total);
+    size_t offset = total;
+    // One branch backward: the branch's output at `input`, the gradient into `input` and the block's
+    // parameters (accumulated into param_grads).
+    auto branch_backward = [&](size_t state, const std::function<torch::Tensor(const torch::Tensor&)>& branch,
+                               const torch::Tensor& input, const torch::Tensor& grad_out,
+                               const std::vector<torch::Tensor>& params, torch::Tensor& input_grad) {
+      set_random_state({cpu_states[state], cuda_states.empty() ? torch::Tensor() : cuda_states[state]});
+      torch::AutoGradMode enable(true);
+      auto x = input.detach().requires_grad_();
+      auto out = branch(x);  // (B, N, H)
+      std::vector<torch::Tensor> wrt{x};
+      std::vector<size_t> index;
+      for (size_t i = 0; i < params.size(); ++i)
+        if (params[i].requires_grad()) wrt.push_back(params[i]), index.push_back(i);
+      auto g = torch::autograd::grad({out}, wrt, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
+                                     /*allow_unused=*/true);
+      input_grad = g[0];
+      for (size_t i = 0; i < index.size(); ++i) {
+        if (!g[i + 1].defined()) continue;
+        auto& slot = param_grads[offset + index[i]];
+        slot = slot.defined() ? slot + g[i + 1] : g[i + 1];
+      }
+      return out.detach();
+    };
+    for (size_t l = blocks.size(); l-- > 0;) {
+      auto& block = blocks[l];
+      const auto params = block->parameters();
+      offset -= params.size();
+      torch::Tensor grad_y1, grad_x2;
+      auto g = branch_backward(2 * l + 1, [&](const torch::Tensor& x) { return block->ff_branch(x); }, y1, dy2, params, grad_y1);
+      auto x2 = y2 - g;         // (B, N, H)
+      auto dx1 = dy1 + grad_y1;
+      auto f = branch_backward(2 * l, [&](const torch::Tensor& x) { return block->attention_branch(x); }, x2, dx1, params, grad_x2);
+      auto x1 = y1 - f;
+      auto dx2 = dy2 + grad_x2;
+      y1 = x1, y2 = x2, dy1 = dx1, dy2 = dx2;
+    }
+    set_random_state(now);
+    torch::autograd::variable_list out{dy1, dy2};
+    out.insert(out.end(), param_grads.begin(), param_grads.end());
+    out.push_back(torch::Tensor());  // blocks_address
+    return out;
+  }
+};
+
+}  // namespace
 
 GptModelImpl::GptModelImpl(const GptModelConfig& config) : config_(config) {
   const int64_t H = config.d_model, V = config.vocab_size, T = config.context;
@@ -123,10 +256,27 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
     cache->k.resize(block_list_.size());
     cache->v.resize(block_list_.size());
   }
-  for (size_t l = 0; l < block_list_.size(); ++l) {
-    auto& block = block_list_[l];
-    const int64_t keep = cache && cache->trim ? block->attn->band(T) - 1 : -1;
-    h = cache ? block->forward(h, &cache->k[l], &cache->v[l], keep) : block->forward(h);  // (B, N, H)
+  if (config_.reversible && !cache && recompute && torch::GradMode::is_enabled()) {
+    std::vector<torch::Tensor> params;
+    for (auto& block : block_list_)
+      for (auto& p : block->parameters()) params.push_back(p);
+    auto y = ReversibleStack::apply(h, h, at::TensorList(params), reinterpret_cast<int64_t>(&block_list_));  // 2 x (B, N, H)
+    h = (y[0] + y[1]) / 2;
+  } else if (config_.reversible) {  // the same composition, autograd's way (or no gradient at all)
+    auto x1 = h, x2 = h;            // (B, N, H)
+    for (size_t l = 0; l < block_list_.size(); ++l) {
+      auto& block = block_list_[l];
+      const int64_t keep = cache && cache->trim ? block->attn->band(T) - 1 : -1;
+      x1 = x1 + (cache ? block->attention_branch(x2, &cache->k[l], &cache->v[l], keep) : block->attention_branch(x2));
+      x2 = x2 + block->ff_branch(x1);
+    }
+    h = (x1 + x2) / 2;
+  } else {
+    for (size_t l = 0; l < block_list_.size(); ++l) {
+      auto& block = block_list_[l];
+      const int64_t keep = cache && cache->trim ? block->attn->band(T) - 1 : -1;
+      h = cache ? block->forward(h, &cache->k[l], &cache->v[l], keep) : block->forward(h);  // (B, N, H)
+    }
   }
   if (cache) cache->position += N;
   return ln_f(h);  // (B, N, H)
@@ -143,14 +293,15 @@ torch::Tensor GptModelImpl::extend(const torch::Tensor& x, GptDecoder& d) {
   const auto end = static_cast<int64_t>(d.history.size());
   const bool slide = end - d.start > T;
   if (slide) d.start = end - std::max(n, T / 2);
-  if (d.use_cache && !slide) {
+  const bool use_cache = d.use_cache && config_.attention != attention::CausalKind::kLsh;  // lsh: recompute
+  if (use_cache && !slide) {
     d.cache.trim = d.trim;
     return forward(x, &d.cache);  // (1, n, H)
   }
   auto context = torch::tensor(std::vector<int64_t>(d.history.begin() + d.start, d.history.end()), torch::kLong)
                      .view({1, -1}).to(x.device());  // (1, end - start)
   torch::Tensor hidden;  // (1, end - start, H)
-  if (d.use_cache) {
+  if (use_cache) {
     d.cache = GptCache{};
     d.cache.trim = d.trim;
     hidden = forward(context, &d.cache);

@@ -7,6 +7,9 @@
 //     out_i = sum_j a_ij v_j   (then dropout on a when training)
 //
 //   dense          m = 1 for d >= 1 (the textbook causal mask; Vaswani et al. 2017, Radford et al. 2019)
+//   flash          the same m as dense, computed by ops/flash_attention.h (Dao et al. 2022): tiles with an
+//                  online softmax and a backward that recomputes them, no N x C tensor kept; its plain
+//                  implementation is that op's reference composition (same dropout mask)
 //   window         m = 1 for 1 <= d <= w (sliding window: Longformer / Mistral)
 //   adaptive_span  m = nn::AdaptiveSpan's soft mask m_z(d) = clamp((R + z_h - (d - 1)) / R, 0, 1)
 //                  (Sukhbaatar et al. 2019, eq. 6) for d <= L (0 beyond the largest span L), which is
@@ -22,6 +25,11 @@
 //                  merged (every head A1 u A2), alternating (even layers A1, odd layers A2), per_head
 //                  (the first ceil(K / 2) heads A1, the others A2). The query itself is always in, so no
 //                  row is empty (A2 of sparse_fixed alone would leave the first l - c queries none).
+//
+//   lsh            Reformer attention (ops/lsh_attention.h): no fixed m; each query reads, per hashing
+//                  round, itself and the `chunk` most recent earlier positions of its bucket, with shared
+//                  query/keys (the caller passes k = q) and rounds combined by logsumexp. Reads no KV
+//                  cache (C = N); the rotations are drawn from the default generator per call.
 //
 // Where m_h(d) = 0 the key takes no part: its score is never needed. Each head reads at most the last
 // S_h keys, S_h = min(context, band): dense: all; window: w; adaptive span: floor(z_h + R) + 1
@@ -41,7 +49,8 @@
 //          Sparse patterns: each query tile gathers, row by row, the keys any of the layer's heads may
 //          read (O(l + C / l) per query for strided, O(l + c C / l) for fixed, against C), so compute
 //          and memory grow as N (l + C / l): N^1.5 with l ~ sqrt(N);
-//   auto   fused where the tiles skip a quarter of the query-key pairs or more, else plain.
+//   auto   fused where the tiles skip a quarter of the query-key pairs or more, else plain;
+//          flash: the flash op for fused and auto.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -56,7 +65,7 @@ class AdaptiveSpanImpl;
 
 namespace spanformer::attention {
 
-enum class CausalKind { kDense, kWindow, kAdaptiveSpan, kSparseStrided, kSparseFixed };
+enum class CausalKind { kDense, kFlash, kWindow, kAdaptiveSpan, kSparseStrided, kSparseFixed, kLsh };
 const char* causal_kind_name(CausalKind kind);
 CausalKind parse_causal_kind(const std::string& name);  // one-line error naming the choices
 
@@ -73,6 +82,7 @@ struct CausalSpec {
   int64_t stride = 0, summary = 0;             // l and c (sparse patterns)
   SparseCombine combine = SparseCombine::kMerged;
   int64_t layer = 0, heads = 0;                // the layer's index and K (alternating, per_head)
+  int64_t lsh_rounds = 1, lsh_buckets = 2, lsh_chunk = 64;  // lsh: R, nb, m
   double dropout = 0.0;                        // on a, when training
   bool training = false;
 };

@@ -49,15 +49,25 @@ struct GptModelConfig {
   int64_t sparse_stride = 0;   // sparse_*: l (0 = round(sqrt(context)))
   int64_t sparse_summary = 8;  // sparse_fixed: c, the summary keys at the end of every block (<= l)
   attention::SparseCombine sparse_combine = attention::SparseCombine::kMerged;  // merged | alternating | per_head
+  int64_t lsh_hashes = 2;      // lsh: R, hashing rounds (a run-time choice: evaluation may use more)
+  int64_t lsh_buckets = 0;     // lsh: nb, even (0 = about context / lsh_chunk, so a bucket holds about a chunk)
+  int64_t lsh_chunk = 64;      // lsh: m, the most recent same-bucket keys a query reads per round
   // plain = the reference composition (one masked T x T product); fused = query tiles that read only
   // the keys their band reaches (causal tiles above the diagonal never touched); auto = fused.
   attention::AttnImpl attn_impl = attention::AttnImpl::kAuto;
+  // Reversible residual layers (Gomez et al. 2017; Reformer sec. 3): two streams, y1 = x1 + Attn(x2),
+  // y2 = x2 + FF(y1), activations recomputed in backward so that their memory does not grow with depth.
+  bool reversible = false;
+  int64_t ff_chunks = 1;       // feed-forward applied to this many slices of the positions (Reformer sec. 3)
   int64_t eval_stride = 0;     // sliding-window evaluation: tokens scored per window after the first (0 = T / 2)
 
   int64_t inner_dim() const { return d_inner > 0 ? d_inner : 4 * d_model; }
   int64_t span_limit() const { return attn_span > 0 ? attn_span : context; }
   int64_t stride_l() const {
     return sparse_stride > 0 ? sparse_stride : std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(context))));
+  }
+  int64_t buckets() const {
+    return lsh_buckets > 0 ? lsh_buckets : std::max<int64_t>(2, 2 * ((context + lsh_chunk) / (2 * lsh_chunk)));
   }
   int64_t stride() const { return eval_stride > 0 ? eval_stride : std::max<int64_t>(1, context / 2); }
 };

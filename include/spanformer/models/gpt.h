@@ -7,6 +7,12 @@
 //       h = h + drop(proj(Attn(LN1(h))))        Attn: K heads of D = H / K, causal, over the KV cache
 //       h = h + drop(fc2(GELU(fc1(LN2(h)))))    fc1: H -> I, fc2: I -> H
 //   h = LN_f(h);  logits = h W^T                (B, N, V)   W = wte.weight when tied
+// With `reversible` (Gomez et al. 2017; Kitaev et al. 2020, sec. 3) the layers carry two streams,
+//   x1 = x2 = h;  per layer  y1 = x1 + F(x2),  y2 = x2 + G(y1);  then h = (y1 + y2) / 2,
+// F = drop(proj(Attn(LN1 .))), G = drop(fc2(GELU(fc1(LN2 .)))). Training keeps only the last layer's
+// (y1, y2): backward rebuilds each layer's inputs from its outputs, x2 = y2 - G(y1), x1 = y1 - F(x2),
+// recomputing F and G under the random state the forward used (dropout masks, LSH rotations), so
+// activation memory does not grow with depth. G runs over `ff_chunks` slices of the positions.
 //
 // Initialisation as GPT-2: every Linear and embedding N(0, init_std), biases 0, and the two residual
 // projections (attention proj, fc2) N(0, init_std / sqrt(2 N_layers)).
@@ -79,8 +85,14 @@ class GptBlockImpl : public torch::nn::Module {
   GptAttention attn{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 
+  // The two residual branches: F = drop(attn(LN1 h)) and G = drop(MLP(LN2 h)) over ff_chunks slices.
+  torch::Tensor attention_branch(const torch::Tensor& h, torch::Tensor* k_cache = nullptr,
+                                 torch::Tensor* v_cache = nullptr, int64_t keep = -1);
+  torch::Tensor ff_branch(const torch::Tensor& h);
+
  private:
   double dropout_;
+  int64_t ff_chunks_;
 };
 TORCH_MODULE(GptBlock);
 
@@ -102,6 +114,10 @@ class GptModelImpl : public torch::nn::Module {
   std::vector<std::vector<double>> spans() const;
 
   const GptModelConfig& config() const { return config_; }
+
+  // Reversible layers under autograd: true recomputes activations in backward (the default); false
+  // keeps them and lets autograd differentiate the same composition (the reference tests compare with).
+  bool recompute = true;
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: learned positions only
   torch::nn::ModuleList blocks;

@@ -262,9 +262,9 @@ void GptFamily::bench(const BenchRequest& r) {
   for (const auto& block : *model_->blocks)
     band += static_cast<double>(block->as<models::GptBlock>()->attn->band(T)) / static_cast<double>(c.n_layer);
   what = r.eval ? "eval forward" : "train step";
-  fmt::print("bench: {}, {} layers, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}\n",
-             what, c.n_layer, c.d_model, c.n_head, T, B, r.threads, attention::causal_kind_name(c.attention),
-             attention::attn_impl_name(c.attn_impl), band);
+  fmt::print("bench: {}, {} layers{}, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}\n",
+             what, c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
+             attention::causal_kind_name(c.attention), attention::attn_impl_name(c.attn_impl), band);
   fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3, tokens_per_step / per_step,
              peak_rss_bytes() / 1e6);
 }

@@ -1,0 +1,55 @@
+// FlashAttention (Dao et al., 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
+// IO-Awareness"; FlashAttention-2, Dao 2023, for the loop order): exact causal softmax attention computed
+// tile by tile with an online softmax, so that no N x C score or probability tensor is ever stored, in
+// forward or in backward. The GPT family's `model.attention = flash` (attention/causal_attention.h).
+//
+// Formula (the one every causal pattern shares, with m in {0, 1}): query i at key position p_i = C - N + i
+// reads the keys j with p_i - band < j <= p_i (band = C: the dense causal mask; band = w: a sliding
+// window),
+//     s_ij = q_i . k_j / sqrt(D),   P_ij = exp(s_ij - L_i),   L_i = log sum_j exp(s_ij)   (logsumexp),
+//     out_i = sum_j P_ij Z_ij v_j,   Z_ij = keep_ij / (1 - p_drop)   (Z = 1 without dropout)
+//
+// Forward, per query tile Q_t (rows i0 .. i0 + n - 1) and key tiles K_u taken from the diagonal backwards
+// (the diagonal tile holds every row's own key first, so each row's running maximum is finite from the
+// first tile on):   S = Q_t K_u^T / sqrt(D);  m' = max(m, rowmax S);  l = l e^{m - m'} + rowsum e^{S - m'};
+//   acc = acc e^{m - m'} + (e^{S - m'} Z) V_u;  at the end out = acc / l and L = m + log l.
+// Saved for backward: q, k, v, out and L (B, K, N): O(N) beyond the inputs.
+// Backward, same tiles, recomputing P = exp(S - L) (Dao 2022, alg. 4):
+//   Dv_i = dout_i . out_i;  dV_u += (P Z)^T dO_t;  dP = (dO_t V_u^T) Z;  dS = P (dP - Dv);
+//   dQ_t += dS K_u / sqrt(D);  dK_u += dS^T Q_t / sqrt(D).
+// (rowsum(dP P) = dout . out holds with dropout too, since out already carries Z.)
+//
+// Dropout: keep_ij is the splitmix64 hash of (seed, batch, head, p_i, j) (ops/dropout_hash.h), so
+// backward regenerates the forward's mask without storing it, and the reference composition below
+// drops exactly the same weights. The seed is drawn from the default generator per call (checkpoints
+// save it, so a resumed run drops the same weights).
+//
+// Dims: B batch, K heads, N queries, C keys (C >= N, the first C - N from a KV cache), D head width,
+// X = B K. Tiles are batched over X: each step is one batched product over all heads (ATen's kernels,
+// vectorised and threaded), tile x tile scores at a time. Any device ATen runs on; tests hold the CPU path
+// to the reference in double precision (values and gradients, with and without dropout, N < C, bands).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace spanformer::ops {
+
+struct FlashOptions {
+  int64_t band = 0;        // keys per query, itself included (0 = every earlier key: dense causal)
+  double dropout = 0.0;    // p_drop on the probabilities, when training
+  bool training = false;
+  uint64_t seed = 0;       // dropout hash seed (flash_attention draws one when 0 and dropout is on)
+  int64_t tile = 128;      // queries and keys per tile (docs/benchmarks.md has the choice)
+};
+
+// q (B, K, N, D); k, v (B, K, C, D) with C >= N >= 1, one dtype and device. Returns (B, K, N, D),
+// differentiable in q, k and v by the tiled backward above. Validates once (one-line errors).
+at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions options = {});
+
+// The plain composition of the same formula: the whole (B, K, N, C) score tensor, the same dropout
+// mask; differentiable by autograd. For tests and the `plain` implementation.
+at::Tensor flash_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const FlashOptions& options);
+
+}  // namespace spanformer::ops

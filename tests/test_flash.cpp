@@ -1,0 +1,163 @@
+// The flash attention op (ops/flash_attention.h) against a loop oracle and its plain composition, in
+// double precision: values and the gradients of q, k and v from its own tiled backward, with tiles that
+// do and do not divide the lengths, a KV cache (N < C), bands (sliding windows) and dropout (the same
+// hashed mask in every implementation). Tolerances: in double the computations differ by rounding
+// only (~1e-15 relative over sums of <= 300 terms), so 1e-12 on values and 1e-11 on gradients is tight
+// and safe; float32 against double at T = 1000 keeps 2e-5 (the softmax accumulation in float).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <vector>
+
+#include "spanformer/ops/adaptive_span_attention.h"
+#include "spanformer/ops/flash_attention.h"
+#include "util.h"
+
+using namespace spanformer;
+
+namespace {
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// out[b, h, i] = sum_j P_ij Z_ij v_j over keys p_i - band < j <= p_i, p_i = C - N + i, written as loops from
+// the header's formula (Z from ops::dropout_keep, the hash every implementation shares).
+at::Tensor loop_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::FlashOptions& o) {
+  const int64_t B = q.size(0), K = q.size(1), N = q.size(2), C = k.size(2), D = q.size(3);
+  const int64_t band = o.band == 0 ? C : o.band;
+  auto out = at::zeros_like(q);
+  auto qa = q.accessor<double, 4>(), ka = k.accessor<double, 4>(), va = v.accessor<double, 4>();
+  auto oa = out.accessor<double, 4>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < K; ++h)
+      for (int64_t i = 0; i < N; ++i) {
+        const int64_t p = C - N + i;
+        std::vector<double> s;
+        double best = -1e300, total = 0;
+        for (int64_t j = std::max<int64_t>(0, p - band + 1); j <= p; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < D; ++e) dot += qa[b][h][i][e] * ka[b][h][j][e];
+          s.push_back(dot / std::sqrt(static_cast<double>(D)));
+          best = std::max(best, s.back());
+        }
+        for (double x : s) total += std::exp(x - best);
+        const int64_t first = std::max<int64_t>(0, p - band + 1);
+        for (int64_t j = first; j <= p; ++j) {
+          double w = std::exp(s[static_cast<size_t>(j - first)] - best) / total;
+          if (o.training && o.dropout > 0) w *= ops::dropout_keep(o.seed, b, h, p, j, o.dropout) ? 1 / (1 - o.dropout) : 0;
+          for (int64_t e = 0; e < D; ++e) oa[b][h][i][e] += w * va[b][h][j][e];
+        }
+      }
+  return out;
+}
+
+}  // namespace
+
+TEST(FlashAttention, MatchesTheLoopOracleAndItsBackwardMatchesAutogradOfThePlainComposition) {
+  struct Case {
+    int64_t N, C, band, tile;
+    double dropout;
+  };
+  const std::vector<Case> cases = {
+      {1, 1, 0, 128, 0},   {5, 5, 0, 128, 0},    {37, 37, 0, 8, 0},   {37, 37, 0, 7, 0},   {64, 64, 0, 16, 0},
+      {13, 50, 0, 8, 0},   {1, 40, 0, 16, 0},    {37, 37, 1, 8, 0},   {37, 37, 5, 8, 0},   {30, 61, 12, 7, 0},
+      {37, 37, 100, 8, 0}, {37, 37, 0, 8, 0.3},  {20, 45, 9, 6, 0.5}, {150, 150, 0, 128, 0.1}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(fmt::format("N {} C {} band {} tile {} dropout {}", c.N, c.C, c.band, c.tile, c.dropout));
+    torch::manual_seed(c.N * 100 + c.C);
+    auto q = torch::randn({2, 3, c.N, 8}, torch::kDouble).requires_grad_();
+    auto k = torch::randn({2, 3, c.C, 8}, torch::kDouble).requires_grad_();
+    auto v = torch::randn({2, 3, c.C, 8}, torch::kDouble).requires_grad_();
+    ops::FlashOptions o;
+    o.band = c.band;
+    o.tile = c.tile;
+    o.dropout = c.dropout;
+    o.training = c.dropout > 0;
+    o.seed = 12345;
+    auto oracle = loop_flash(q.detach(), k.detach(), v.detach(), o);
+    auto flash = ops::flash_attention(q, k, v, o);
+    auto plain = ops::flash_attention_reference(q, k, v, o);
+    EXPECT_LT(max_diff(flash, oracle), 1e-12);
+    EXPECT_LT(max_diff(plain, oracle), 1e-12);
+    auto weight = torch::randn_like(flash);
+    auto gf = torch::autograd::grad({(flash * weight).sum()}, {q, k, v});
+    auto gp = torch::autograd::grad({(plain * weight).sum()}, {q, k, v});
+    for (size_t i = 0; i < 3; ++i) EXPECT_LT(max_diff(gf[i], gp[i]), 1e-11) << "gradient " << i;
+  }
+}
+
+// The backward is right, not only equal to autograd's: central differences, with dropout on.
+TEST(FlashAttention, GradientsMatchFiniteDifferences) {
+  torch::manual_seed(4);
+  auto q = torch::randn({1, 2, 11, 4}, torch::kDouble).requires_grad_();
+  auto k = torch::randn({1, 2, 19, 4}, torch::kDouble).requires_grad_();
+  auto v = torch::randn({1, 2, 19, 4}, torch::kDouble).requires_grad_();
+  auto w = torch::randn({1, 2, 11, 4}, torch::kDouble);
+  ops::FlashOptions o;
+  o.tile = 4;
+  o.band = 9;
+  o.dropout = 0.25;
+  o.training = true;
+  o.seed = 77;
+  tu::expect_finite_differences([&] { return (ops::flash_attention(q, k, v, o) * w).sum(); }, {q, k, v});
+}
+
+// Float32, the training dtype, over a long sequence: within float rounding of the double result.
+TEST(FlashAttention, Float32StaysWithinRoundingOfDouble) {
+  torch::manual_seed(5);
+  auto q = torch::randn({1, 2, 1000, 16}), k = torch::randn({1, 2, 1000, 16}), v = torch::randn({1, 2, 1000, 16});
+  auto exact = ops::flash_attention_reference(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), {});
+  EXPECT_LT(max_diff(ops::flash_attention(q, k, v).to(torch::kDouble), exact), 2e-5);
+}
+
+// The hashed dropout drops a fraction p of the weights and the same ones for the same seed.
+TEST(FlashAttention, DropoutDropsTheRightFractionReproducibly) {
+  torch::manual_seed(6);
+  auto q = torch::randn({1, 1, 300, 4}), k = torch::randn({1, 1, 300, 4}), v = torch::ones({1, 1, 300, 4});
+  ops::FlashOptions o;
+  o.dropout = 0.4;
+  o.training = true;
+  o.seed = 99;
+  auto a = ops::flash_attention(q, k, v, o), b = ops::flash_attention(q, k, v, o);
+  EXPECT_EQ(max_diff(a, b), 0.0);
+  // With v = 1 every output is sum_j P_ij Z_ij: mean 1 over rows when the kept fraction is 1 - p.
+  EXPECT_NEAR(a.select(3, 0).mean().item<double>(), 1.0, 0.03);
+  o.seed = 0;  // a fresh seed from the default generator each call
+  EXPECT_GT(max_diff(ops::flash_attention(q, k, v, o), ops::flash_attention(q, k, v, o)), 0.0);
+}
+
+TEST(FlashAttention, BadArgumentsAreOneLineErrors) {
+  auto q = torch::randn({1, 2, 5, 4}), k = torch::randn({1, 2, 4, 4});
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, k, k); }).find("C >= N >= 1"), std::string::npos);
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q.to(torch::kDouble), q); }).find("share dtype"), std::string::npos);
+  ops::FlashOptions o;
+  o.dropout = 1.0;
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("dropout must be in [0, 1)"), std::string::npos);
+  o.dropout = 0;
+  o.tile = 0;
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("tile must be >= 1"), std::string::npos);
+}
+
+// The same op on CUDA tensors (label cuda; skipped on machines without a GPU).
+TEST(FlashAttention, CudaMatchesCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(7);
+  auto q = torch::randn({2, 4, 300, 64}, torch::kDouble).requires_grad_();
+  auto k = torch::randn({2, 4, 300, 64}, torch::kDouble).requires_grad_();
+  auto v = torch::randn({2, 4, 300, 64}, torch::kDouble).requires_grad_();
+  ops::FlashOptions o;
+  o.dropout = 0.2;
+  o.training = true;
+  o.seed = 5;
+  auto cpu = ops::flash_attention(q, k, v, o);
+  auto qc = q.detach().cuda().requires_grad_(), kc = k.detach().cuda().requires_grad_(), vc = v.detach().cuda().requires_grad_();
+  auto gpu = ops::flash_attention(qc, kc, vc, o);
+  EXPECT_LT(max_diff(cpu, gpu.cpu()), 1e-12);
+  auto w = torch::randn_like(cpu);
+  auto gc = torch::autograd::grad({(cpu * w).sum()}, {q, k, v});
+  auto gg = torch::autograd::grad({(gpu * w.cuda()).sum()}, {qc, kc, vc});
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(max_diff(gc[i], gg[i].cpu()), 1e-11) << "gradient " << i;
+}
