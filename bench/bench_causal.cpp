@@ -1,7 +1,7 @@
 // One forward + backward of one causal attention pattern (attention/causal_attention.h) at one length,
 // as a separate process per point so that its peak RSS is that point's: the sweep in
 // bench/causal_sweep.sh runs it over patterns and T and fits time ~ T^alpha.
-//   ./build/bench/bench_causal PATTERN T [IMPL] [REPEATS]
+//   ./build/bench/bench_causal PATTERN T [IMPL] [REPEATS] [FLASH_TILE]
 //   PATTERN: dense | flash | window | adaptive_span | sparse_strided | sparse_fixed | lsh;
 //   IMPL: plain | fused | auto
 // Shapes as issue 12 asks: B 1, K 8, D 64, float32; window 256; adaptive span with the bimodal layout
@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
     spec.stride = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(T))));
     spec.summary = std::min<int64_t>(8, spec.stride);
     spec.heads = K;
+    if (argc > 5) spec.flash_tile = std::stoll(argv[5]);
     spec.lsh_rounds = 2;
     spec.lsh_chunk = 64;
     spec.lsh_buckets = std::max<int64_t>(2, T / 64 / 2 * 2);

@@ -236,6 +236,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t N = q.size(2), C = k.size(2), K = q.size(1);
   if (spec.kind == CausalKind::kFlash) {  // the same formula as dense, its own tiles and backward
     ops::FlashOptions o;
+    o.tile = spec.flash_tile;
     o.dropout = spec.dropout;
     o.training = spec.training;
     if (o.training && o.dropout > 0) o.seed = ops::draw_dropout_seed();

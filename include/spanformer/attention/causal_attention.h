@@ -83,6 +83,7 @@ struct CausalSpec {
   SparseCombine combine = SparseCombine::kMerged;
   int64_t layer = 0, heads = 0;                // the layer's index and K (alternating, per_head)
   int64_t lsh_rounds = 1, lsh_buckets = 2, lsh_chunk = 64;  // lsh: R, nb, m
+  int64_t flash_tile = 256;                    // flash: queries and keys per tile
   double dropout = 0.0;                        // on a, when training
   bool training = false;
 };

@@ -40,7 +40,7 @@ struct FlashOptions {
   double dropout = 0.0;    // p_drop on the probabilities, when training
   bool training = false;
   uint64_t seed = 0;       // dropout hash seed (flash_attention draws one when 0 and dropout is on)
-  int64_t tile = 128;      // queries and keys per tile (docs/benchmarks.md has the choice)
+  int64_t tile = 256;      // queries and keys per tile (docs/benchmarks.md: 256 beat 64 and 128 on CPU)
 };
 
 // q (B, K, N, D); k, v (B, K, C, D) with C >= N >= 1, one dtype and device. Returns (B, K, N, D),
