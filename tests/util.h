@@ -9,7 +9,10 @@
 #include <functional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "spanformer/data/corpus.h"
+#include "spanformer/train/checkpoint.h"
 #include "spanformer/train/runner.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
@@ -74,6 +77,16 @@ void expect_finite_differences(const F& f, const std::vector<at::Tensor>& inputs
           << "input " << i << " element " << j;
     }
   }
+}
+
+// Two checkpoints agree bit for bit: every entry of their manifests (weights, optimizer states, data
+// positions, caches, generator states) except the wall-clock time, and the same entries.
+inline void expect_same_checkpoint(const std::string& a_path, const std::string& b_path) {
+  spanformer::train::Checkpoint a(a_path), b(b_path);
+  const auto ja = nlohmann::json::parse(a.text("manifest")), jb = nlohmann::json::parse(b.text("manifest"));
+  for (const auto& [key, digest] : ja.items())
+    if (key != "state.elapsed_seconds") EXPECT_EQ(digest, jb[key]) << key;
+  EXPECT_EQ(ja.size(), jb.size());
 }
 
 inline std::string read_file_or_empty(const std::string& path) {
