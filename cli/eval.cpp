@@ -15,6 +15,19 @@
 #include "spanformer/util/runtime.h"
 
 namespace spanformer::cli {
+namespace {
+
+// A checkpoint inside a run directory: the result joins the run's records (RUN/eval.jsonl).
+void record_in_run(const std::string& checkpoint, const nlohmann::json& record) {
+  const std::string dir = std::filesystem::path(checkpoint).parent_path().string();
+  const std::string run_dir = dir.empty() ? "." : dir;
+  if (!file_exists(run_dir + "/log.jsonl")) return;
+  std::ofstream out(run_dir + "/eval.jsonl", std::ios::app);
+  out << record.dump() << "\n";
+  if (!out) fmt::print(stderr, "spanformer: warning: cannot record the result in {}/eval.jsonl\n", run_dir);
+}
+
+}  // namespace
 
 void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   struct Options {
@@ -26,9 +39,9 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("eval", "full evaluation of a checkpoint (the family's reference protocol)");
   cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
-  cmd->add_option("--data", o->data, "prepared data directory (default: the one the model was trained on)");
+  cmd->add_option("--data", o->data, "prepared data directory or image set (default: the one the model was trained on)");
   cmd->add_option("--split", o->split, "train | valid | test")->capture_default_str();
-  cmd->add_option("--batch", o->batch, "evaluation streams (default: the config's eval_batch_size)");
+  cmd->add_option("--batch", o->batch, "evaluation streams, or images per forward (default: the config's eval_batch_size)");
   cmd->add_option("--unit", o->unit, "bpc or ppl (default: bpc for byte vocabularies, ppl for word ones)");
   cmd->add_option("--ids", o->ids, "evaluate a headerless file of one-byte token ids of the checkpoint's vocabulary "
                                    "(e.g. the reference's valid.ids.u8) instead of a data split");
@@ -56,6 +69,36 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
         auto v = ck.vocab().word_level ? data::read_word_vocab(o->vocab) : data::read_vocab(o->vocab);
         if (data::vocab_to_text(v) != data::vocab_to_text(ck.vocab()))
           fail("{} is not the vocabulary of {}: the ids would mean other tokens", o->vocab, o->checkpoint);
+      }
+      if (family->data_restart() == train::DataRestart::kExamples) {  // labelled examples: accuracy
+        if (!o->ids.empty() || !o->vocab.empty() || !o->dump.empty() || !o->unit.empty())
+          fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family->name());
+        const std::string dir = o->data.empty() ? family->train().data : o->data;
+        if (o->batch > 0) family->train().eval_batch_size = o->batch;
+        const double start = now_seconds();
+        auto data = family->open_examples(dir);
+        if (data::vocab_to_text(data.vocab) != data::vocab_to_text(ck.vocab()))
+          fail("{}: its classes differ from the checkpoint's: the model was trained on other data", dir);
+        auto score = family->score_examples(o->split, group ? group->rank() : 0, group ? group->world() : 1);
+        if (group) {
+          score.nll_sum = group->all_reduce_sum(score.nll_sum);
+          score.correct = group->all_reduce_sum(score.correct);
+          score.count = group->all_reduce_sum(score.count);
+        }
+        if (group && !group->is_main()) return;
+        const double accuracy = score.correct / score.count, nll = score.nll_sum / score.count;
+        const double seconds = now_seconds() - start;
+        const nlohmann::json record{{"checkpoint", ck.path()}, {"split", o->split}, {"data", dir},
+                                    {"unit", "accuracy"}, {"accuracy", accuracy}, {"nll", nll},
+                                    {data.item, static_cast<int64_t>(score.count)}, {"seconds", seconds},
+                                    {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
+        if (o->json)
+          fmt::print("{}\n", record.dump());
+        else
+          fmt::print("{} accuracy {:.4f} (error {:.2f}%, nll {:.6f} nats; {} {}; {:.1f} s)\n", o->split, accuracy,
+                     100 * (1 - accuracy), nll, static_cast<int64_t>(score.count), data.item, seconds);
+        record_in_run(ck.path(), record);
+        return;
       }
       std::unique_ptr<data::TokenFile> raw;
       data::Corpus corpus;
@@ -94,14 +137,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
         fmt::print("{} {} {:.7f} (nll {:.6f} nats/token; {}; {:.1f} s)\n", raw ? o->ids : o->split, unit, value,
                    report.nll, report.details, seconds);
       if (!o->dump.empty() && !o->json) fmt::print("log-probabilities: {} ({} tokens)\n", o->dump, report.tokens);
-      // A checkpoint inside a run directory: the result joins the run's records.
-      const std::string dir = std::filesystem::path(ck.path()).parent_path().string();
-      const std::string run_dir = dir.empty() ? "." : dir;
-      if (file_exists(run_dir + "/log.jsonl")) {
-        std::ofstream out(run_dir + "/eval.jsonl", std::ios::app);
-        out << record.dump() << "\n";
-        if (!out) fmt::print(stderr, "spanformer: warning: cannot record the result in {}/eval.jsonl\n", run_dir);
-      }
+      record_in_run(ck.path(), record);
     };
   });
 }

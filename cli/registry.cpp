@@ -10,7 +10,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> list = {
       {"train", add_train}, {"eval", add_eval},     {"generate", add_generate}, {"spans", add_spans},
       {"bench", add_bench}, {"import", add_import}, {"export", add_export},     {"data", add_data},
-      {"par", add_par},     {"config", add_config},
+      {"par", add_par},     {"config", add_config}, {"attention", add_attention}, {"example", add_example},
   };
   return list;
 }

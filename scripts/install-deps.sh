@@ -20,6 +20,8 @@ packages=(
   libcurl4-openssl-dev    # `spanformer data get`
   libssl-dev              # md5 / sha1 / sha256 checksums
   bible-kjv               # the default corpus (King James Bible)
+  dataset-fashion-mnist   # Fashion-MNIST (IDX) for the Vision Transformer
+  zlib1g-dev              # reading gzip-compressed IDX files
 )
 $tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch)  # tests (Python checks use /usr/bin/python3), benchmarks
 

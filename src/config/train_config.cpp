@@ -102,12 +102,14 @@ void validate(const TrainConfig& t) {
 std::vector<ConfigKey> adaptive_span_config_keys();  // config.cpp
 std::vector<ConfigKey> xl_config_keys();             // xl_config.cpp
 std::vector<ConfigKey> gpt_config_keys();            // gpt_config.cpp
+std::vector<ConfigKey> vit_config_keys();            // vit_config.cpp
 
 std::vector<ConfigKey> config_keys(const std::string& arch) {
   if (arch == "adaptive-span") return adaptive_span_config_keys();
   if (arch == "xl") return xl_config_keys();
   if (arch == "gpt") return gpt_config_keys();
-  fail("unknown arch '{}' (adaptive-span, xl or gpt)", arch);
+  if (arch == "vit") return vit_config_keys();
+  fail("unknown arch '{}' (adaptive-span, xl, gpt or vit)", arch);
 }
 
 double learning_rate(const TrainConfig& c, int64_t k) {

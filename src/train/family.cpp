@@ -73,13 +73,14 @@ std::unique_ptr<Family> make_family(const std::string& arch, const nlohmann::jso
   if (arch == "adaptive-span") return make_adaptive_span_family(config, origin, overrides);
   if (arch == "xl") return make_xl_family(config, origin, overrides);
   if (arch == "gpt") return make_gpt_family(config, origin, overrides);
-  fail("{}: unknown arch '{}' (adaptive-span, xl or gpt)", origin, arch);
+  if (arch == "vit") return make_vit_family(config, origin, overrides);
+  fail("{}: unknown arch '{}' (adaptive-span, xl, gpt or vit)", origin, arch);
 }
 
 std::string arch_of(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
   if (!j.contains("arch")) return "adaptive-span";
-  if (!j["arch"].is_string()) fail("{}: arch must be a string (adaptive-span, xl or gpt)", origin);
+  if (!j["arch"].is_string()) fail("{}: arch must be a string (adaptive-span, xl, gpt or vit)", origin);
   return j["arch"].get<std::string>();
 }
 

@@ -31,21 +31,38 @@ struct RunState {
   double best_valid = std::numeric_limits<double>::infinity();
 };
 
-double in_unit(double nll, bool words) { return words ? std::exp(nll) : nll / std::log(2.0); }
+// nats -> the run's unit: ppl (word vocabularies), bpc (byte ones) or nats (example data).
+double in_unit(double nll, const std::string& unit) {
+  return unit == "ppl" ? std::exp(nll) : unit == "bpc" ? nll / std::log(2.0) : nll;
+}
 
 }  // namespace
 
 RunResult run_training(Family& family, const RunOptions& options) {
   TrainConfig& tc = family.train();
   if (tc.data.empty()) fail("no data: set train.data in the config or pass --data DIR");
-  data::Corpus corpus = data::load_corpus(tc.data);
-  family.set_vocab_size(corpus.vocab.size(), tc.data + "/vocab.txt");
+  const bool examples = family.data_restart() == DataRestart::kExamples;  // the family reads its own data
+  data::Corpus corpus;
+  ExampleData example_data;
+  if (examples) {
+    example_data = family.open_examples(tc.data);
+  } else {
+    corpus = data::load_corpus(tc.data);
+    family.set_vocab_size(corpus.vocab.size(), tc.data + "/vocab.txt");
+    example_data.vocab = corpus.vocab;
+    example_data.train_size = corpus.train->size();
+    example_data.valid_size = corpus.valid->size();
+    example_data.train_fingerprint = corpus.train->fingerprint();
+    example_data.valid_fingerprint = corpus.valid->fingerprint();
+    example_data.item = "tokens";
+  }
+  const data::Vocab& vocab = example_data.vocab;
   family.validate();
   set_threads(static_cast<int>(tc.threads));
   dist::Group* group = options.group.get();
   const int64_t world = group ? group->world() : 1, rank = group ? group->rank() : 0;
-  const bool main_rank = rank == 0, words = corpus.vocab.word_level;
-  const std::string unit = words ? "ppl" : "bpc";
+  const bool main_rank = rank == 0;
+  const std::string unit = examples ? "nats" : vocab.word_level ? "ppl" : "bpc";
   if (tc.batch_size % world != 0 || (tc.batch_size / world) % tc.batch_split != 0)
     fail("batch_size {} must divide by the number of processes ({}) times batch_split ({})", tc.batch_size, world,
          tc.batch_split);
@@ -84,42 +101,51 @@ RunResult run_training(Family& family, const RunOptions& options) {
                reducer ? fmt::format("{} bucket(s) during backward", reducer->nb_buckets()) : "one bucket after backward");
   const int64_t B = tc.batch_size, M = family.block_length();
   const int64_t local = B / world, first = rank * local;  // this rank's streams [first, first + local)
-  data::Streams train_streams(*corpus.train, B), valid_streams(*corpus.valid, B);
-  const bool contexts = family.data_restart() == DataRestart::kRandomContexts;  // no streams to walk
-  if (contexts) {
+  std::unique_ptr<data::Streams> train_streams, valid_streams;
+  if (!examples) {
+    train_streams = std::make_unique<data::Streams>(*corpus.train, B);
+    valid_streams = std::make_unique<data::Streams>(*corpus.valid, B);
+  }
+  const bool contexts = family.data_restart() == DataRestart::kRandomContexts || examples;  // no streams to walk
+  if (examples) {
+    if (example_data.train_size < B) fail("{}: {} training examples, fewer than a batch of {}", tc.data, example_data.train_size, B);
+  } else if (contexts) {
     if (corpus.train->size() <= M + 1) fail("{}/train.bin is too short for contexts of {} tokens", tc.data, M);
     if (corpus.valid->size() <= M + 1) fail("{}/valid.bin is too short for contexts of {} tokens", tc.data, M);
   } else {
     const int64_t min_length = family.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
-    if (train_streams.length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", tc.data, B, M);
-    if (valid_streams.length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", tc.data, B, M);
+    if (train_streams->length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", tc.data, B, M);
+    if (valid_streams->length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", tc.data, B, M);
   }
 
-  const std::pair<std::string, std::string> fingerprints{corpus.train->fingerprint(), corpus.valid->fingerprint()};
+  const std::pair<std::string, std::string> fingerprints{example_data.train_fingerprint, example_data.valid_fingerprint};
+  // Stream lengths (0 for data without streams).
+  const int64_t train_length = train_streams ? train_streams->length() : 0;
+  const int64_t valid_length = valid_streams ? valid_streams->length() : 1;
   RunState state;
   if (options.resume && file_exists(checkpoint_path)) {
     Checkpoint ck(checkpoint_path);
     family.load_weights(ck);
     family.load_optimizers(ck);
     if (!ck.has_train_state()) fail("checkpoint {} has no training state; it cannot be resumed", checkpoint_path);
-    if (data::vocab_to_text(ck.vocab()) != data::vocab_to_text(corpus.vocab))
-      fail("checkpoint {} was trained with another vocabulary than {}/vocab.txt", checkpoint_path, tc.data);
+    if (data::vocab_to_text(ck.vocab()) != data::vocab_to_text(vocab))
+      fail("checkpoint {} was trained with another vocabulary than {}", checkpoint_path, tc.data);
     if (ck.has("state.train_sha256") && (ck.text("state.train_sha256") != fingerprints.first ||
                                          ck.text("state.valid_sha256") != fingerprints.second))
       fail("checkpoint {} was trained on other data than {} (its train.bin / valid.bin fingerprints differ)",
            checkpoint_path, tc.data);
     if (ck.has("state.train_tokens") &&
-        (ck.integer("state.train_tokens") != corpus.train->size() || ck.integer("state.valid_tokens") != corpus.valid->size()))
-      fail("checkpoint {} was trained on data of {} train / {} valid tokens; {} has {} / {}: not the same data",
-           checkpoint_path, ck.integer("state.train_tokens"), ck.integer("state.valid_tokens"), tc.data,
-           corpus.train->size(), corpus.valid->size());
+        (ck.integer("state.train_tokens") != example_data.train_size || ck.integer("state.valid_tokens") != example_data.valid_size))
+      fail("checkpoint {} was trained on data of {} train / {} valid {}; {} has {} / {}: not the same data",
+           checkpoint_path, ck.integer("state.train_tokens"), ck.integer("state.valid_tokens"), example_data.item, tc.data,
+           example_data.train_size, example_data.valid_size);
     state.step = ck.integer("state.step");
     state.train_pos = ck.integer("state.train_pos");
     if (ck.has("state.valid_pos")) state.valid_pos = ck.integer("state.valid_pos");
     state.elapsed_seconds = ck.number("state.elapsed_seconds");
     if (ck.has("state.best_valid")) state.best_valid = ck.number("state.best_valid");
-    if (state.step < 0 || state.train_pos < 0 || (!contexts && state.train_pos + M >= train_streams.length()) || state.valid_pos < 0 ||
-        state.valid_pos >= valid_streams.length() || !(state.elapsed_seconds >= 0))
+    if (state.step < 0 || state.train_pos < 0 || (!contexts && state.train_pos + M >= train_length) || state.valid_pos < 0 ||
+        state.valid_pos >= valid_length || !(state.elapsed_seconds >= 0))
       fail("checkpoint {} is damaged: its training position (step {}, train {}, valid {}) is outside the data",
            checkpoint_path, state.step, state.train_pos, state.valid_pos);
     family.load_state(ck, B, first, local);
@@ -133,8 +159,8 @@ RunResult run_training(Family& family, const RunOptions& options) {
     if (options.resume && main_rank) fmt::print(stderr, "spanformer: no checkpoint in {}, starting a new run\n", options.out_dir);
     if (!options.init_from.empty()) {
       Checkpoint init(options.init_from);
-      if (data::vocab_to_text(init.vocab()) != data::vocab_to_text(corpus.vocab))
-        fail("{} was trained with another vocabulary than {}/vocab.txt", options.init_from, tc.data);
+      if (data::vocab_to_text(init.vocab()) != data::vocab_to_text(vocab))
+        fail("{} was trained with another vocabulary than {}", options.init_from, tc.data);
       family.load_weights(init);
       if (main_rank) fmt::print(stderr, "spanformer: starting from the weights of {}\n", options.init_from);
     }
@@ -165,14 +191,14 @@ RunResult run_training(Family& family, const RunOptions& options) {
 
   auto save = [&](const std::string& path) {  // collective: every rank calls it at the same steps
     auto gather = [&](const torch::Tensor& t) { return group ? group->all_gather_cat(t.cpu()) : t.cpu(); };
-    CheckpointWriter out(family.name(), family.config_json(), corpus.vocab);
+    CheckpointWriter out(family.name(), family.config_json(), vocab);
     for (const auto& item : family.module().named_parameters()) out.put("model." + item.key(), item.value());
     family.save_optimizers(out);
     out.put_int("state.step", state.step);
     out.put_int("state.train_pos", state.train_pos);
     out.put_int("state.valid_pos", state.valid_pos);
-    out.put_int("state.train_tokens", corpus.train->size());
-    out.put_int("state.valid_tokens", corpus.valid->size());
+    out.put_int("state.train_tokens", example_data.train_size);  // examples, for example data
+    out.put_int("state.valid_tokens", example_data.valid_size);
     out.put_text("state.train_sha256", fingerprints.first);
     out.put_text("state.valid_sha256", fingerprints.second);
     out.put_double("state.elapsed_seconds", state.elapsed_seconds + (now_seconds() - session_start));
@@ -186,6 +212,10 @@ RunResult run_training(Family& family, const RunOptions& options) {
   RunResult result;
   result.unit = unit;
   double interval_loss = 0, interval_start = now_seconds(), interval_collective = 0;
+  int64_t epoch_drawn = -1;  // example data: the epoch whose order epoch_order holds
+  torch::Tensor epoch_order;  // (train examples) int64
+  const std::string speed_key = example_data.item + "_per_s";
+  const char* speed_unit = examples ? "ex/s" : "tok/s";
   int64_t interval_steps = 0;
   while (state.step < last_step) {
     const bool stop = group ? group->all_reduce_sum(interrupted() ? 1.0 : 0.0) > 0 : interrupted();
@@ -201,13 +231,23 @@ RunResult run_training(Family& family, const RunOptions& options) {
     ctx.group = group;
     ctx.reducer = reducer.get();
     torch::Tensor x, y;  // (b, e + M)
-    if (contexts) {
+    if (examples) {
+      // Batch j of epoch e (drop-last epochs): a permutation drawn from (seed, e) alone.
+      const int64_t per_epoch = example_data.train_size / B, e = (ctx.step - 1) / per_epoch, j = (ctx.step - 1) % per_epoch;
+      if (e != epoch_drawn) {
+        auto generator = at::detail::createCPUGenerator(tc.seed * 1000003ULL + static_cast<uint64_t>(e));
+        epoch_order = torch::randperm(example_data.train_size, generator, torch::kLong);
+        epoch_drawn = e;
+      }
+      const int64_t* order = epoch_order.data_ptr<int64_t>() + j * B + first;
+      std::tie(x, y) = family.example_batch(std::vector<int64_t>(order, order + local), device);
+    } else if (contexts) {
       auto draw = torch::randint(corpus.train->size() - M, {B}, torch::kLong);  // every rank draws all B
       std::vector<int64_t> starts(draw.data_ptr<int64_t>() + first, draw.data_ptr<int64_t>() + first + local);
       std::tie(x, y) = make_contexts(*corpus.train, starts, M, device);
     } else {
       const int64_t e = family.context(state.train_pos);
-      std::tie(x, y) = make_block(train_streams, state.train_pos - e, e + M, device, first, local);
+      std::tie(x, y) = make_block(*train_streams, state.train_pos - e, e + M, device, first, local);
     }
     auto loss = family.train_step(x, y, ctx);
     double loss_value = loss.item<double>();  // the one host read of the step
@@ -219,7 +259,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
     interval_loss += loss_value;
     ++interval_steps;
     if (!contexts) state.train_pos += M;
-    if (!contexts && state.train_pos + M > train_streams.length() - 1) {  // no full block left
+    if (!contexts && state.train_pos + M > train_length - 1) {  // no full block left
       state.train_pos = family.data_restart() == DataRestart::kRandomOffset
                             ? torch::randint(M, {1}, torch::kLong).item<int64_t>()  // the reference's rule
                             : 0;
@@ -229,20 +269,33 @@ RunResult run_training(Family& family, const RunOptions& options) {
     const double elapsed = now_seconds() - session_start;
     const double per_step = elapsed / static_cast<double>(state.step - first_step);
     if (tty)
-      fmt::print(stderr, "\r  step {}/{} | train {:.3f} {} | lr {:.2e} | {:.0f} ms/step | {:.0f} tok/s | left {}   ",
-                 state.step, tc.nb_steps, in_unit(loss_value, words), unit, ctx.lr, per_step * 1e3, B * M / per_step,
+      fmt::print(stderr, "\r  step {}/{} | train {:.3f} {} | lr {:.2e} | {:.0f} ms/step | {:.0f} {} | left {}   ",
+                 state.step, tc.nb_steps, in_unit(loss_value, unit), unit, ctx.lr, per_step * 1e3, B * M / per_step, speed_unit,
                  format_duration(per_step * static_cast<double>(last_step - state.step)));
 
     // Validation only at interval ends and at the end of the run, never at a session stop: a stopped and
     // resumed run then reads exactly the same validation blocks as an uninterrupted one.
     if (state.step % tc.eval_interval == 0 || state.step == tc.nb_steps) {
       const double interval_seconds = now_seconds() - interval_start;
-      double valid_nll = family.validate(*corpus.valid, B, first, local, state.valid_pos);
-      if (group) valid_nll = group->all_reduce_sum(valid_nll) / static_cast<double>(world);  // equal shares
+      double valid_nll = 0, valid_accuracy = -1;
+      if (examples) {
+        auto score = family.score_examples("valid", rank, world);
+        if (group) {
+          score.nll_sum = group->all_reduce_sum(score.nll_sum);
+          score.correct = group->all_reduce_sum(score.correct);
+          score.count = group->all_reduce_sum(score.count);
+        }
+        valid_nll = score.nll_sum / score.count;
+        valid_accuracy = score.correct / score.count;
+      } else {
+        valid_nll = family.validate(*corpus.valid, B, first, local, state.valid_pos);
+        if (group) valid_nll = group->all_reduce_sum(valid_nll) / static_cast<double>(world);  // equal shares
+      }
       const double train_nll = interval_loss / static_cast<double>(interval_steps);
-      result.last_train = in_unit(train_nll, words);
-      result.last_valid = in_unit(valid_nll, words);
+      result.last_train = in_unit(train_nll, unit);
+      result.last_valid = in_unit(valid_nll, unit);
       result.evaluated = true;
+      result.last_accuracy = valid_accuracy;
       const double ms_per_step = interval_seconds * 1e3 / static_cast<double>(interval_steps);
       const bool best = valid_nll < state.best_valid;
       if (best) state.best_valid = valid_nll;
@@ -254,12 +307,17 @@ RunResult run_training(Family& family, const RunOptions& options) {
           {"valid_" + unit, result.last_valid},
           {"lr", ctx.lr},
           {"ms_per_step", ms_per_step},
-          {"tokens_per_s", static_cast<double>(B * M) * 1e3 / ms_per_step},
+          {speed_key, static_cast<double>(B * M) * 1e3 / ms_per_step},
           {"elapsed_s", state.elapsed_seconds + elapsed},
           {"eta_s", per_step * static_cast<double>(tc.nb_steps - state.step)},
           {"processes", world},
           {"best_valid_loss", state.best_valid},
       };
+      if (examples) {  // the loss is already in nats; the accuracy is what users read
+        record.erase("train_" + unit);
+        record.erase("valid_" + unit);
+        record["valid_acc"] = valid_accuracy;
+      }
       if (group) {
         record["allreduce_ms_per_step"] = (group->collective_seconds() - interval_collective) * 1e3 / interval_steps;
         interval_collective = group->collective_seconds();
@@ -268,9 +326,10 @@ RunResult run_training(Family& family, const RunOptions& options) {
       family.log_extras(state.step, record, extra);
       if (main_rank) log << record.dump() << std::endl;
       if (main_rank && options.progress)
-        fmt::print(stderr, "{}step {:>7} | train {:.3f} {} | valid {:.3f} {} | {:.0f} ms/step | {:.0f} tok/s | left {}{}\n",
-                   tty ? "\r" : "", state.step, result.last_train, unit, result.last_valid, unit, ms_per_step,
-                   static_cast<double>(B * M) * 1e3 / ms_per_step,
+        fmt::print(stderr, "{}step {:>7} | train {:.3f} {} | valid {:.3f} {}{} | {:.0f} ms/step | {:.0f} {} | left {}{}\n",
+                   tty ? "\r" : "", state.step, result.last_train, unit, result.last_valid, unit,
+                   examples ? fmt::format(" | valid acc {:.2f}%", 100 * valid_accuracy) : "", ms_per_step,
+                   static_cast<double>(B * M) * 1e3 / ms_per_step, speed_unit,
                    format_duration(per_step * static_cast<double>(tc.nb_steps - state.step)), extra);
       if (best) save(best_path);
       interval_loss = 0;

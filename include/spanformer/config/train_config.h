@@ -68,6 +68,8 @@ nlohmann::json read_config_file(const std::string& path);
 TrainConfig xl_train_defaults();
 // The GPT family's defaults (GPT-2 / nanoGPT recipe: AdamW, warmup + cosine decay, global clipping).
 TrainConfig gpt_train_defaults();
+// The ViT family's defaults (AdamW, warmup + cosine decay; config/vit_config.h).
+TrainConfig vit_train_defaults();
 
 // Throws Error naming the first invalid value.
 void validate(const TrainConfig& config);

@@ -49,6 +49,24 @@ enum class DataRestart {
   kEpoch,           // Transformer-XL (kimiyoung's iterator): position 0, memories emptied
   kRandomContexts,  // GPT: every step draws B context starts uniformly in [0, n - M - 1] (torch's CPU
                     // generator, saved in checkpoints), no state carried
+  kExamples,        // labelled examples the family reads itself (ViT's images): shuffled epochs, batch k
+                    // of epoch e = examples perm_e[k B, (k + 1) B) with perm_e a permutation drawn from
+                    // (seed, e) alone, so a resumed run reads the same batches without saved state
+};
+
+// A data set of examples (kExamples), as the family opened it.
+struct ExampleData {
+  data::Vocab vocab;                 // what checkpoints keep as the vocabulary (class names for ViT)
+  int64_t train_size = 0, valid_size = 0;
+  std::string train_fingerprint, valid_fingerprint;  // what a resumed run checks its data against
+  std::string item = "examples";     // what the speed counts ("images": images_per_s)
+};
+
+// Scores summed over examples, so that processes' shares add up.
+struct ExampleScore {
+  double nll_sum = 0;   // nats
+  double correct = 0;   // examples (or tokens) predicted right
+  double count = 0;     // examples (or tokens) scored
 };
 
 // Full-evaluation result, in nats; `unit` figures derive from it.
@@ -56,6 +74,7 @@ struct EvalReport {
   double nll = 0;          // the family's protocol: mean over blocks (adaptive span) or over tokens (XL)
   int64_t tokens = 0, blocks = 0;
   std::string details;     // protocol lengths etc., for the one-line report
+  double accuracy = -1;    // example families: the share classified right (-1: none)
 };
 
 struct EvalRequest {
@@ -85,6 +104,14 @@ struct BenchRequest {
   std::string span_dist, spans_from;
   // Transformer-XL/PAR evaluation mode: memory and segment length (defaults: the eval protocol's)
   int64_t mem_len = -1, tgt_len = 0;
+};
+
+// `spanformer attention`: a picture of what a model attends to.
+struct AttentionRequest {
+  std::vector<int64_t> images;  // ViT: indices into `split` of the image set
+  std::string split = "test";
+  int64_t layer = -1, head = -1;  // -1: every layer by attention rollout / the heads' mean
+  std::string out;              // PNG
 };
 
 class Family {
@@ -128,6 +155,16 @@ class Family {
   // (B, ...) one of all processes (identity in one process).
   virtual void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) = 0;
   virtual void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) = 0;
+  // ---- example families (DataRestart::kExamples) -------------------------------------------------
+  // Reads the data set (train.data) and keeps it; fills the model's data-given sizes (classes).
+  virtual ExampleData open_examples(const std::string& path) { unsupported("example data"); }
+  // Inputs and targets of train examples `ids` (this process's share of the batch), on `device`.
+  virtual std::pair<torch::Tensor, torch::Tensor> example_batch(const std::vector<int64_t>& ids, torch::Device device) {
+    unsupported("example data");
+  }
+  // Scores of part `part` of `parts` equal shares of a split (train | valid | test) of the open data.
+  virtual ExampleScore score_examples(const std::string& split, int64_t part, int64_t parts) { unsupported("example data"); }
+
   // Fields added to each log record and the progress line (spans, temperatures ...).
   virtual void log_extras(int64_t step, nlohmann::json& record, std::string& text) { (void)step, (void)record, (void)text; }
 
@@ -138,6 +175,8 @@ class Family {
   virtual std::vector<std::vector<double>> spans() const { return {}; }
   virtual int64_t span_limit() const { return 0; }
   virtual int64_t span_ramp() const { return 0; }
+  // Draws `request` (families that have no picture yet say so in one line).
+  virtual void draw_attention(const AttentionRequest& request) { unsupported("attention pictures yet"); }
   // Prints the figures of `spanformer bench` (random tokens); builds the model itself.
   virtual void bench(const BenchRequest& request) = 0;
   // Weights from / to another implementation's format (`kind`, e.g. "adaptive-span": the Python

@@ -1,6 +1,7 @@
 // The one training runner every model family runs on (train/family.h has the division of labour).
 //
-// Data: B contiguous streams of the train split, this process's share [first, first + B / W) of them;
+// Data: example data (DataRestart::kExamples: the family reads its own labelled examples, the runner
+// draws each step's batch from a shuffled epoch; train/family.h), or B contiguous streams of the train split, this process's share [first, first + B / W) of them;
 // step k reads block [pos - context(pos), pos + M) of each; the family's recurrent state carries over
 // from block to block; when a stream has no full block left the data restarts by the family's rule.
 // Each step: lr of update k (config/train_config.h), the family's train step (gradients averaged over
@@ -10,8 +11,8 @@
 // whenever validation improves.
 //
 // Log record (log.jsonl, one per interval, every family): step, train_loss and valid_loss (nats per
-// token), train_<unit> and valid_<unit> (bpc for byte vocabularies, ppl for word ones), lr,
-// ms_per_step, tokens_per_s, elapsed_s, eta_s, processes, allreduce_ms_per_step (several processes),
+// token), train_<unit> and valid_<unit> (bpc for byte vocabularies, ppl for word ones; example data:
+// valid_acc instead), lr, ms_per_step, tokens_per_s (example data: <item>_per_s, e.g. images_per_s), elapsed_s, eta_s, processes, allreduce_ms_per_step (several processes),
 // best_valid_loss, then the family's fields (span_mean / span_max, tau / probs / argmax).
 #pragma once
 #include <memory>
@@ -37,8 +38,9 @@ struct RunResult {
   int64_t steps = 0;           // the run's step count at the end
   int64_t session_steps = 0;   // steps done by this call
   double last_train = 0, last_valid = 0;  // in `unit`, at the last evaluation of this session
+  double last_accuracy = -1;   // example data: valid accuracy at that evaluation
   bool evaluated = false;      // false: stopped before this session's first evaluation
-  std::string unit;            // bpc or ppl
+  std::string unit;            // bpc, ppl or nats (example data)
   bool interrupted = false;
 };
 

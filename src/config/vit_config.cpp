@@ -1,0 +1,133 @@
+#include "spanformer/config/vit_config.h"
+
+#include "spanformer/util/error.h"
+#include "train_fields.h"
+
+namespace spanformer {
+namespace {
+
+using nlohmann::json;
+using config_detail::Field;
+using config_detail::field;
+using config_detail::read_section;
+using config_detail::struct_to_json;
+
+const std::vector<Field<VitModelConfig>>& model_fields() {
+  using C = VitModelConfig;
+  static const std::vector<Field<C>> fields = {
+      field("image_size", &C::image_size, "S: images are S x S"),
+      field("channels", &C::channels, "colour channels"),
+      field("patch", &C::patch, "P: patches of P x P pixels (S a multiple of P)"),
+      field("classes", &C::classes, "C; taken from the data when 0"),
+      field("n_layer", &C::n_layer, "L, encoder blocks (pre-norm)"),
+      field("n_head", &C::n_head, "K, attention heads"),
+      field("d_model", &C::d_model, "H, a multiple of n_head"),
+      field("d_inner", &C::d_inner, "I, GELU MLP width (0 = 4 d_model)"),
+      field("dropout", &C::dropout, "embeddings and each residual branch"),
+      field("attn_dropout", &C::attn_dropout, "attention probabilities"),
+      field("pixel_mean", &C::pixel_mean, "input normalisation: (pixel / 255 - mean) / std"),
+      field("pixel_std", &C::pixel_std, "input normalisation"),
+      field("augment_shift", &C::augment_shift, "training: random translation by up to this many pixels (0 = none)"),
+      field("valid_images", &C::valid_images, "the last images of the training file, held out for validation"),
+  };
+  return fields;
+}
+
+}  // namespace
+
+TrainConfig vit_train_defaults() {
+  TrainConfig t;
+  t.data = "/usr/share/datasets/fashion-mnist";
+  t.batch_size = 128;
+  t.optim = OptimKind::kAdamW;
+  t.weight_decay = 0.05;
+  t.lr = 2e-3;
+  t.lr_min = 0;
+  t.scheduler = Schedule::kCosine;
+  t.lr_warmup = 200;
+  t.grad_clip = 1.0;
+  t.nb_steps = 3000;
+  t.eval_interval = 250;
+  t.eval_batch_size = 500;
+  return t;
+}
+
+std::vector<ConfigKey> vit_config_keys() {
+  std::vector<ConfigKey> keys;
+  const VitConfig defaults;
+  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
+  return keys;
+}
+
+json to_json(const VitConfig& config) {
+  return json{{"arch", "vit"},
+              {"model", struct_to_json(config.model, model_fields())},
+              {"train", struct_to_json(config.train, config_detail::train_fields())}};
+}
+
+VitConfig vit_config_from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
+  if (!j.contains("arch") || j["arch"] != "vit") fail("{}: not a ViT config (\"arch\": \"vit\" missing)", origin);
+  VitConfig config;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      read_section(config.model, value, model_fields(), "model", origin);
+    } else if (key == "train") {
+      config_detail::read_train_section(config.train, value, origin);
+    } else if (key != "arch" && key != "description") {
+      fail("{}: unknown config section '{}' (expected 'model' and 'train')", origin, key);
+    }
+  }
+  return config;
+}
+
+void apply_overrides(VitConfig& config, const std::vector<std::string>& overrides) {
+  for (const auto& item : overrides) {
+    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
+    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
+      fail("unknown config key '{}' in override '{}'", o.key, o.item);
+  }
+}
+
+void validate(const VitModelConfig& c) {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
+  };
+  positive("image_size", c.image_size);
+  positive("channels", c.channels);
+  positive("patch", c.patch);
+  positive("n_layer", c.n_layer);
+  positive("n_head", c.n_head);
+  positive("d_model", c.d_model);
+  if (c.classes < 0) fail("config: classes must be >= 0 (got {})", c.classes);
+  if (c.d_inner < 0) fail("config: d_inner must be >= 0 (0 = 4 d_model; got {})", c.d_inner);
+  if (c.image_size % c.patch != 0) fail("config: image_size ({}) must be a multiple of patch ({})", c.image_size, c.patch);
+  if (c.d_model % c.n_head != 0) fail("config: d_model ({}) must be a multiple of n_head ({})", c.d_model, c.n_head);
+  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
+  if (!(c.attn_dropout >= 0 && c.attn_dropout < 1)) fail("config: attn_dropout must be in [0, 1) (got {})", c.attn_dropout);
+  if (!(c.pixel_std > 0)) fail("config: pixel_std must be positive (got {})", c.pixel_std);
+  positive("valid_images", c.valid_images);
+  if (c.augment_shift < 0 || c.augment_shift >= c.image_size)
+    fail("config: augment_shift must be in [0, image_size) (got {})", c.augment_shift);
+  const double H = static_cast<double>(c.d_model), I = static_cast<double>(c.inner_dim());
+  check_model_fits(static_cast<double>(c.n_layer) * (4 * H * H + 2 * H * I) +
+                   static_cast<double>(c.tokens() + c.patch * c.patch * c.channels) * H);
+}
+
+void validate(const VitConfig& config) {
+  validate(config.model);
+  validate(config.train);
+}
+
+std::string vit_model_difference(const VitModelConfig& a, const VitModelConfig& b) {
+  auto ja = struct_to_json(a, model_fields()), jb = struct_to_json(b, model_fields());
+  for (const auto& [key, value] : ja.items()) {
+    if (key == "dropout" || key == "attn_dropout" || key == "augment_shift" || key == "valid_images") continue;  // how it trains, not what it is
+    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
+  }
+  return "";
+}
+
+}  // namespace spanformer

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The attention textbook's commands: `example pooling` (errors of the three poolings, pictures,
+# figures), and the ViT family through the engine's commands on a slice of Fashion-MNIST (train,
+# resume, eval with accuracy, attention pictures, bench) with its user mistakes (one line, non-zero exit).
+set -euo pipefail
+bin="$1"; src="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+expect_error() {
+  if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
+  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err"; then
+    echo "FAIL: $* -> $(cat "$tmp/err")"; exit 1
+  fi
+}
+
+# Attention pooling: kernel regression beats the average; the learned kernel is sharper than w = 1.
+"$bin" example pooling --out "$tmp/pool" > "$tmp/pool.out"
+grep "nadaraya" "$tmp/pool.out" > /dev/null
+test -s "$tmp/pool/fits.png" && test -s "$tmp/pool/weights.png"
+/usr/bin/python3 - "$tmp/pool/pooling.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["nadaraya_mse"] < r["average_mse"] and r["parametric_mse"] < r["average_mse"], r
+assert r["leave_one_out_loss"][-1] < r["leave_one_out_loss"][0], r
+PY
+expect_error "$bin" example pooling --out "$tmp/pool"              # would overwrite
+"$bin" example pooling --out "$tmp/pool" --overwrite --seed 3 > /dev/null
+expect_error "$bin" example pooling --out "$tmp/pool2" --n 1
+expect_error "$bin" example pooling --out "$tmp/pool2" --sigma 0
+
+# ViT on the first 1200 training and 300 test images of Fashion-MNIST.
+fashion=/usr/share/datasets/fashion-mnist
+if [ ! -d "$fashion" ]; then echo "cli textbook: pooling passed; ViT skipped (dataset-fashion-mnist not installed)"; exit 0; fi
+mkdir -p "$tmp/fm"
+/usr/bin/python3 - "$fashion" "$tmp/fm" <<'PY'
+import gzip, sys
+src, out = sys.argv[1], sys.argv[2]
+for prefix, n in [("train", 1200), ("t10k", 300)]:
+    b = gzip.open(f"{src}/{prefix}-images-idx3-ubyte.gz").read()
+    open(f"{out}/{prefix}-images-idx3-ubyte", "wb").write(b[:4] + n.to_bytes(4, "big") + b[8:16] + b[16:16 + 784 * n])
+    b = gzip.open(f"{src}/{prefix}-labels-idx1-ubyte.gz").read()
+    open(f"{out}/{prefix}-labels-idx1-ubyte", "wb").write(b[:4] + n.to_bytes(4, "big") + b[8:8 + n])
+PY
+small=(--data "$tmp/fm" --patch=7 --n_layer=2 --n_head=2 --d_model=32 --d_inner=64 --valid_images=200 --batch_size=32
+       --nb_steps=40 --eval_interval=20 --lr_warmup=5 --lr=5e-3 --eval_batch_size=100 --augment_shift=1)
+cfg="$src/configs/vit/fashion_mnist.json"
+"$bin" config keys --arch vit | grep "model.patch" > /dev/null
+"$bin" train -c "$cfg" --out "$tmp/vit" "${small[@]}" --stop-after 25 --quiet > /dev/null
+"$bin" train -c "$cfg" --out "$tmp/vit" "${small[@]}" --resume --quiet | tee "$tmp/train.out"
+grep "trained 40 steps" "$tmp/train.out" > /dev/null
+/usr/bin/python3 - "$tmp/vit/log.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [20, 40], rows
+assert all(0 <= r["valid_acc"] <= 1 and r["images_per_s"] > 0 for r in rows), rows
+PY
+"$bin" eval "$tmp/vit" --json > "$tmp/eval.json"
+"$bin" eval "$tmp/vit" --split valid --json > "$tmp/valid.json"
+/usr/bin/python3 - "$tmp/eval.json" "$tmp/valid.json" "$tmp/vit/log.jsonl" <<'PY'
+import json, sys
+test, valid = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+last = [json.loads(l) for l in open(sys.argv[3])][-1]
+assert test["images"] == 300 and test["split"] == "test" and 0.2 < test["accuracy"] <= 1, test
+# the command and the training run's validation score the same images the same way
+assert abs(valid["accuracy"] - last["valid_acc"]) < 1e-12 and abs(valid["nll"] - last["valid_loss"]) < 1e-9, (valid, last)
+PY
+"$bin" attention "$tmp/vit" --image 0 5 17 --out "$tmp/rollout.png" | grep "test image 5" > /dev/null
+"$bin" attention "$tmp/vit" --image 3 --layer 1 --head 0 --out "$tmp/head.png" > /dev/null
+test -s "$tmp/rollout.png" && test -s "$tmp/head.png"
+"$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 | grep "images/s" > /dev/null
+
+expect_error "$bin" attention "$tmp/vit" --image 300
+expect_error "$bin" attention "$tmp/vit" --image 0 --layer 2
+expect_error "$bin" attention "$tmp/vit" --image 0 --head 1
+expect_error "$bin" eval "$tmp/vit" --split dev
+expect_error "$bin" eval "$tmp/vit" --dump-logprobs "$tmp/lp.txt"
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --patch=5
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --image_size=32
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --valid_images=5000
+expect_error "$bin" train -c "$cfg" --out "$tmp/vit" "${small[@]}"    # would overwrite the run
+head -c 5000 "$tmp/fm/t10k-images-idx3-ubyte" > "$tmp/cut" && mv "$tmp/cut" "$tmp/fm/t10k-images-idx3-ubyte"
+expect_error "$bin" eval "$tmp/vit"
+grep "t10k-images-idx3-ubyte" "$tmp/err" > /dev/null
+rm "$tmp/fm/train-labels-idx1-ubyte"
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}"
+expect_error "$bin" eval "$tmp/vit" --data "$tmp/nowhere"
+echo "cli textbook: passed"
