@@ -1,6 +1,9 @@
 // Data preparation, token files, streams, vocabularies and download helpers, on real text.
 #include <gtest/gtest.h>
+#include "spanformer/build_options.h"
+#if SPANFORMER_WITH_LIBZIP
 #include <zip.h>
+#endif
 
 #include <fstream>
 
@@ -131,6 +134,7 @@ TEST(Download, DigestsMatchThePublishedChecksum) {
   EXPECT_EQ(data::file_digest(tmp.file("abc"), "sha1"), "a9993e364706816aba3e25717850c26c9cd0d89d");
 }
 
+#if SPANFORMER_WITH_LIBZIP
 TEST(Download, FetchUnzipAndVerifyLocalFiles) {
   tu::TempDir tmp;
   // A zip holding a fake "enwik8" member, served through a file:// address.
@@ -164,3 +168,4 @@ TEST(Download, FetchUnzipAndVerifyLocalFiles) {
   fake.file_sha256 = data::file_digest(tmp.file("enwik8"), "sha256");
   EXPECT_EQ(error_of([&] { data::verify_dataset_file(fake, tmp.file("enwik8")); }), "");
 }
+#endif

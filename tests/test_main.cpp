@@ -2,7 +2,51 @@
 
 #include <ATen/Parallel.h>
 
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace {
+
+// A crashing test prints where it crashed (the test binary is linked with -rdynamic so that its own
+// functions are named too): the instruction pointer, the return address on top of the stack (the
+// caller, when the crash is a call through a null pointer) and the unwound stack.
+void describe(const char* what, void* address) {
+  Dl_info info{};
+  if (dladdr(address, &info) && info.dli_sname)
+    std::fprintf(stderr, "  %s %p = %s+%#lx (%s)\n", what, address, info.dli_sname,
+                 static_cast<unsigned long>(static_cast<char*>(address) - static_cast<char*>(info.dli_saddr)),
+                 info.dli_fname);
+  else
+    std::fprintf(stderr, "  %s %p (%s)\n", what, address, info.dli_fname ? info.dli_fname : "?");
+}
+
+void on_crash(int signal, siginfo_t*, void* context) {
+  std::fprintf(stderr, "\nspanformer_tests: signal %d\n", signal);
+#if defined(__x86_64__)
+  const auto* uc = static_cast<ucontext_t*>(context);
+  describe("instruction", reinterpret_cast<void*>(uc->uc_mcontext.gregs[REG_RIP]));
+  describe("return address", *reinterpret_cast<void**>(uc->uc_mcontext.gregs[REG_RSP]));
+#endif
+  void* frames[48];
+  const int n = backtrace(frames, 48);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  _exit(128 + signal);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  struct sigaction action {};
+  action.sa_sigaction = on_crash;
+  action.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &action, nullptr);
+  sigaction(SIGBUS, &action, nullptr);
   ::testing::InitGoogleTest(&argc, argv);
   at::set_num_threads(2);
   return RUN_ALL_TESTS();

@@ -274,7 +274,7 @@ TEST(Checkpoint, StoredValuesAreCheckedAgainstTheirBounds) {
       if (is_text) out.put_text(k, in.text(k));
       else out.put(k, k == key ? value : in.tensor(k));
     }
-    std::filesystem::remove_all(tmp.file("bad"));
+    tu::remove_tree(tmp.file("bad"));
     std::filesystem::create_directories(tmp.file("bad"));
     out.save(tmp.file("bad/checkpoint.pt"));
     std::filesystem::copy_file(tmp.file("run/config.json"), tmp.file("bad/config.json"));

@@ -1,5 +1,8 @@
 // Shared helpers for the test suite: temporary directories and small real corpora.
 #pragma once
+#include <ftw.h>
+
+#include <cstdio>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 #include <unistd.h>
@@ -21,16 +24,24 @@ namespace spanformer::tu {
 
 inline std::string shared_dir() { return SPANFORMER_SHARED_DIR; }
 
+// Removes a directory tree (nftw, depth first). Not std::filesystem::remove_all: PyTorch's wheels
+// (LibTorch 2.x) export their own copy of it from libtorch.so, which crashes through a null pointer
+// when it wins symbol resolution (seen with PyTorch 2.11 on the GPU machine).
+inline void remove_tree(const std::string& path) {
+  nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+       FTW_DEPTH | FTW_PHYS);
+}
+
 // A fresh directory under /tmp, removed at the end of the test.
 class TempDir {
  public:
   TempDir() {
     path_ = std::filesystem::temp_directory_path() /
             ("spanformer-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-    std::filesystem::remove_all(path_);
+    remove_tree(path_.string());
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() { remove_tree(path_.string()); }
   std::string path() const { return path_.string(); }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
 

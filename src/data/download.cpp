@@ -2,7 +2,10 @@
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
+#include "spanformer/build_options.h"
+#if SPANFORMER_WITH_LIBZIP
 #include <zip.h>
+#endif
 
 #include <cstdio>
 #include <fstream>
@@ -84,6 +87,7 @@ void download(const std::string& url, const std::string& path) {
   });
 }
 
+#if SPANFORMER_WITH_LIBZIP
 void unzip_member(const std::string& zip_path, const std::string& member, const std::string& path) {
   int err = 0;
   zip_t* archive = zip_open(zip_path.c_str(), ZIP_RDONLY, &err);
@@ -111,6 +115,11 @@ void unzip_member(const std::string& zip_path, const std::string& member, const 
   zip_fclose(file);
   zip_close(archive);
 }
+#else
+void unzip_member(const std::string& zip_path, const std::string&, const std::string&) {
+  fail("cannot read {}: this spanformer was built without libzip (-DSPANFORMER_ZIP=OFF)", zip_path);
+}
+#endif
 
 void verify_dataset_file(const KnownDataset& d, const std::string& path) {
   MappedFile file(path);

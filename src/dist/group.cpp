@@ -57,10 +57,15 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
     store_options.waitWorkers = true;
     store_options.timeout = timeout;
     group->impl_->store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+#if SPANFORMER_HAS_C10D_GLOO
     auto pg_options = c10d::ProcessGroupGloo::Options::create();
     pg_options->timeout = timeout;
     pg_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     group->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group->impl_->store, group->rank_, group->world_, pg_options);
+#else
+    fail("rank {}: this spanformer was built against a LibTorch without gloo headers: no data parallelism",
+         group->rank_);
+#endif
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -1,7 +1,13 @@
 // Internal to the dist library: the c10d objects behind a Group, and the collective wrapper that
 // turns a peer's death or hang into one clear message.
 #pragma once
+#include "spanformer/util/torch_compat.h"
+
+#if SPANFORMER_HAS_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#else
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "spanformer/dist/group.h"
@@ -9,9 +15,15 @@
 
 namespace spanformer::dist {
 
+#if SPANFORMER_HAS_C10D_GLOO
+using Collectives = c10d::ProcessGroupGloo;
+#else
+using Collectives = c10d::Backend;  // LibTorch 2.x without gloo headers: no backend can be created yet
+#endif
+
 struct Group::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<Collectives> pg;
 };
 
 // Runs a collective and turns a failure (a peer that died or hung) into one clear message.

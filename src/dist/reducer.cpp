@@ -6,7 +6,7 @@
 
 namespace spanformer::dist {
 
-using WorkPtr = decltype(std::declval<c10d::ProcessGroupGloo&>().allreduce(std::declval<std::vector<at::Tensor>&>()));
+using WorkPtr = decltype(std::declval<Collectives&>().allreduce(std::declval<std::vector<at::Tensor>&>()));
 
 struct GradientReducer::State {
   std::shared_ptr<Group> group;

@@ -121,7 +121,7 @@ at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, con
                                            /*keep_p=*/at::GradMode::is_enabled() && grad_needed);
   }
 #ifdef SPANFORMER_WITH_CUDA
-  if (q.device().is_cuda() && q.size(3) % 32 == 0 && q.size(3) <= 256) {
+  if (q.device().is_cuda() && q.scalar_type() != at::kDouble && q.size(3) % 32 == 0 && q.size(3) <= 256) {
     return adaptive_span_attention_cuda(q, k, v, key_pe, span_ratio, options,
                                         resolve_visited(span_ratio, k.size(2) - q.size(2), options));
   }

@@ -14,6 +14,10 @@
 #include <thread>
 
 #include <fmt/format.h>
+#ifdef SPANFORMER_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace spanformer {
 
@@ -27,6 +31,18 @@ int64_t peak_rss_bytes() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string peak_memory_text(bool cuda) {
+  std::string text = fmt::format("peak RSS {:.0f} MB", static_cast<double>(peak_rss_bytes()) / 1e6);
+#ifdef SPANFORMER_WITH_CUDA
+  if (cuda) {
+    // Index 0 of the allocator's statistics is the aggregate over pool types (every LibTorch version).
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+    text += fmt::format(", peak CUDA memory {:.0f} MB", static_cast<double>(stats.allocated_bytes[0].peak) / 1e6);
+  }
+#endif
+  return text;
 }
 
 namespace {

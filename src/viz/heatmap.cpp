@@ -1,6 +1,9 @@
 #include "spanformer/viz/heatmap.h"
 
+#include "spanformer/build_options.h"
+#if SPANFORMER_WITH_CAIRO
 #include <cairo.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +15,7 @@
 #include "spanformer/util/io.h"
 
 namespace spanformer::viz {
+#if SPANFORMER_WITH_CAIRO
 namespace {
 
 void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0, bool vertical = false) {
@@ -198,5 +202,16 @@ void write_overlays(const std::string& path, const std::vector<Overlay>& items, 
   }
   save_png(surface, cr, path);
 }
+
+#else
+namespace {
+[[noreturn]] void no_cairo(const std::string& path) {
+  fail("cannot draw {}: this spanformer was built without Cairo (-DSPANFORMER_PICTURES=OFF)", path);
+}
+}  // namespace
+void write_heatmaps(const std::string& path, const std::vector<Heatmap>&) { no_cairo(path); }
+void write_line_plot(const std::string& path, const LinePlot&) { no_cairo(path); }
+void write_overlays(const std::string& path, const std::vector<Overlay>&, const std::string&) { no_cairo(path); }
+#endif
 
 }  // namespace spanformer::viz

@@ -1,6 +1,9 @@
 #include "spanformer/viz/search_plot.h"
 
+#include "spanformer/build_options.h"
+#if SPANFORMER_WITH_CAIRO
 #include <cairo.h>
+#endif
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include "spanformer/util/io.h"
 
 namespace spanformer::viz {
+#if SPANFORMER_WITH_CAIRO
 namespace {
 
 void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0) {
@@ -28,6 +32,8 @@ constexpr double kColour[3][3] = {{0.84, 0.19, 0.15}, {0.17, 0.40, 0.75}, {0.55,
 constexpr const char* kName[3] = {"attention", "feed-forward", "identity"};
 
 }  // namespace
+
+#endif
 
 SearchHistory read_search_history(const std::string& log_path) {
   std::string text = read_file(log_path);
@@ -57,6 +63,7 @@ SearchHistory read_search_history(const std::string& log_path) {
   return h;
 }
 
+#if SPANFORMER_WITH_CAIRO
 void write_search_plot(const std::string& path, const SearchHistory& history, const std::string& title) {
   if (history.steps.empty()) fail("no search history to draw");
   const size_t T = history.steps.size(), N = history.probs[0].size();
@@ -135,5 +142,14 @@ void write_search_plot(const std::string& path, const SearchHistory& history, co
   });
   cairo_surface_destroy(surface);
 }
+
+#else
+namespace {
+[[noreturn]] void no_cairo(const std::string& path) {
+  fail("cannot draw {}: this spanformer was built without Cairo (-DSPANFORMER_PICTURES=OFF)", path);
+}
+}  // namespace
+void write_search_plot(const std::string& path, const SearchHistory&, const std::string&) { no_cairo(path); }
+#endif
 
 }  // namespace spanformer::viz

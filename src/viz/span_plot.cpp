@@ -1,6 +1,9 @@
 #include "spanformer/viz/span_plot.h"
 
+#include "spanformer/build_options.h"
+#if SPANFORMER_WITH_CAIRO
 #include <cairo.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +15,7 @@
 #include "spanformer/util/io.h"
 
 namespace spanformer::viz {
+#if SPANFORMER_WITH_CAIRO
 namespace {
 
 enum class Align { kLeft, kCenter, kRight };
@@ -141,5 +145,16 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
   });
   cairo_surface_destroy(surface);
 }
+
+#else
+namespace {
+[[noreturn]] void no_cairo(const std::string& path) {
+  fail("cannot draw {}: this spanformer was built without Cairo (-DSPANFORMER_PICTURES=OFF)", path);
+}
+}  // namespace
+void write_span_plot(const std::string& path, const std::vector<std::vector<double>>&, const SpanPlotOptions&) {
+  no_cairo(path);
+}
+#endif
 
 }  // namespace spanformer::viz

@@ -19,6 +19,8 @@ void keep_freed_memory();
 
 // Peak resident set size of this process in bytes.
 int64_t peak_rss_bytes();
+// "peak RSS N MB", and on a CUDA device also the caching allocator's peak of allocated bytes.
+std::string peak_memory_text(bool cuda);
 
 // Ctrl-C handling: after install_interrupt_handler(), SIGINT/SIGTERM/SIGHUP set a flag that long loops poll
 // (so a training run can save a checkpoint before it exits). A second Ctrl-C exits at once.

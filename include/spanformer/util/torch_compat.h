@@ -11,6 +11,14 @@
 
 #include <string>
 
+// c10d's Gloo backend: Debian's LibTorch ships gloo's headers; PyTorch's wheels (LibTorch 2.x on the GPU
+// machine) define USE_C10D_GLOO but ship no gloo headers, so ProcessGroupGloo cannot be compiled there.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#define SPANFORMER_HAS_C10D_GLOO 1
+#else
+#define SPANFORMER_HAS_C10D_GLOO 0
+#endif
+
 namespace spanformer::compat {
 
 constexpr int kTorchMajor = TORCH_VERSION_MAJOR;

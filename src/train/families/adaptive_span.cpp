@@ -252,8 +252,8 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
              r.eval ? "eval" : "train", r.eval ? "forward" : "step", c.nb_layers, c.hidden_size, c.nb_heads, c.attn_span,
              M, B, r.threads, attention::attn_impl_name(c.attn_impl), paths, mean_span,
              static_cast<double>(used) / static_cast<double>(model_->layers.size()));
-  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
-             static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);
+  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, {}\n", per_step * 1e3,
+             static_cast<double>(B * M) / per_step, peak_memory_text(device().is_cuda()));
 }
 
 }  // namespace

@@ -240,8 +240,8 @@ void GptFamily::bench(const BenchRequest& r) {
     }
     fmt::print("bench: generate, {} layers, H {}, K {}, T {}, attention {}, tokens {} .. {} after a prompt of {}\n",
                c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), prompt + 1, T, prompt);
-    fmt::print("bench: {:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x), peak RSS {:.0f} MB\n",
-               cached, recomputed, cached / recomputed, peak_rss_bytes() / 1e6);
+    fmt::print("bench: {:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x), {}\n",
+               cached, recomputed, cached / recomputed, peak_memory_text(device().is_cuda()));
     return;
   }
   StepContext ctx;
@@ -265,8 +265,8 @@ void GptFamily::bench(const BenchRequest& r) {
   fmt::print("bench: {}, {} layers{}, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}\n",
              what, c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
              attention::causal_kind_name(c.attention), attention::attn_impl_name(c.attn_impl), band);
-  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3, tokens_per_step / per_step,
-             peak_rss_bytes() / 1e6);
+  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, {}\n", per_step * 1e3, tokens_per_step / per_step,
+             peak_memory_text(device().is_cuda()));
 }
 
 }  // namespace

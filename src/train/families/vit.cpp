@@ -200,8 +200,8 @@ class VitFamily : public Family {
     });
     fmt::print("bench: {}, {} layers, H {}, K {}, {} tokens (patch {}), B {}, threads {}\n",
                r.eval ? "eval forward" : "train step", c.n_layer, c.d_model, c.n_head, c.tokens(), c.patch, B, r.threads);
-    fmt::print("bench: {:.1f} ms/step, {:.0f} images/s, peak RSS {:.0f} MB\n", per_step * 1e3,
-               static_cast<double>(B) / per_step, peak_rss_bytes() / 1e6);
+    fmt::print("bench: {:.1f} ms/step, {:.0f} images/s, {}\n", per_step * 1e3,
+               static_cast<double>(B) / per_step, peak_memory_text(device().is_cuda()));
   }
 
  private:

@@ -272,8 +272,8 @@ void XlFamily::bench(const BenchRequest& r) {
     fmt::print("bench xl train: blocks {} ({}), H {}, K {}x{}, I {}, M {}, mem {}, B {}, V {}, {:.1f}M weights, threads {}{}\n",
                model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
                c.d_inner, M, c.mem_len, B, V, static_cast<double>(params) / 1e6, r.threads, span_note);
-    fmt::print("bench xl train: {:.1f} ms/step, {:.0f} tokens/s, peak RSS {:.0f} MB\n", per_step * 1e3,
-               static_cast<double>(B * M) / per_step, peak_rss_bytes() / 1e6);
+    fmt::print("bench xl train: {:.1f} ms/step, {:.0f} tokens/s, {}\n", per_step * 1e3,
+               static_cast<double>(B * M) / per_step, peak_memory_text(device().is_cuda()));
     return;
   }
   // Evaluation speed with a full memory: the protocol's tgt_len and mem_len (or the flags').
@@ -298,9 +298,9 @@ void XlFamily::bench(const BenchRequest& r) {
   fmt::print("bench xl eval: blocks {} ({}), H {}, K {}x{}, I {}, tgt_len {}, mem_len {}, B {}, V {}, threads {}{}\n",
              model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
              c.d_inner, M, options.lengths.mem_len, B, V, r.threads, span_note);
-  fmt::print("bench xl eval: {:.1f} ms/segment, {:.4f} ms/token, {:.0f} tokens/s, peak RSS {:.0f} MB\n",
+  fmt::print("bench xl eval: {:.1f} ms/segment, {:.4f} ms/token, {:.0f} tokens/s, {}\n",
              per_segment * 1e3, per_segment * 1e3 / static_cast<double>(B * M), static_cast<double>(B * M) / per_segment,
-             peak_rss_bytes() / 1e6);
+             peak_memory_text(device().is_cuda()));
 }
 
 }  // namespace

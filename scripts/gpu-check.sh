@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Everything spanformer owes a GPU machine, in one bounded run (issue 15): configure against the
+# machine's PyTorch (LibTorch 2.x with CUDA), build, run the cuda-labelled tests, measure the ceilings,
+# compare span attention implementations, and time CUDA training steps. Every figure lands in
+# $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
+#
+#   scripts/gpu-check.sh [stage...]     stages: info build test compare train e2e (default: all, in order)
+#
+# Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
+# ../shared, or .gpu/shared when that copy exists: the GPU machine sees only the checkout), JOBS.
+# Each stage runs under its own time limit so that one call fits the device tool's 10 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+LOG=$OUT/gpu_check.log
+FIG=$OUT/gpu_figures.md
+BUILD=${BUILD:-build-cuda}
+JOBS=${JOBS:-$(nproc)}
+if [ -z "${SHARED:-}" ]; then
+  if [ -d .gpu/shared ]; then SHARED=$PWD/.gpu/shared; else SHARED=$(realpath ../shared 2>/dev/null || echo ../shared); fi
+fi
+PY=${PY:-python3}
+# The whole run's budget in seconds: each step's limit is cut to what is left of it (the device tool
+# stops a command at 10 minutes, and results written before then still come back).
+BUDGET=${BUDGET:-570}
+START=$(date +%s)
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(info build test compare train e2e)
+failed=0
+
+# step NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in the log, prints one status line.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  [ $left -lt $limit ] && limit=$left
+  if [ $limit -lt 5 ]; then echo "$name: skipped, the run's budget is spent"; failed=1; return 124; fi
+  echo "== $name (limit ${limit}s): $*" >>"$LOG"
+  local start=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  local line="$name: rc $rc, $(( $(date +%s) - start )) s"
+  echo "== $line" >>"$LOG"
+  echo "$line"
+  [ $rc -ne 0 ] && failed=1
+  return $rc
+}
+
+for stage in "${stages[@]}"; do
+  case $stage in
+  info)
+    {
+      echo "# gpu-check $(git rev-parse --short HEAD 2>/dev/null) on $(hostname), $(date -u +%FT%TZ)"
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+      echo "nvcc: $(nvcc --version | tail -1)"
+      $PY - <<'EOF'
+import torch, triton.testing
+print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).multi_processor_count} SMs")
+x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16); y = torch.empty_like(x)
+ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
+print(f"ceiling: device-to-device copy {2 * x.numel() * 2 / ms / 1e6:.0f} GB/s (read + write, 2 GiB, median of do_bench)")
+del x, y
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
+print(f"ceiling: bf16 matmul 8192^3 {2 * 8192**3 / ms / 1e9:.0f} TFLOP/s (random data, median of do_bench)")
+EOF
+    } 2>&1 | tee -a "$FIG"
+    ;;
+  build)
+    prefix=$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)')
+    pictures=OFF; pkg-config --exists cairo && pictures=ON
+    zip=OFF; pkg-config --exists libzip && zip=ON
+    step configure 180 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=ON \
+      -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90 -DSPANFORMER_BENCH=OFF \
+      -DSPANFORMER_PICTURES=$pictures -DSPANFORMER_ZIP=$zip -DSPANFORMER_SHARED_DIR="$SHARED" || break
+    step build 480 ninja -C "$BUILD" -j "$JOBS" -k 0 spanformer_cli spanformer_tests spanformer_torch_ops || {
+      grep -E "error|FAILED" "$LOG" | head -60
+      break
+    }
+    ;;
+  test)
+    # The cuda-labelled tests (each skips without a GPU); --output-on-failure puts the gtest lines in the log.
+    GOMP_SPINCOUNT=10000 step ctest 300 ctest --test-dir "$BUILD/tests" -L cuda -V
+    grep -E "Test +#|tests passed|FAILED|Failure|measured:" "$LOG" | sed "s/^[0-9]*: //" | tail -80 | tee -a "$FIG"
+    ;;
+  compare)
+    export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
+    step compare_bf16 240 $PY bench/python/gpu_compare.py --dtype bf16 --out "$FIG"
+    step compare_fp32_small 120 $PY bench/python/gpu_compare.py --dtype fp32 --B 2 --L 2048 --out "$FIG"
+    ;;
+  train)
+    # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command).
+    for run in "enwik8_small:" "bench_span8k:--span-dist bimodal"; do
+      config=configs/${run%%:*}.json
+      for impl in plain fused; do
+        step "bench ${run%%:*} $impl" 150 "$BUILD/spanformer" --device cuda bench -c "$config" --steps 10 --warmup 3 \
+          ${run#*:} --attn_impl="$impl"
+        grep -E "^bench:" "$LOG" | tail -2 | sed "s|^|${run%%:*} $impl: |" | tee -a "$FIG"
+      done
+    done
+    ;;
+  e2e)
+    # A CUDA training run end to end (configs/demo.json on $DATA): straight through, and stopped half way
+    # then resumed (the two logs' last records must be equal), then the checkpoint evaluated on CUDA
+    # and on the CPU (the same bpc to 1e-4).
+    DATA=${DATA:-$PWD/.gpu/data/dickens3m}
+    run=(--device cuda train -c configs/demo.json --data "$DATA" --nb_steps=200 --eval_interval=100 --quiet)
+    E2E=${E2E:-/tmp/spanformer-e2e}; rm -rf "$E2E"
+    step "train cuda 200 steps" 120 "$BUILD/spanformer" "${run[@]}" -o "$E2E/a"
+    step "train cuda 100 + resume 100" 120 bash -c "'$BUILD/spanformer' ${run[*]} -o '$E2E/b' --stop-after 100 &&
+      '$BUILD/spanformer' ${run[*]} -o '$E2E/b' --resume"
+    $PY - "$E2E/a/log.jsonl" "$E2E/b/log.jsonl" <<'EOF' 2>&1 | tee -a "$FIG" || failed=1
+import json, sys
+a, b = (json.loads(open(p).read().splitlines()[-1]) for p in sys.argv[1:3])
+keys = ["step", "lr", "train_loss", "valid_loss", "span_mean", "span_max"]
+print("e2e: straight run, last record: " + ", ".join(f"{k} {a.get(k)}" for k in keys) + f", {a['tokens_per_s']:.0f} tokens/s")
+same = all(a.get(k) == b.get(k) for k in keys)
+print("e2e: stopped at 100 and resumed: " + ("the same record" if same else "DIFFERENT: " + json.dumps(b)))
+sys.exit(0 if same else 1)
+EOF
+    for device in cuda cpu; do
+      step "eval $device" 120 "$BUILD/spanformer" --device $device eval "$E2E/a/checkpoint.pt" --split test
+      grep -E "^test" "$LOG" | tail -1 | sed "s|^|e2e eval on $device: |" | tee -a "$FIG"
+    done
+    ;;
+  *) echo "unknown stage '$stage' (info build test compare train e2e)"; exit 2 ;;
+  esac
+done
+exit $failed
