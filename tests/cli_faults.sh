@@ -115,13 +115,16 @@ sweep_one() {  # sweep_one FILE: every reading command on a damaged checkpoint
     elif [ "$(grep -c . "$tmp/err")" -eq 1 ]; then errors=$((errors + 1)); else bad "${commands[i]%% *}: $(cat "$tmp/err")"; fi
   done
 }
-for i in $(seq 0 23); do  # truncations at 24 points across the file
-  head -c $(( size * i / 24 )) "$good" > "$tmp/cut.pt"; sweep_one "$tmp/cut.pt"
+# Points per sweep: 12 truncations and 20 flipped bytes in CI (SPANFORMER_FAULT_POINTS=2 doubles both).
+scale=${SPANFORMER_FAULT_POINTS:-1}
+cuts=$(( 12 * scale )); flips=$(( 20 * scale ))
+for i in $(seq 0 $(( cuts - 1 ))); do  # truncations across the file
+  head -c $(( size * i / cuts )) "$good" > "$tmp/cut.pt"; sweep_one "$tmp/cut.pt"
 done
-for i in $(seq 0 39); do  # one flipped byte at 40 points across the file
+for i in $(seq 0 $(( flips - 1 ))); do  # one flipped byte at points across the file
   cp "$good" "$tmp/flip.pt"
   /usr/bin/python3 -c "import sys; p=int(sys.argv[2]); b=bytearray(open(sys.argv[1],'rb').read()); b[p]^=0x5a; open(sys.argv[1],'wb').write(bytes(b))" \
-    "$tmp/flip.pt" $(( (size - 1) * i / 39 ))
+    "$tmp/flip.pt" $(( (size - 1) * i / (flips - 1) ))
   sweep_one "$tmp/flip.pt"
 done
 echo "checkpoint sweep: $cases cases, $errors one-line errors, $identical identical results"
