@@ -81,7 +81,7 @@ bool SeqAttentionImpl::uses_fused_op(int64_t B, int64_t M) const {
     case AttnImpl::kFused: return true;
     case AttnImpl::kAuto: break;
   }
-  // On CUDA the plain path until a kernel beats it: kernel v0 is ~10x slower than the batched products
+  // On CUDA the plain path until a kernel beats it: kernel v0 is 11-19x slower than the batched products
   // (docs/kernels.md, "CUDA").
   if (span->span_ratio.device().is_cuda()) return false;
   // The measured rule (docs/kernels.md, "auto"): the fused op computes the scores over the whole
