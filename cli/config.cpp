@@ -11,7 +11,7 @@ void add_config(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   auto* config = app.add_subcommand("config", "describe configs");
   config->require_subcommand(1);
   auto* keys = config->add_subcommand("keys", "list every key of a family's config: section.key, type, default, help");
-  keys->add_option("--arch", *arch, "adaptive-span | xl | gpt | vit")->capture_default_str()->check(CLI::IsMember({"adaptive-span", "xl", "gpt", "vit"}));
+  keys->add_option("--arch", *arch, "adaptive-span | xl | gpt | vit | seq2seq")->capture_default_str()->check(CLI::IsMember({"adaptive-span", "xl", "gpt", "vit", "seq2seq"}));
   keys->callback([arch, &run] {
     run = [arch] {
       fmt::print("# {} config: {{\"arch\": \"{}\", \"model\": {{...}}, \"train\": {{...}}}}; any key can be given as "

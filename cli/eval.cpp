@@ -51,7 +51,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_flag("--json", o->json, "print one JSON record instead of the text line (run directories also keep it "
                                    "in eval.jsonl either way)");
   cmd->add_option("--nproc-per-node", o->nproc, "split the streams over N local processes (or use torchrun/SLURM variables)");
-  cmd->allow_extras();  // evaluation-protocol overrides, e.g. --eval_mem_len=1600 (Transformer-XL/PAR)
+  cmd->allow_extras();  // evaluation-protocol overrides, e.g. --eval_mem_len=1600 (Transformer-XL/PAR), --beam=5 (seq2seq)
   cmd->callback([cmd, o, g, &run] {
     auto overrides = cmd->remaining();
     run = [o, g, overrides] {
@@ -79,24 +79,27 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
         auto data = family->open_examples(dir);
         if (data::vocab_to_text(data.vocab) != data::vocab_to_text(ck.vocab()))
           fail("{}: its classes differ from the checkpoint's: the model was trained on other data", dir);
-        auto score = family->score_examples(o->split, group ? group->rank() : 0, group ? group->world() : 1);
+        auto score = family->score_examples(o->split, group ? group->rank() : 0, group ? group->world() : 1, /*full=*/true);
         if (group) {
           score.nll_sum = group->all_reduce_sum(score.nll_sum);
           score.correct = group->all_reduce_sum(score.correct);
           score.count = group->all_reduce_sum(score.count);
+          for (auto& v : score.sums) v = group->all_reduce_sum(v);
         }
         if (group && !group->is_main()) return;
         const double accuracy = score.correct / score.count, nll = score.nll_sum / score.count;
         const double seconds = now_seconds() - start;
-        const nlohmann::json record{{"checkpoint", ck.path()}, {"split", o->split}, {"data", dir},
-                                    {"unit", "accuracy"}, {"accuracy", accuracy}, {"nll", nll},
-                                    {data.item, static_cast<int64_t>(score.count)}, {"seconds", seconds},
-                                    {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
+        nlohmann::json record{{"checkpoint", ck.path()}, {"split", o->split}, {"data", dir},
+                              {"unit", "accuracy"}, {"accuracy", accuracy}, {"nll", nll},
+                              {data.scored, static_cast<int64_t>(score.count)}, {"seconds", seconds},
+                              {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
+        std::string extra;
+        family->report_score(score, "", record, extra);
         if (o->json)
           fmt::print("{}\n", record.dump());
         else
-          fmt::print("{} accuracy {:.4f} (error {:.2f}%, nll {:.6f} nats; {} {}; {:.1f} s)\n", o->split, accuracy,
-                     100 * (1 - accuracy), nll, static_cast<int64_t>(score.count), data.item, seconds);
+          fmt::print("{} accuracy {:.4f} (error {:.2f}%, nll {:.6f} nats; {} {}; {:.1f} s){}\n", o->split, accuracy,
+                     100 * (1 - accuracy), nll, static_cast<int64_t>(score.count), data.scored, seconds, extra);
         record_in_run(ck.path(), record);
         return;
       }

@@ -22,6 +22,7 @@ packages=(
   bible-kjv               # the default corpus (King James Bible)
   dataset-fashion-mnist   # Fashion-MNIST (IDX) for the Vision Transformer
   zlib1g-dev              # reading gzip-compressed IDX files
+  libsentencepiece-dev    # subword tokenisation of the translation pairs (seq2seq, by flag)
 )
 $tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch)  # tests (Python checks use /usr/bin/python3), benchmarks
 

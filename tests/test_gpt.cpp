@@ -13,6 +13,7 @@
 #include "spanformer/attention/causal_attention.h"
 #include "spanformer/config/gpt_config.h"
 #include "spanformer/models/gpt.h"
+#include "spanformer/nn/positional.h"
 #include "spanformer/nn/adaptive_span.h"
 #include "spanformer/train/checkpoint.h"
 #include "spanformer/train/family.h"
@@ -277,7 +278,7 @@ TEST(GptModel, KvCacheGenerationEqualsRecomputation) {
 }
 
 TEST(GptModel, SinusoidalTableFollowsTheFormula) {
-  auto table = models::sinusoidal_positions(50, 8);
+  auto table = nn::sinusoidal_positions(50, 8);
   for (int64_t p : {0, 7, 49})
     for (int64_t i = 0; i < 4; ++i) {
       const double angle = static_cast<double>(p) / std::pow(10000.0, 2.0 * static_cast<double>(i) / 8.0);

@@ -117,3 +117,17 @@ TEST(Optim, LinearWarmupThenConstant) {
   c.lr_warmup = 0;
   EXPECT_DOUBLE_EQ(learning_rate(c, 1), 0.07);
 }
+
+// Vaswani et al. (2017) eq. 3: d^-0.5 min(k^-0.5, k w^-1.5); with lr = d^-0.5 w^-0.5 (its peak at k = w)
+// the two forms agree at every k.
+TEST(Optim, InverseSquareRootMatchesThePapersFormula) {
+  TrainConfig c;
+  c.scheduler = spanformer::Schedule::kInverseSqrt;
+  c.lr_warmup = 4000;
+  const double d = 512;
+  c.lr = 1 / std::sqrt(d) / std::sqrt(4000.0);
+  for (int64_t k : {1, 17, 3999, 4000, 4001, 10000, 100000}) {
+    const double paper = std::pow(d, -0.5) * std::min(std::pow(k, -0.5), k * std::pow(4000.0, -1.5));
+    EXPECT_NEAR(learning_rate(c, k), paper, 1e-15) << k;
+  }
+}

@@ -29,12 +29,15 @@ OptimKind parse_optim(const std::string& name) {
   fail("optim must be adagrad, sgd, adam or adamw (got '{}')", name);
 }
 
-const char* schedule_name(Schedule schedule) { return schedule == Schedule::kCosine ? "cosine" : "constant"; }
+const char* schedule_name(Schedule schedule) {
+  return schedule == Schedule::kCosine ? "cosine" : schedule == Schedule::kInverseSqrt ? "inverse_sqrt" : "constant";
+}
 
 Schedule parse_schedule(const std::string& name) {
   if (name == "constant") return Schedule::kConstant;
   if (name == "cosine") return Schedule::kCosine;
-  fail("scheduler must be constant or cosine (got '{}')", name);
+  if (name == "inverse_sqrt") return Schedule::kInverseSqrt;
+  fail("scheduler must be constant, cosine or inverse_sqrt (got '{}')", name);
 }
 
 TrainConfig xl_train_defaults() {
@@ -103,18 +106,22 @@ std::vector<ConfigKey> adaptive_span_config_keys();  // config.cpp
 std::vector<ConfigKey> xl_config_keys();             // xl_config.cpp
 std::vector<ConfigKey> gpt_config_keys();            // gpt_config.cpp
 std::vector<ConfigKey> vit_config_keys();            // vit_config.cpp
+std::vector<ConfigKey> seq2seq_config_keys();        // seq2seq_config.cpp
 
 std::vector<ConfigKey> config_keys(const std::string& arch) {
   if (arch == "adaptive-span") return adaptive_span_config_keys();
   if (arch == "xl") return xl_config_keys();
   if (arch == "gpt") return gpt_config_keys();
   if (arch == "vit") return vit_config_keys();
-  fail("unknown arch '{}' (adaptive-span, xl, gpt or vit)", arch);
+  if (arch == "seq2seq") return seq2seq_config_keys();
+  fail("unknown arch '{}' (adaptive-span, xl, gpt, vit or seq2seq)", arch);
 }
 
 double learning_rate(const TrainConfig& c, int64_t k) {
   if (c.lr_warmup > 0 && k <= c.lr_warmup) return c.lr * static_cast<double>(k) / static_cast<double>(c.lr_warmup);
   if (c.scheduler == Schedule::kConstant) return c.lr;
+  if (c.scheduler == Schedule::kInverseSqrt)
+    return c.lr * std::sqrt(static_cast<double>(std::max<int64_t>(1, c.lr_warmup)) / static_cast<double>(k));
   const double t = std::min(1.0, static_cast<double>(k) / static_cast<double>(c.nb_steps));
   return c.lr_min + (c.lr - c.lr_min) * 0.5 * (1.0 + std::cos(M_PI * t));
 }
@@ -132,7 +139,7 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("adam_beta2", &C::adam_beta2, "adam/adamw second-moment decay"),
       field("lr", &C::lr, "learning rate (after the warmup; see scheduler)"),
       field("lr_min", &C::lr_min, "cosine schedule's floor"),
-      enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name, "after the warmup: constant | cosine"),
+      enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name, "after the warmup: constant | cosine | inverse_sqrt"),
       field("lr_warmup", &C::lr_warmup, "linear warmup updates (0 = none)"),
       field("momentum", &C::momentum, "sgd only"),
       field("grad_clip", &C::grad_clip, "adagrad: per-tensor lr scaling; sgd/adam: global norm (0 = none)"),

@@ -128,8 +128,7 @@ Bleu corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::ve
     while (!trimmed.empty() && is_space(trimmed.back())) trimmed.pop_back();  // sacrebleu's rstrip
     return split_words(tokenize ? tokenize_13a(trimmed) : trimmed);
   };
-  Bleu bleu;
-  BleuStats& st = bleu.stats;
+  BleuStats st;
   for (size_t i = 0; i < hyps.size(); ++i) {
     const auto hyp = words_of(hyps[i]);
     const auto hyp_len = static_cast<int64_t>(hyp.size());
@@ -155,6 +154,13 @@ Bleu corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::ve
       st.total[n - 1] += std::max<int64_t>(0, hyp_len - static_cast<int64_t>(n) + 1);
     }
   }
+  return bleu_from_stats(st);
+}
+
+Bleu bleu_from_stats(const BleuStats& stats) {
+  Bleu bleu;
+  bleu.stats = stats;
+  const BleuStats& st = bleu.stats;
   bleu.brevity_penalty = st.sys_len >= st.ref_len ? 1.0
                          : st.sys_len > 0        ? std::exp(1.0 - static_cast<double>(st.ref_len) / static_cast<double>(st.sys_len))
                                                  : 0.0;

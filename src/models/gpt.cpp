@@ -1,4 +1,5 @@
 #include "spanformer/models/gpt.h"
+#include "spanformer/nn/positional.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
@@ -12,16 +13,6 @@
 #include "spanformer/util/torch_compat.h"
 
 namespace spanformer::models {
-
-torch::Tensor sinusoidal_positions(int64_t T, int64_t H) {
-  auto p = torch::arange(T, torch::kDouble).unsqueeze(1);                          // (T, 1)
-  auto i = torch::arange(0, H, 2, torch::kDouble);                                 // (ceil(H / 2))
-  auto angle = p / torch::pow(10000.0, i / static_cast<double>(H)).unsqueeze(0);    // (T, ceil(H / 2))
-  auto table = torch::zeros({T, H}, torch::kDouble);
-  table.slice(1, 0, H, 2).copy_(torch::sin(angle));
-  table.slice(1, 1, H, 2).copy_(torch::cos(angle).narrow(1, 0, H / 2));
-  return table.to(torch::kFloat);                                                   // (T, H)
-}
 
 GptAttentionImpl::GptAttentionImpl(const GptModelConfig& config, int64_t layer) : config_(config), layer_(layer) {
   const int64_t H = config.d_model;
@@ -220,7 +211,7 @@ GptModelImpl::GptModelImpl(const GptModelConfig& config) : config_(config) {
   if (config.positions == Positions::kLearned) {
     wpe = register_module("wpe", torch::nn::Embedding(T, H));
   } else {
-    sinusoid = register_buffer("sinusoid", sinusoidal_positions(T, H));
+    sinusoid = register_buffer("sinusoid", nn::sinusoidal_positions(T, H));
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t l = 0; l < config.n_layer; ++l) {

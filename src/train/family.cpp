@@ -74,13 +74,14 @@ std::unique_ptr<Family> make_family(const std::string& arch, const nlohmann::jso
   if (arch == "xl") return make_xl_family(config, origin, overrides);
   if (arch == "gpt") return make_gpt_family(config, origin, overrides);
   if (arch == "vit") return make_vit_family(config, origin, overrides);
-  fail("{}: unknown arch '{}' (adaptive-span, xl, gpt or vit)", origin, arch);
+  if (arch == "seq2seq") return make_seq2seq_family(config, origin, overrides);
+  fail("{}: unknown arch '{}' (adaptive-span, xl, gpt, vit or seq2seq)", origin, arch);
 }
 
 std::string arch_of(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
   if (!j.contains("arch")) return "adaptive-span";
-  if (!j["arch"].is_string()) fail("{}: arch must be a string (adaptive-span, xl, gpt or vit)", origin);
+  if (!j["arch"].is_string()) fail("{}: arch must be a string (adaptive-span, xl, gpt, vit or seq2seq)", origin);
   return j["arch"].get<std::string>();
 }
 
@@ -111,6 +112,7 @@ std::unique_ptr<Family> family_from_checkpoint(const Checkpoint& checkpoint, con
     }
   }
   family->validate();
+  family->set_vocabulary(checkpoint.vocab());
   family->build();
   family->load_weights(checkpoint);  // refuses overrides that change the model
   return family;

@@ -237,6 +237,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
       if (e != epoch_drawn) {
         auto generator = at::detail::createCPUGenerator(tc.seed * 1000003ULL + static_cast<uint64_t>(e));
         epoch_order = torch::randperm(example_data.train_size, generator, torch::kLong);
+        family.arrange_epoch(epoch_order, B, generator);
         epoch_drawn = e;
       }
       const int64_t* order = epoch_order.data_ptr<int64_t>() + j * B + first;
@@ -278,15 +279,18 @@ RunResult run_training(Family& family, const RunOptions& options) {
     if (state.step % tc.eval_interval == 0 || state.step == tc.nb_steps) {
       const double interval_seconds = now_seconds() - interval_start;
       double valid_nll = 0, valid_accuracy = -1;
+      ExampleScore valid_score;
       if (examples) {
         auto score = family.score_examples("valid", rank, world);
         if (group) {
           score.nll_sum = group->all_reduce_sum(score.nll_sum);
           score.correct = group->all_reduce_sum(score.correct);
           score.count = group->all_reduce_sum(score.count);
+          for (auto& v : score.sums) v = group->all_reduce_sum(v);
         }
         valid_nll = score.nll_sum / score.count;
         valid_accuracy = score.correct / score.count;
+        valid_score = std::move(score);
       } else {
         valid_nll = family.validate(*corpus.valid, B, first, local, state.valid_pos);
         if (group) valid_nll = group->all_reduce_sum(valid_nll) / static_cast<double>(world);  // equal shares
@@ -323,6 +327,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
         interval_collective = group->collective_seconds();
       }
       std::string extra;
+      if (examples) family.report_score(valid_score, "valid_", record, extra);
       family.log_extras(state.step, record, extra);
       if (main_rank) log << record.dump() << std::endl;
       if (main_rank && options.progress)

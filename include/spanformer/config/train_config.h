@@ -7,6 +7,8 @@
 //   k <= lr_warmup:  lr * k / lr_warmup
 //   constant:        lr
 //   cosine:          lr_min + (lr - lr_min) (1 + cos(pi min(1, k / nb_steps))) / 2
+//   inverse_sqrt:    lr sqrt(max(1, lr_warmup) / k)      (Vaswani et al. 2017, eq. 3, with lr the peak:
+//                    d_model^-0.5 lr_warmup^-0.5 in the paper's units)
 #pragma once
 #include <nlohmann/json.hpp>
 #include <cstdint>
@@ -16,7 +18,7 @@
 namespace spanformer {
 
 enum class OptimKind { kAdagrad, kSgd, kAdam, kAdamW };
-enum class Schedule { kConstant, kCosine };
+enum class Schedule { kConstant, kCosine, kInverseSqrt };
 
 const char* optim_name(OptimKind kind);
 OptimKind parse_optim(const std::string& name);  // one-line error naming the choices
@@ -70,6 +72,8 @@ TrainConfig xl_train_defaults();
 TrainConfig gpt_train_defaults();
 // The ViT family's defaults (AdamW, warmup + cosine decay; config/vit_config.h).
 TrainConfig vit_train_defaults();
+// The seq2seq family's defaults (Adam beta2 0.98, warmup + inverse square root; config/seq2seq_config.h).
+TrainConfig seq2seq_train_defaults();
 
 // Throws Error naming the first invalid value.
 void validate(const TrainConfig& config);

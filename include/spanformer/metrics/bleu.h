@@ -40,5 +40,7 @@ struct Bleu {
 // sacrebleu's layout). Lines are tokenised with 13a unless `tokenize` is false (then split at spaces).
 Bleu corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::vector<std::string>>& refs,
                  bool tokenize = true);
+// The score of corpus statistics (sums of several parts' stats: BLEU of a split scored by processes).
+Bleu bleu_from_stats(const BleuStats& stats);
 
 }  // namespace spanformer::metrics

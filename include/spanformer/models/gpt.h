@@ -131,7 +131,5 @@ class GptModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptModel);
 
-// The sinusoidal table of Vaswani et al. (2017): P[p, 2i] = sin(p / 10000^(2i / H)), P[p, 2i + 1] = cos(..).
-torch::Tensor sinusoidal_positions(int64_t T, int64_t H);
 
 }  // namespace spanformer::models

@@ -11,6 +11,7 @@
 // A family owns its config, its model, its optimizers and its recurrent training state (caches or
 // memories carried from block to block). The Runner calls it through this interface only.
 #pragma once
+#include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 
 #include <functional>
@@ -60,6 +61,7 @@ struct ExampleData {
   int64_t train_size = 0, valid_size = 0;
   std::string train_fingerprint, valid_fingerprint;  // what a resumed run checks its data against
   std::string item = "examples";     // what the speed counts ("images": images_per_s)
+  std::string scored = "examples";   // what a score's count counts (seq2seq: target tokens)
 };
 
 // Scores summed over examples, so that processes' shares add up.
@@ -67,6 +69,7 @@ struct ExampleScore {
   double nll_sum = 0;   // nats
   double correct = 0;   // examples (or tokens) predicted right
   double count = 0;     // examples (or tokens) scored
+  std::vector<double> sums;  // further additive figures the family defines (seq2seq: BLEU statistics)
 };
 
 // Full-evaluation result, in nats; `unit` figures derive from it.
@@ -93,6 +96,12 @@ struct SampleRequest {
   std::function<void(const std::string&)> on_text;
 };
 
+// `spanformer translate`: decoding options (-1: the config's).
+struct TranslateRequest {
+  int64_t beam = -1;
+  double length_penalty = -1;
+};
+
 struct BenchRequest {
   bool eval = false;            // forward only, no gradients
   bool generate = false;        // GPT: tokens/s of generation with and without the KV cache
@@ -108,7 +117,8 @@ struct BenchRequest {
 
 // `spanformer attention`: a picture of what a model attends to.
 struct AttentionRequest {
-  std::vector<int64_t> images;  // ViT: indices into `split` of the image set
+  std::vector<int64_t> indices;  // images (ViT) or sentence pairs (seq2seq) of `split`
+  std::vector<std::string> texts;  // seq2seq: source sentences
   std::string split = "test";
   int64_t layer = -1, head = -1;  // -1: every layer by attention rollout / the heads' mean
   std::string out;              // PNG
@@ -125,6 +135,8 @@ class Family {
   // The data's vocabulary size: fills a 0 vocab_size, refuses another.
   virtual void set_vocab_size(int64_t V, const std::string& origin) = 0;
   virtual void validate() const = 0;
+  // The vocabulary of the checkpoint the family is read from (families that map text themselves keep it).
+  virtual void set_vocabulary(const data::Vocab& vocab) { (void)vocab; }
   // Names the first model difference with a checkpoint's config ("" when the weights fit).
   virtual std::string model_difference(const nlohmann::json& checkpoint_config) const = 0;
 
@@ -162,8 +174,20 @@ class Family {
   virtual std::pair<torch::Tensor, torch::Tensor> example_batch(const std::vector<int64_t>& ids, torch::Device device) {
     unsupported("example data");
   }
-  // Scores of part `part` of `parts` equal shares of a split (train | valid | test) of the open data.
-  virtual ExampleScore score_examples(const std::string& split, int64_t part, int64_t parts) { unsupported("example data"); }
+  // Scores of part `part` of `parts` equal shares of a split (train | valid | test) of the open data:
+  // `full` for the complete protocol of `eval` (seq2seq: beam search), else training's quick one.
+  virtual ExampleScore score_examples(const std::string& split, int64_t part, int64_t parts, bool full = false) {
+    unsupported("example data");
+  }
+  // Figures derived from a (summed) score, added to the record and the text line (seq2seq: BLEU).
+  virtual void report_score(const ExampleScore& score, const std::string& prefix, nlohmann::json& record, std::string& text) {
+    (void)score, (void)prefix, (void)record, (void)text;
+  }
+  // Reorders an epoch's permutation of the training examples (n) before it is cut into batches of
+  // `batch` (seq2seq: length buckets); draws only from `generator`, so a resumed run gets the same order.
+  virtual void arrange_epoch(torch::Tensor& order, int64_t batch, at::Generator& generator) {
+    (void)order, (void)batch, (void)generator;
+  }
 
   // Fields added to each log record and the progress line (spans, temperatures ...).
   virtual void log_extras(int64_t step, nlohmann::json& record, std::string& text) { (void)step, (void)record, (void)text; }
@@ -177,6 +201,10 @@ class Family {
   virtual int64_t span_ramp() const { return 0; }
   // Draws `request` (families that have no picture yet say so in one line).
   virtual void draw_attention(const AttentionRequest& request) { unsupported("attention pictures yet"); }
+  // Translations of source sentences (seq2seq).
+  virtual std::vector<std::string> translate(const std::vector<std::string>& sentences, const TranslateRequest& request) {
+    unsupported("translation");
+  }
   // Prints the figures of `spanformer bench` (random tokens); builds the model itself.
   virtual void bench(const BenchRequest& request) = 0;
   // Weights from / to another implementation's format (`kind`, e.g. "adaptive-span": the Python

@@ -18,6 +18,8 @@ std::unique_ptr<Family> make_gpt_family(const nlohmann::json& config, const std:
                                         const std::vector<std::string>& overrides);
 std::unique_ptr<Family> make_vit_family(const nlohmann::json& config, const std::string& origin,
                                         const std::vector<std::string>& overrides);
+std::unique_ptr<Family> make_seq2seq_family(const nlohmann::json& config, const std::string& origin,
+                                            const std::vector<std::string>& overrides);
 
 // A prompt as token ids: bytes of a byte vocabulary, whitespace-separated words of a word vocabulary
 // (unknown words become <unk> when the vocabulary has it, else are skipped). Never empty: <eos> or id 0.

@@ -72,6 +72,7 @@ class VitFamily : public Family {
     out.train_fingerprint = data_->train.fingerprint;
     out.valid_fingerprint = data_->valid.fingerprint;
     out.item = "images";
+    out.scored = "images";
     return out;
   }
 
@@ -101,7 +102,7 @@ class VitFamily : public Family {
     unsupported("token-stream validation");
   }
 
-  ExampleScore score_examples(const std::string& split_name, int64_t part, int64_t parts) override {
+  ExampleScore score_examples(const std::string& split_name, int64_t part, int64_t parts, bool) override {
     if (!data_) fail("vit: no image set is open");
     const auto& split = data_->split(split_name);
     const int64_t n = split.images.size(0), begin = part * n / parts, end = (part + 1) * n / parts;
@@ -127,14 +128,14 @@ class VitFamily : public Family {
     if (!data_) open_examples(config_.train.data);
     const auto& split = data_->split(r.split);
     const int64_t n = split.images.size(0);
-    if (r.images.empty()) fail("attention: name images with --image (indices into the {} split)", r.split);
+    if (r.indices.empty()) fail("attention: name images with --image (indices into the {} split)", r.split);
     if (r.layer >= config_.model.n_layer || r.layer < -1)
       fail("attention: --layer must be in [0, {}) (got {})", config_.model.n_layer, r.layer);
     if (r.head >= config_.model.n_head || r.head < -1)
       fail("attention: --head must be in [0, {}) (got {})", config_.model.n_head, r.head);
     if (r.head >= 0 && r.layer < 0) fail("attention: --head needs --layer (the rollout mixes every head)");
     std::vector<int64_t> ids;
-    for (int64_t i : r.images) {
+    for (int64_t i : r.indices) {
       if (i < 0 || i >= n) fail("attention: image {} is outside the {} split (0 .. {})", i, r.split, n - 1);
       ids.push_back(i);
     }

@@ -1,0 +1,185 @@
+#include "spanformer/config/seq2seq_config.h"
+
+#include "spanformer/util/error.h"
+#include "train_fields.h"
+
+namespace spanformer {
+namespace {
+
+using nlohmann::json;
+using config_detail::Field;
+using config_detail::field;
+using config_detail::read_section;
+using config_detail::struct_to_json;
+
+const std::vector<Field<Seq2SeqModelConfig>>& model_fields() {
+  using C = Seq2SeqModelConfig;
+  static const std::vector<Field<C>> fields = {
+      config_detail::enum_field("kind", &C::kind, parse_seq2seq_kind, seq2seq_kind_name,
+                                "gru (no attention) | bahdanau | luong | transformer"),
+      field("vocab_size", &C::vocab_size, "V, the joint vocabulary; taken from the data when 0"),
+      field("target_vocab", &C::target_vocab, "Vt, the decoder's outputs (ids below it); taken from the data when 0"),
+      field("d_model", &C::d_model, "H: embeddings and hidden states"),
+      field("n_layer", &C::n_layer, "GRU layers, or encoder blocks and decoder blocks each"),
+      field("n_head", &C::n_head, "K, attention heads (transformer)"),
+      field("d_inner", &C::d_inner, "I, feed-forward width (transformer; 0 = 4 d_model)"),
+      field("dropout", &C::dropout, "embeddings, recurrent layers' outputs, residual branches, attention weights"),
+      config_detail::enum_field("score", &C::score, attention::parse_score_kind, attention::score_kind_name,
+                                "luong: dot | general"),
+      field("input_feeding", &C::input_feeding, "luong: the previous attentional vector joins the input"),
+      field("pre_norm", &C::pre_norm, "transformer: LayerNorm before each sublayer (false: post-norm, the paper's)"),
+      field("share_embeddings", &C::share_embeddings, "one table for source, target and output"),
+      field("max_positions", &C::max_positions, "transformer: longest sequence (sinusoidal table, no weights)"),
+      field("label_smoothing", &C::label_smoothing, "training loss smoothing (the logged NLL is unsmoothed)"),
+      field("beam", &C::beam, "decoding: beam width (1 = greedy)"),
+      field("length_penalty", &C::length_penalty, "decoding: alpha of ((5 + |y|) / 6)^alpha"),
+      field("max_extra", &C::max_extra, "decoding: at most source length + max_extra tokens"),
+  };
+  return fields;
+}
+
+const std::vector<Field<data::PairsOptions>>& data_fields() {
+  using C = data::PairsOptions;
+  static const std::vector<Field<C>> fields = {
+      field("source_column", &C::source_column, "tab-separated field of the source (fra.txt: 1 = French)"),
+      field("target_column", &C::target_column, "field of the target (fra.txt: 0 = English)"),
+      field("lowercase", &C::lowercase, "lower-case both sides"),
+      field("max_length", &C::max_length, "keep pairs of at most this many tokens a side"),
+      field("min_freq", &C::min_freq, "training words seen fewer times become <unk>"),
+      field("valid_pairs", &C::valid_pairs, "pairs held out for validation"),
+      field("test_pairs", &C::test_pairs, "pairs held out for the test (eval)"),
+      field("split_seed", &C::split_seed, "seed of the split's shuffle (independent of train.seed)"),
+  };
+  return fields;
+}
+
+}  // namespace
+
+const char* seq2seq_kind_name(Seq2SeqKind kind) {
+  switch (kind) {
+    case Seq2SeqKind::kGru: return "gru";
+    case Seq2SeqKind::kBahdanau: return "bahdanau";
+    case Seq2SeqKind::kLuong: return "luong";
+    case Seq2SeqKind::kTransformer: return "transformer";
+  }
+  return "?";
+}
+
+Seq2SeqKind parse_seq2seq_kind(const std::string& name) {
+  for (auto k : {Seq2SeqKind::kGru, Seq2SeqKind::kBahdanau, Seq2SeqKind::kLuong, Seq2SeqKind::kTransformer})
+    if (name == seq2seq_kind_name(k)) return k;
+  fail("kind must be gru, bahdanau, luong or transformer (got '{}')", name);
+}
+
+TrainConfig seq2seq_train_defaults() {
+  TrainConfig t;
+  t.data = "../shared/data/fra-eng/fra.txt";
+  t.batch_size = 128;
+  t.optim = OptimKind::kAdam;
+  t.adam_beta2 = 0.98;
+  t.lr = 1e-3;
+  t.scheduler = Schedule::kInverseSqrt;
+  t.lr_warmup = 1000;
+  t.grad_clip = 1.0;
+  t.nb_steps = 10000;
+  t.eval_interval = 500;
+  t.eval_batch_size = 250;
+  return t;
+}
+
+std::vector<ConfigKey> seq2seq_config_keys() {
+  std::vector<ConfigKey> keys;
+  const Seq2SeqConfig defaults;
+  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "data", defaults.data, data_fields());
+  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
+  return keys;
+}
+
+json to_json(const Seq2SeqConfig& config) {
+  return json{{"arch", "seq2seq"},
+              {"model", struct_to_json(config.model, model_fields())},
+              {"data", struct_to_json(config.data, data_fields())},
+              {"train", struct_to_json(config.train, config_detail::train_fields())}};
+}
+
+Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
+  if (!j.contains("arch") || j["arch"] != "seq2seq") fail("{}: not a seq2seq config (\"arch\": \"seq2seq\" missing)", origin);
+  Seq2SeqConfig config;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      read_section(config.model, value, model_fields(), "model", origin);
+    } else if (key == "data") {
+      read_section(config.data, value, data_fields(), "data", origin);
+    } else if (key == "train") {
+      config_detail::read_train_section(config.train, value, origin);
+    } else if (key != "arch" && key != "description") {
+      fail("{}: unknown config section '{}' (expected 'model', 'data' and 'train')", origin, key);
+    }
+  }
+  return config;
+}
+
+void apply_overrides(Seq2SeqConfig& config, const std::vector<std::string>& overrides) {
+  for (const auto& item : overrides) {
+    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
+    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+        !config_detail::set_override(config.data, data_fields(), "data", o) &&
+        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
+      fail("unknown config key '{}' in override '{}'", o.key, o.item);
+  }
+}
+
+void validate(const Seq2SeqModelConfig& c) {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
+  };
+  positive("d_model", c.d_model);
+  positive("n_layer", c.n_layer);
+  positive("n_head", c.n_head);
+  positive("max_positions", c.max_positions);
+  positive("beam", c.beam);
+  if (c.vocab_size < 0 || c.target_vocab < 0 || c.target_vocab > c.vocab_size)
+    fail("config: need 0 <= target_vocab <= vocab_size (got {} and {})", c.target_vocab, c.vocab_size);
+  if (c.vocab_size > 0 && c.target_vocab <= data::kEosId)
+    fail("config: target_vocab must hold the four special tokens (got {})", c.target_vocab);
+  if (c.d_inner < 0) fail("config: d_inner must be >= 0 (0 = 4 d_model; got {})", c.d_inner);
+  if (c.max_extra < 0) fail("config: max_extra must be >= 0 (got {})", c.max_extra);
+  if (c.kind == Seq2SeqKind::kTransformer && c.d_model % c.n_head != 0)
+    fail("config: d_model ({}) must be a multiple of n_head ({})", c.d_model, c.n_head);
+  if (c.kind == Seq2SeqKind::kTransformer && c.d_model % 2 != 0)
+    fail("config: d_model must be even for sinusoidal positions (got {})", c.d_model);
+  if (c.kind == Seq2SeqKind::kLuong && c.score != attention::ScoreKind::kDot && c.score != attention::ScoreKind::kGeneral)
+    fail("config: luong attention scores with dot or general (got {})", attention::score_kind_name(c.score));
+  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
+  if (!(c.label_smoothing >= 0 && c.label_smoothing < 1))
+    fail("config: label_smoothing must be in [0, 1) (got {})", c.label_smoothing);
+  if (!(c.length_penalty >= 0 && c.length_penalty <= 10))
+    fail("config: length_penalty must be in [0, 10] (got {})", c.length_penalty);
+  const double H = static_cast<double>(c.d_model), L = static_cast<double>(c.n_layer);
+  const double per_layer = c.recurrent() ? 2 * 3 * 2 * H * H : 2 * (4 * H * H + 2 * H * static_cast<double>(c.inner_dim())) + 4 * H * H;
+  check_model_fits(L * per_layer + 3 * static_cast<double>(c.vocab_size) * H);
+}
+
+void validate(const Seq2SeqConfig& config) {
+  validate(config.model);
+  validate(config.train);
+  if (config.data.max_length + 2 > config.model.max_positions && !config.model.recurrent())
+    fail("config: data.max_length + 2 ({}) exceeds model.max_positions ({})", config.data.max_length + 2,
+         config.model.max_positions);
+}
+
+std::string seq2seq_model_difference(const Seq2SeqModelConfig& a, const Seq2SeqModelConfig& b) {
+  auto ja = struct_to_json(a, model_fields()), jb = struct_to_json(b, model_fields());
+  for (const auto& [key, value] : ja.items()) {
+    if (key == "dropout" || key == "label_smoothing" || key == "beam" || key == "length_penalty" || key == "max_extra" ||
+        key == "max_positions")
+      continue;  // how it trains or decodes, not what it is
+    if (key == "score" && a.kind != Seq2SeqKind::kLuong) continue;
+    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
+  }
+  return "";
+}
+
+}  // namespace spanformer

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The seq2seq family through the engine's commands: training with a stop and resume, eval with BLEU,
+# translate (text, file), alignment pictures, bench, on a synthetic word-for-word language that a tiny
+# Transformer learns in a few hundred steps (so BLEU must be high), then a short run on the real
+# French-English pairs; and the user mistakes (one line, non-zero exit).
+set -euo pipefail
+bin="$1"; src="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+expect_error() {
+  if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
+  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err"; then
+    echo "FAIL: $* -> $(cat "$tmp/err")"; exit 1
+  fi
+}
+
+/usr/bin/python3 - "$tmp/pairs.txt" <<'PY'
+import random, sys
+random.seed(4)
+en = "i you we see like the a cat dog house red big small".split()
+fr = "je tu nous vois aime le un chat chien maison rouge grand petit".split()
+with open(sys.argv[1], "w") as f:
+    for _ in range(3000):
+        idx = [random.randrange(len(en)) for _ in range(random.randint(1, 6))]
+        f.write(" ".join(en[i] for i in idx).capitalize() + ".\t" + " ".join(fr[i] for i in idx).capitalize() + " .\n")
+PY
+cfg="$src/configs/seq2seq/transformer.json"
+small=(--data "$tmp/pairs.txt" --d_model=32 --n_layer=1 --n_head=2 --d_inner=64 --dropout=0 --max_length=8
+       --valid_pairs=200 --test_pairs=200 --batch_size=32 --nb_steps=300 --eval_interval=150 --lr_warmup=30
+       --lr=3e-3 --eval_batch_size=100 --threads=2)
+"$bin" config keys --arch seq2seq | grep "model.kind" > /dev/null
+"$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}" --stop-after 100 --quiet > /dev/null
+"$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}" --resume --quiet | tee "$tmp/train.out"
+grep "trained 300 steps" "$tmp/train.out" > /dev/null
+/usr/bin/python3 - "$tmp/tf/log.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [150, 300], rows
+assert rows[-1]["valid_loss"] < rows[0]["valid_loss"] and rows[-1]["valid_bleu"] > 50, rows
+assert all(r["target_tokens_per_s"] > 0 and r["pairs_per_s"] > 0 for r in rows), rows
+PY
+"$bin" eval "$tmp/tf" --json > "$tmp/eval.json"
+"$bin" eval "$tmp/tf" --split valid --beam=1 --json > "$tmp/valid.json"
+/usr/bin/python3 - "$tmp/eval.json" "$tmp/valid.json" "$tmp/tf/log.jsonl" <<'PY'
+import json, sys
+test, valid = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+last = [json.loads(l) for l in open(sys.argv[3])][-1]
+assert test["split"] == "test" and test["target_tokens"] > 200 and test["bleu"] > 50, test
+assert test["bleu_text"].startswith("BLEU "), test
+# greedy on the valid split: the command and the training run's validation agree
+assert abs(valid["bleu"] - last["valid_bleu"]) < 1e-9 and abs(valid["nll"] - last["valid_loss"]) < 1e-9, (valid, last)
+PY
+"$bin" translate "$tmp/tf" --text "Je vois le chat ." --text "Nous aimons" > "$tmp/out.txt"
+test "$(wc -l < "$tmp/out.txt")" -eq 2
+grep "^i see the cat\.$" "$tmp/out.txt" > /dev/null
+printf 'Tu vois un chien rouge .\n\nLe chat .\n' > "$tmp/in.txt"
+"$bin" translate "$tmp/tf" --file "$tmp/in.txt" --beam 1 --out "$tmp/translated.txt" 2> /dev/null
+test "$(wc -l < "$tmp/translated.txt")" -eq 3 && test -z "$(sed -n 2p "$tmp/translated.txt")"
+grep "^you see a red dog\.$" "$tmp/translated.txt" > /dev/null
+"$bin" attention "$tmp/tf" --text "Je vois le chat ." --out "$tmp/align.png" | grep "i see the cat" > /dev/null
+"$bin" attention "$tmp/tf" --pair 0 3 --layer 0 --head 1 --out "$tmp/head.png" | grep "reference:" > /dev/null
+test -s "$tmp/align.png" && test -s "$tmp/head.png"
+"$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 | grep "target tokens/s" > /dev/null
+
+# The recurrent kinds run through the same commands.
+for kind in gru bahdanau luong; do
+  "$bin" train -c "$src/configs/seq2seq/$kind.json" --out "$tmp/$kind" "${small[@]}" --nb_steps=20 --eval_interval=20 --quiet > /dev/null
+  "$bin" translate "$tmp/$kind" --text "Le chat ." > /dev/null
+done
+"$bin" attention "$tmp/luong" --text "Le chat ." --out "$tmp/luong.png" > /dev/null
+expect_error "$bin" attention "$tmp/gru" --text "Le chat ." --out "$tmp/gru.png"
+expect_error "$bin" train -c "$src/configs/seq2seq/luong.json" --out "$tmp/bad" "${small[@]}" --score=additive
+
+expect_error "$bin" translate "$tmp/tf"
+expect_error "$bin" translate "$tmp/tf" --text "x" --file "$tmp/in.txt"
+expect_error "$bin" translate "$tmp/tf" --text "Le chat ." --beam 0
+expect_error "$bin" translate "$tmp/tf" --file "$tmp/missing.txt"
+expect_error "$bin" translate "$tmp/tf" --text "   ."  --beam -3
+expect_error "$bin" attention "$tmp/tf" --pair 200
+expect_error "$bin" attention "$tmp/tf" --text "Le chat ." --layer 1
+expect_error "$bin" eval "$tmp/tf" --split dev
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --kind=lstm
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --data "$tmp/missing.txt"
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --test_pairs=3000
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --d_model=33
+expect_error "$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}"    # would overwrite the run
+
+# The real pairs (../shared/data/fra-eng): the file and config as the README's command reads them.
+fra="$src/../shared/data/fra-eng/fra.txt"
+if [ ! -f "$fra" ]; then echo "cli seq2seq: synthetic runs passed; fra-eng skipped (../shared/data missing)"; exit 0; fi
+"$bin" train -c "$cfg" --out "$tmp/fra" --data "$fra" --d_model=32 --n_layer=1 --n_head=2 --d_inner=64 --batch_size=32 \
+  --nb_steps=10 --eval_interval=10 --valid_pairs=100 --threads=2 --quiet | grep "trained 10 steps" > /dev/null
+grep '"valid_bleu"' "$tmp/fra/log.jsonl" > /dev/null
+"$bin" translate "$tmp/fra" --text "Il fait beau aujourd'hui." --beam 2 > /dev/null
