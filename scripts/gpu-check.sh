@@ -71,9 +71,10 @@ EOF
     prefix=$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)')
     pictures=OFF; pkg-config --exists cairo && pictures=ON
     zip=OFF; pkg-config --exists libzip && zip=ON
+    sp=OFF; pkg-config --exists sentencepiece && sp=ON
     step configure 180 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=ON \
       -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90 -DSPANFORMER_BENCH=OFF \
-      -DSPANFORMER_PICTURES=$pictures -DSPANFORMER_ZIP=$zip -DSPANFORMER_SHARED_DIR="$SHARED" || break
+      -DSPANFORMER_PICTURES=$pictures -DSPANFORMER_ZIP=$zip -DSPANFORMER_SENTENCEPIECE=$sp -DSPANFORMER_SHARED_DIR="$SHARED" || break
     step build 480 ninja -C "$BUILD" -j "$JOBS" -k 0 spanformer_cli spanformer_tests spanformer_torch_ops || {
       grep -E "error|FAILED" "$LOG" | head -60
       break

@@ -24,6 +24,9 @@ test "$(wc -c < "$tmp/gen1")" -ge 70
 "$bin" spans "$tmp/run" --out "$tmp/spans.png" | tee "$tmp/spans.out"
 grep -q "layer  1" "$tmp/spans.out"
 head -c 8 "$tmp/spans.png" | od -An -c | grep "P   N   G" > /dev/null
+"$bin" attention "$tmp/run" --text "It was the best of times, it was the worst of times" --layer 1 --head 0 \
+  -o "$tmp/att.png" | grep "drawn over distances" > /dev/null
+head -c 8 "$tmp/att.png" | od -An -c | grep "P   N   G" > /dev/null
 "$bin" bench -c "$tmp/c.json" --steps 2 --warmup 1 | grep "tokens/s" > /dev/null
 
 # Distributed evaluation over two local processes gives the same figure.

@@ -43,6 +43,15 @@ done
 diff <("$bin" eval "$tmp/dense" | sed 's/; [0-9.]* s)//') <("$bin" eval "$tmp/dense" --attention=flash | sed 's/; [0-9.]* s)//')
 "$bin" eval "$tmp/lsh" --split test --lsh_hashes=4 | grep "^test bpc" > /dev/null
 "$bin" spans "$tmp/adaptive_span" -o "$tmp/spans.png" | grep "layer  1" > /dev/null
+# Attention pictures of a text: the window model weighs distances 0 .. 15 only; lsh has no one matrix.
+"$bin" attention "$tmp/window" --text "It was the best of times, it was the worst of times, it was the age" \
+  -o "$tmp/att.png" | grep "over distances 0 .. 15 in" > /dev/null
+"$bin" attention "$tmp/dense" --text "It was the best of times" --layer 0 -o "$tmp/att_heads.png" > /dev/null
+test -s "$tmp/att.png" && test -s "$tmp/att_heads.png"
+if "$bin" attention "$tmp/lsh" --text "It was" -o "$tmp/x.png" 2> "$tmp/err"; then echo "FAIL: lsh picture"; exit 1; fi
+test "$(grep -c . "$tmp/err")" -eq 1 && grep -q "lsh attention has no one weight matrix" "$tmp/err"
+if "$bin" attention "$tmp/dense" --text "It was" --layer 9 -o "$tmp/x.png" 2> "$tmp/err"; then echo "FAIL: --layer 9"; exit 1; fi
+grep -q "layer must be in" "$tmp/err"
 test -s "$tmp/spans.png"
 "$bin" spans "$tmp/dense" -o "$tmp/none.png" 2> "$tmp/err" && exit 1
 grep -q "^spanformer: error: " "$tmp/err"

@@ -2,7 +2,7 @@
 # The seq2seq family through the engine's commands: training with a stop and resume, eval with BLEU,
 # translate (text, file), alignment pictures, bench, on a synthetic word-for-word language that a tiny
 # Transformer learns in a few hundred steps (so BLEU must be high), then a short run on the real
-# French-English pairs; and the user mistakes (one line, non-zero exit).
+# French-English pairs; SentencePiece subwords; and the user mistakes (one line, non-zero exit).
 set -euo pipefail
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
@@ -70,6 +70,22 @@ done
 "$bin" attention "$tmp/luong" --text "Le chat ." --out "$tmp/luong.png" > /dev/null
 expect_error "$bin" attention "$tmp/gru" --text "Le chat ." --out "$tmp/gru.png"
 expect_error "$bin" train -c "$src/configs/seq2seq/luong.json" --out "$tmp/bad" "${small[@]}" --score=additive
+
+# SentencePiece subwords by flag: a stopped and resumed run, then translation from the checkpoint alone
+# (the pairs file gone), the same through an exported and re-imported safetensors file.
+sp=(--tokenizer=sentencepiece --subword_vocab=48 --nb_steps=20 --eval_interval=10)
+cp "$tmp/pairs.txt" "$tmp/sp_pairs.txt"
+sp_small=("${small[@]/pairs.txt/sp_pairs.txt}")  # --data names the copy
+"$bin" train -c "$cfg" --out "$tmp/sp" "${sp_small[@]}" "${sp[@]}" --stop-after 10 --quiet > /dev/null
+"$bin" train -c "$cfg" --out "$tmp/sp" "${sp_small[@]}" "${sp[@]}" --resume --quiet | grep "trained 20 steps" > /dev/null
+"$bin" eval "$tmp/sp" --beam=1 --json | grep '"bleu"' > /dev/null
+rm "$tmp/sp_pairs.txt"
+"$bin" translate "$tmp/sp" --text "Je vois le chat ." --beam 1 > "$tmp/sp.txt"
+"$bin" export safetensors "$tmp/sp" -o "$tmp/sp.safetensors" > /dev/null
+"$bin" import safetensors "$tmp/sp.safetensors" -o "$tmp/sp_again.pt" > /dev/null
+"$bin" translate "$tmp/sp_again.pt" --text "Je vois le chat ." --beam 1 | cmp - "$tmp/sp.txt"
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --tokenizer=bytes
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --tokenizer=sentencepiece --subword_vocab=8
 
 expect_error "$bin" translate "$tmp/tf"
 expect_error "$bin" translate "$tmp/tf" --text "x" --file "$tmp/in.txt"

@@ -64,6 +64,8 @@ test "$(grep -c '^layer' "$tmp/spans.out")" -eq 2
 head -c 8 "$tmp/span.png" | od -An -c | grep "P   N   G" > /dev/null
 "$bin" eval "$tmp/span" --split test | grep "^test ppl" > /dev/null
 "$bin" generate "$tmp/span" --prompt "the" --tokens 5 --seed 1 > /dev/null
+"$bin" attention "$tmp/span" --text "the game 's first season was played in the" -o "$tmp/att.png" | grep "drawn over" > /dev/null
+"$bin" attention "$tmp/txl" --text "the game 's first season" --layer 1 --head 0 -o "$tmp/att1.png" | grep "drawn over" > /dev/null
 if "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e10" --adapt_span=true --ext_len=4 2> "$tmp/err"; then
   echo "FAIL: ext_len with adapt_span accepted"; exit 1; fi
 grep -q "ext_len > 0 with adapt_span is not supported" "$tmp/err"

@@ -1,5 +1,6 @@
 // The GPT family (issue 12): each causal attention against an independent loop oracle in double
-// precision, the fused tiles against the plain composition (values and every gradient, spans
+// precision (and the weights attention pictures record, attention/record.h), the fused tiles against
+// the plain composition (values and every gradient, spans
 // included), causality, KV-cache generation against recomputation, the sliding-window evaluation
 // against a direct computation, AdamW's update, and training on the engine (resume bit for bit).
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 
 #include "spanformer/attention/causal_attention.h"
+#include "spanformer/attention/record.h"
 #include "spanformer/config/gpt_config.h"
 #include "spanformer/models/gpt.h"
 #include "spanformer/nn/positional.h"
@@ -54,9 +56,12 @@ bool sparse_allowed(const Case& c, int64_t h, int64_t K, int64_t i, int64_t j) {
 
 // out[b, h, i] = sum_j w_ij v_j with w_ij = m(d) exp(s_ij) / sum_l m(d_il) exp(s_il), written as loops
 // over every (query, key) pair from the formulas in attention/causal_attention.h.
-at::Tensor loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Case& c, int64_t R) {
+// `weights`, when given, receives w (B, K, N, C).
+at::Tensor loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Case& c, int64_t R,
+                          at::Tensor* weights = nullptr) {
   const int64_t B = q.size(0), K = q.size(1), N = q.size(2), C = k.size(2), D = q.size(3);
   auto out = at::zeros_like(q);
+  if (weights) *weights = at::zeros({B, K, N, C}, q.options());
   auto qa = q.accessor<double, 4>(), ka = k.accessor<double, 4>(), va = v.accessor<double, 4>();
   auto oa = out.accessor<double, 4>();
   for (int64_t b = 0; b < B; ++b)
@@ -81,6 +86,8 @@ at::Tensor loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
           if (m > 0) best = std::max(best, s[j]);
         }
         for (int64_t j = 0; j < C; ++j) w[j] *= std::exp(s[j] - best), total += w[j];
+        if (weights)
+          for (int64_t j = 0; j < C; ++j) (*weights)[b][h][i][j] = w[j] / total;
         for (int64_t j = 0; j < C; ++j)
           for (int64_t e = 0; e < D; ++e) oa[b][h][i][e] += w[j] / total * va[b][h][j][e];
       }
@@ -149,7 +156,20 @@ TEST(GptAttention, EveryPatternMatchesTheLoopOracleAndFusedEqualsPlain) {
         span = make_span(c.z, c.L, R);
         spec.span = span.get();
       }
-      auto oracle = loop_attention(q.detach(), k.detach(), v.detach(), c, R);
+      at::Tensor oracle_w;  // (2, K, N, C)
+      auto oracle = loop_attention(q.detach(), k.detach(), v.detach(), c, R, &oracle_w);
+      {  // Recorded weights (attention pictures): the oracle's, by distance, and the same output.
+        attention::WeightRecorder recorder;
+        EXPECT_LT(max_diff(attention::causal_attention(q.detach(), k.detach(), v.detach(), spec, AttnImpl::kFused), oracle), 1e-12);
+        ASSERT_EQ(recorder.layers.size(), 1u);
+        const auto& w = recorder.layers[0];  // (2, K, N, C): distance d = 0 .. C - 1
+        ASSERT_EQ(w.sizes(), oracle_w.sizes());
+        auto expected = torch::zeros_like(w);
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t d = 0; d <= C - N + i; ++d)
+            expected.select(2, i).select(2, d).copy_(oracle_w.select(2, i).select(2, C - N + i - d));
+        EXPECT_LT(max_diff(w, expected), 1e-12);
+      }
       auto plain = attention::causal_attention(q, k, v, spec, AttnImpl::kPlain);
       auto fused = attention::causal_attention(q, k, v, spec, AttnImpl::kFused);
       EXPECT_LT(max_diff(plain, oracle), 1e-12);

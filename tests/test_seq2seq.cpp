@@ -10,12 +10,15 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <sstream>
 
 #include "spanformer/config/seq2seq_config.h"
 #include "spanformer/data/pairs.h"
+#include "spanformer/data/subwords.h"
+#include "spanformer/train/checkpoint.h"
 #include "spanformer/models/seq2seq.h"
 #include "util.h"
 
@@ -107,6 +110,76 @@ TEST(Pairs, SplitVocabularyAndErrors) {
   tu::write_text(path, pairs_text(40, 1));
   EXPECT_NE(tu::error_of([&] { data::load_pairs(path, o); }).find("too few"), std::string::npos);
   EXPECT_NE(tu::error_of([&] { data::load_pairs(dir.path() + "/missing.txt", o); }).find("missing.txt"), std::string::npos);
+}
+
+// SentencePiece subwords on real pairs (the first 4000 lines of fra.txt): learned on the training split
+// only, deterministic, the same three splits as the word tokenizer, text back exactly from ids, and
+// stored in (and read back from) a checkpoint, so that a model translates without its data.
+TEST(Pairs, SentencePieceSubwordsRoundTripAndTravelInCheckpoints) {
+  if (!data::subwords_available()) GTEST_SKIP() << "built without SentencePiece";
+  std::ifstream in(tu::shared_dir() + "/data/fra-eng/fra.txt");
+  if (!in) GTEST_SKIP() << "../shared/data/fra-eng missing";
+  tu::TempDir dir;
+  const std::string path = dir.path() + "/fra.txt";
+  {
+    std::ofstream out(path);
+    std::string line;
+    for (int i = 0; i < 4000 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  data::PairsOptions o;
+  o.valid_pairs = 200;
+  o.test_pairs = 300;
+  auto words = data::load_pairs(path, o);
+  o.tokenizer = data::Tokenizer::kSentencePiece;
+  o.subword_vocab = 600;
+  auto set = data::load_pairs(path, o);
+  ASSERT_TRUE(set.vocab.subwords);
+  EXPECT_NE(set.fingerprint, words.fingerprint);
+  EXPECT_EQ(set.vocab.size(), 600);
+  EXPECT_EQ(set.target_vocab, set.vocab.size());
+  EXPECT_EQ(std::vector<std::string>(set.vocab.tokens.begin(), set.vocab.tokens.begin() + 4),
+            (std::vector<std::string>{"<pad>", "<unk>", "<bos>", "<eos>"}));
+  // The same split as the word tokenizer (step 3 counts words under both).
+  for (const char* name : {"train", "valid", "test"}) {
+    const auto &a = set.split(name), &b = words.split(name);
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i].source + "|" + a[i].target, b[i].source + "|" + b[i].target) << name;
+  }
+  // Every training character is covered: no <unk>, ids of real pieces, text back exactly.
+  size_t longer = 0;
+  for (const auto& p : set.train) {
+    for (const auto* ids : {&p.src, &p.tgt})
+      for (int64_t id : *ids) ASSERT_TRUE(id >= 4 && id < set.vocab.size()) << p.source;
+    ASSERT_EQ(data::decode_sentence(p.src, set.vocab), p.source);
+    ASSERT_EQ(data::decode_sentence(p.tgt, set.vocab), p.target);
+    ASSERT_EQ(data::encode_sentence(p.source, set.vocab), p.src);
+    longer += p.src.size() > data::tokenize_sentence(p.source).size();
+  }
+  EXPECT_GT(longer, set.train.size() / 10);  // subwords: many sentences take more pieces than words
+  // Deterministic: the same file and options give the same model bytes.
+  auto again = data::load_pairs(path, o);
+  EXPECT_EQ(again.vocab.subwords->proto(), set.vocab.subwords->proto());
+  EXPECT_TRUE(data::same_vocabulary(again.vocab, set.vocab));
+  EXPECT_FALSE(data::same_vocabulary(words.vocab, set.vocab));
+  o.subword_vocab = 500;
+  EXPECT_FALSE(data::same_vocabulary(data::load_pairs(path, o).vocab, set.vocab));
+  // Through a checkpoint: the vocabulary comes back with a model that encodes the same ids.
+  train::CheckpointWriter w("seq2seq", nlohmann::json::object(), set.vocab);
+  w.put_int("x", 1);
+  w.save(dir.path() + "/ck.pt");
+  train::Checkpoint ck(dir.path() + "/ck.pt");
+  ASSERT_TRUE(ck.vocab().subwords);
+  EXPECT_TRUE(data::same_vocabulary(ck.vocab(), set.vocab));
+  EXPECT_EQ(data::encode_sentence(set.test[5].source, ck.vocab()), set.test[5].src);
+  // Stored parts that disagree are refused, naming the origin.
+  auto tokens = data::vocab_to_text(set.vocab);
+  EXPECT_NE(tu::error_of([&] { data::vocab_from_parts(tokens, "sentencepiece", "not a model", "X"); }).find("X (subword model): not a SentencePiece model"),
+            std::string::npos);
+  EXPECT_NO_THROW(data::vocab_from_parts(tokens, "sentencepiece", set.vocab.subwords->proto(), "X"));
+  auto fewer = data::load_pairs(path, o);  // 500 pieces
+  EXPECT_NE(tu::error_of([&] { data::vocab_from_parts(tokens, "sentencepiece", fewer.vocab.subwords->proto(), "X"); })
+                .find("is not the pieces of its subword model"),
+            std::string::npos);
 }
 
 // ---- models against the equations -------------------------------------------------------------------
@@ -430,29 +503,37 @@ nlohmann::json tiny_run(const std::string& data) {
   return to_json(c);
 }
 
+// Under both tokenizers (the subword model is learned again by the resumed run: it must be the same).
 TEST(Seq2SeqTraining, ResumedRunEndsWhereAnUninterruptedOneDoes) {
-  tu::TempDir dir;
-  const std::string data = dir.path() + "/pairs.txt";
-  tu::write_text(data, pairs_text(400, 7));
-  auto config = tiny_run(data);
-  tu::run_family(config, dir.path() + "/full");
-  tu::run_family(config, dir.path() + "/split", false, 5);  // stops inside an epoch (24 batches of 16)
-  auto resumed = tu::run_family(config, dir.path() + "/split", true);
-  EXPECT_EQ(resumed.steps, 12);
-  tu::expect_same_checkpoint(dir.path() + "/full/checkpoint.pt", dir.path() + "/split/checkpoint.pt");
-  // The same validation figures (BLEU included) at both interval ends.
-  auto records = [&](const std::string& run) {
-    std::vector<nlohmann::json> out;
-    std::istringstream in(tu::read_file_or_empty(dir.path() + "/" + run + "/log.jsonl"));
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
-  };
-  auto full = records("full"), split = records("split");
-  ASSERT_EQ(full.size(), 2u);
-  ASSERT_EQ(split.size(), 2u);
-  for (size_t i = 0; i < 2; ++i)
-    for (const char* key : {"valid_loss", "valid_acc", "valid_bleu"}) EXPECT_EQ(full[i][key], split[i][key]) << key;
-  EXPECT_EQ(full[1]["train_loss"], split[1]["train_loss"]);  // the first interval's mean covers the session only
+  for (auto tokenizer : {data::Tokenizer::kWords, data::Tokenizer::kSentencePiece}) {
+    if (tokenizer == data::Tokenizer::kSentencePiece && !data::subwords_available()) continue;
+    SCOPED_TRACE(data::tokenizer_name(tokenizer));
+    tu::TempDir dir;
+    const std::string data = dir.path() + "/pairs.txt";
+    tu::write_text(data, pairs_text(400, 7));
+    auto config = tiny_run(data);
+    config["data"]["tokenizer"] = data::tokenizer_name(tokenizer);
+    config["data"]["subword_vocab"] = 40;
+    tu::run_family(config, dir.path() + "/full");
+    tu::run_family(config, dir.path() + "/split", false, 5);  // stops inside an epoch (24 batches of 16)
+    auto resumed = tu::run_family(config, dir.path() + "/split", true);
+    EXPECT_EQ(resumed.steps, 12);
+    tu::expect_same_checkpoint(dir.path() + "/full/checkpoint.pt", dir.path() + "/split/checkpoint.pt");
+    EXPECT_EQ(data::vocab_level(train::Checkpoint(dir.path() + "/full/checkpoint.pt").vocab()),
+              std::string(tokenizer == data::Tokenizer::kWords ? "word" : "sentencepiece"));
+    // The same validation figures (BLEU included) at both interval ends.
+    auto records = [&](const std::string& run) {
+      std::vector<nlohmann::json> out;
+      std::istringstream in(tu::read_file_or_empty(dir.path() + "/" + run + "/log.jsonl"));
+      for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+      return out;
+    };
+    auto full = records("full"), split = records("split");
+    ASSERT_EQ(full.size(), 2u);
+    ASSERT_EQ(split.size(), 2u);
+    for (size_t i = 0; i < 2; ++i)
+      for (const char* key : {"valid_loss", "valid_acc", "valid_bleu"}) EXPECT_EQ(full[i][key], split[i][key]) << key;
+    EXPECT_EQ(full[1]["train_loss"], split[1]["train_loss"]);  // the first interval's mean covers the session only
+  }
 }
-
 }  // namespace

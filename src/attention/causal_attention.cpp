@@ -7,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "spanformer/attention/record.h"
 #include "spanformer/nn/adaptive_span.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
@@ -140,6 +141,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const CausalSpec& spec) {
   auto s = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(q.size(-1)));  // (B, K, n, c)
   auto a = masked_softmax(s, m);                                                            // (B, K, n, c)
+  if (auto* recorder = WeightRecorder::active()) recorder->add_by_position(a);  // only the reference runs then
   if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
   return at::matmul(a, v);  // (B, K, n, D)
 }
@@ -234,6 +236,13 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                                (spec.combine == SparseCombine::kPerHead && spec.heads != q.size(1))))
     fail("causal attention: sparse patterns need stride >= 1, 1 <= summary <= stride and, per head, one pattern per head");
   const int64_t N = q.size(2), C = k.size(2), K = q.size(1);
+  if (WeightRecorder::active()) {  // the whole weight matrix: the reference composition (flash is dense's)
+    if (spec.kind == CausalKind::kLsh)
+      fail("attention weights: lsh attention has no one weight matrix (each hashing round reads its own buckets)");
+    CausalSpec plain = spec;
+    if (plain.kind == CausalKind::kFlash) plain.kind = CausalKind::kDense;
+    return causal_attention_reference(q, k, v, plain);
+  }
   if (spec.kind == CausalKind::kFlash) {  // the same formula as dense, its own tiles and backward
     ops::FlashOptions o;
     o.tile = spec.flash_tile;

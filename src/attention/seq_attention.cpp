@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "spanformer/attention/record.h"
 #include "spanformer/util/error.h"
 
 #include "spanformer/ops/adaptive_span_attention.h"
@@ -75,7 +76,7 @@ AttnImpl parse_attn_impl(const std::string& name) {
 }
 
 bool SeqAttentionImpl::uses_fused_op(int64_t B, int64_t M) const {
-  if (!span || options_.pers_mem_size() > 0) return false;
+  if (!span || options_.pers_mem_size() > 0 || WeightRecorder::active()) return false;
   switch (options_.impl()) {
     case AttnImpl::kPlain: return false;
     case AttnImpl::kFused: return true;
@@ -164,6 +165,7 @@ torch::Tensor SeqAttentionImpl::attend_plain(const torch::Tensor& q, const torch
   if (N == 0) {
     attn = torch::softmax(scores / sqrt_d, -1);                                       // (B, K, M, L')
     if (span) attn = span(attn);                                                       // masked, renormalised
+    if (auto* recorder = WeightRecorder::active()) recorder->add_by_window(attn);
   } else {
     auto pers_scores = torch::matmul(q, pers_key.unsqueeze(0) * std::sqrt(double(D))); // (B, K, M, N)
     auto all = torch::softmax(torch::cat({scores, pers_scores}, -1) / sqrt_d, -1);      // (B, K, M, L'+N)
@@ -176,6 +178,7 @@ torch::Tensor SeqAttentionImpl::attend_plain(const torch::Tensor& q, const torch
       attn = all.narrow(-1, 0, Lp);
       attn_pers = all.narrow(-1, Lp, N);
     }
+    if (auto* recorder = WeightRecorder::active()) recorder->add_by_window(attn);  // the context part
     attn_pers = torch::dropout(attn_pers, options_.dropout(), is_training());
     pers_out = torch::matmul(attn_pers, pers_val.unsqueeze(0) * std::sqrt(double(N))); // (B, K, M, D)
   }

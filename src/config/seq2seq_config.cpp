@@ -45,7 +45,12 @@ const std::vector<Field<data::PairsOptions>>& data_fields() {
       field("target_column", &C::target_column, "field of the target (fra.txt: 0 = English)"),
       field("lowercase", &C::lowercase, "lower-case both sides"),
       field("max_length", &C::max_length, "keep pairs of at most this many tokens a side"),
-      field("min_freq", &C::min_freq, "training words seen fewer times become <unk>"),
+      field("min_freq", &C::min_freq, "training words seen fewer times become <unk> (tokenizer words)"),
+      config_detail::enum_field("tokenizer", &C::tokenizer, data::parse_tokenizer, data::tokenizer_name,
+                                "words | sentencepiece (subwords learned on the training split, both sides)"),
+      config_detail::enum_field("subword_kind", &C::subword_kind, data::parse_subword_kind, data::subword_kind_name,
+                                "sentencepiece: unigram | bpe"),
+      field("subword_vocab", &C::subword_vocab, "sentencepiece: vocabulary size, the 4 specials included"),
       field("valid_pairs", &C::valid_pairs, "pairs held out for validation"),
       field("test_pairs", &C::test_pairs, "pairs held out for the test (eval)"),
       field("split_seed", &C::split_seed, "seed of the split's shuffle (independent of train.seed)"),
@@ -54,6 +59,21 @@ const std::vector<Field<data::PairsOptions>>& data_fields() {
 }
 
 }  // namespace
+
+namespace data {
+const char* tokenizer_name(Tokenizer t) { return t == Tokenizer::kWords ? "words" : "sentencepiece"; }
+Tokenizer parse_tokenizer(const std::string& name) {
+  for (auto t : {Tokenizer::kWords, Tokenizer::kSentencePiece})
+    if (name == tokenizer_name(t)) return t;
+  fail("tokenizer must be words or sentencepiece (got '{}')", name);
+}
+const char* subword_kind_name(SubwordKind k) { return k == SubwordKind::kUnigram ? "unigram" : "bpe"; }
+SubwordKind parse_subword_kind(const std::string& name) {
+  for (auto k : {SubwordKind::kUnigram, SubwordKind::kBpe})
+    if (name == subword_kind_name(k)) return k;
+  fail("subword_kind must be unigram or bpe (got '{}')", name);
+}
+}  // namespace data
 
 const char* seq2seq_kind_name(Seq2SeqKind kind) {
   switch (kind) {
@@ -165,6 +185,8 @@ void validate(const Seq2SeqModelConfig& c) {
 void validate(const Seq2SeqConfig& config) {
   validate(config.model);
   validate(config.train);
+  if (config.data.tokenizer == data::Tokenizer::kSentencePiece && (config.data.subword_vocab < 16 || config.data.subword_vocab > 1000000))
+    fail("config: data.subword_vocab must be in [16, 1000000] (got {})", config.data.subword_vocab);
   if (config.data.max_length + 2 > config.model.max_positions && !config.model.recurrent())
     fail("config: data.max_length + 2 ({}) exceeds model.max_positions ({})", config.data.max_length + 2,
          config.model.max_positions);

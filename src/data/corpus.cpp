@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer::data {
@@ -129,6 +130,27 @@ std::string vocab_to_text(const Vocab& vocab) {
   std::string text;
   for (const auto& t : vocab.tokens) text += t + "\n";
   return text;
+}
+
+bool same_vocabulary(const Vocab& a, const Vocab& b) {
+  if (a.tokens != b.tokens || a.word_level != b.word_level || !a.subwords != !b.subwords) return false;
+  return !a.subwords || a.subwords->proto() == b.subwords->proto();
+}
+
+const char* vocab_level(const Vocab& vocab) {
+  return vocab.subwords ? "sentencepiece" : vocab.word_level ? "word" : "byte";
+}
+
+Vocab vocab_from_parts(const std::string& text, const std::string& level, const std::string& subword_model,
+                       const std::string& origin) {
+  if (level == "byte" || level.empty()) return parse_vocab(text, origin + " (vocabulary)");
+  if (level == "word") return parse_word_vocab(text, origin + " (vocabulary)");
+  if (level != "sentencepiece") fail("{}: unknown vocabulary level '{}'", origin, level);
+  Vocab vocab = parse_word_vocab(text, origin + " (vocabulary)");
+  auto model = std::make_shared<const SubwordModel>(subword_model, origin + " (subword model)");
+  if (model->pieces() != vocab.tokens) fail("{}: the vocabulary is not the pieces of its subword model", origin);
+  vocab.subwords = std::move(model);
+  return vocab;
 }
 
 PrepareStats prepare_bytes(const std::string& input, const std::string& out_dir, const PrepareOptions& options) {

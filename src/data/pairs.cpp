@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -142,6 +143,7 @@ std::string detokenize(const std::vector<std::string>& tokens) {
 }
 
 std::vector<int64_t> encode_sentence(const std::string& normalised, const Vocab& vocab) {
+  if (vocab.subwords) return vocab.subwords->encode(normalised);
   std::unordered_map<std::string, int64_t> id;
   for (size_t i = 0; i < vocab.tokens.size(); ++i) id.emplace(vocab.tokens[i], static_cast<int64_t>(i));
   std::vector<int64_t> out;
@@ -161,6 +163,11 @@ std::vector<std::string> decode_ids(const std::vector<int64_t>& ids, const Vocab
     out.push_back(vocab.tokens[static_cast<size_t>(i)]);
   }
   return out;
+}
+
+std::string decode_sentence(const std::vector<int64_t>& ids, const Vocab& vocab) {
+  if (vocab.subwords) return vocab.subwords->decode(ids);
+  return detokenize(decode_ids(ids, vocab));
 }
 
 PairSet load_pairs(const std::string& path, const PairsOptions& o) {
@@ -214,6 +221,35 @@ PairSet load_pairs(const std::string& path, const PairsOptions& o) {
   for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng() % (i + 1)]);
   const auto n_test = static_cast<size_t>(o.test_pairs), n_valid = static_cast<size_t>(o.valid_pairs);
 
+  Sha256 sha;
+  sha.add(text);
+  sha.add(fmt::format("pairs v1 {} {} {} {} {} {} {} {}", o.source_column, o.target_column, o.lowercase, o.max_length,
+                      o.min_freq, o.valid_pairs, o.test_pairs, o.split_seed));
+  if (o.tokenizer == Tokenizer::kSentencePiece) {
+    sha.add(fmt::format("sentencepiece {} {}", subword_kind_name(o.subword_kind), o.subword_vocab));
+    set.fingerprint = sha.hex();
+    std::vector<std::string> sentences;  // the training split, target then source of each pair
+    for (size_t k = n_test + n_valid; k < order.size(); ++k) {
+      sentences.push_back(kept[order[k]].target);
+      sentences.push_back(kept[order[k]].source);
+    }
+    auto model = std::make_shared<const SubwordModel>(learn_subwords(sentences, o.subword_kind, o.subword_vocab, path),
+                                                      path + " (learned subwords)");
+    set.vocab.tokens = model->pieces();
+    set.vocab.word_level = true;
+    set.vocab.subwords = model;
+    set.target_vocab = set.vocab.size();  // every piece can be an output
+    for (size_t k = 0; k < order.size(); ++k) {
+      Raw& r = kept[order[k]];
+      SentencePair p{std::move(r.source), std::move(r.target), {}, {}};
+      p.src = model->encode(p.source);
+      p.tgt = model->encode(p.target);
+      (k < n_test ? set.test : k < n_test + n_valid ? set.valid : set.train).push_back(std::move(p));
+    }
+    return set;
+  }
+  set.fingerprint = sha.hex();
+
   Counter src_count, tgt_count;
   for (size_t k = n_test + n_valid; k < order.size(); ++k) {
     for (const auto& w : kept[order[k]].tgt) tgt_count.add(w);
@@ -249,11 +285,6 @@ PairSet load_pairs(const std::string& path, const PairsOptions& o) {
     (k < n_test ? set.test : k < n_test + n_valid ? set.valid : set.train).push_back(std::move(p));
   }
 
-  Sha256 sha;
-  sha.add(text);
-  sha.add(fmt::format("pairs v1 {} {} {} {} {} {} {} {}", o.source_column, o.target_column, o.lowercase, o.max_length,
-                      o.min_freq, o.valid_pairs, o.test_pairs, o.split_seed));
-  set.fingerprint = sha.hex();
   return set;
 }
 

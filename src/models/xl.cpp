@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "spanformer/attention/record.h"
 #include "spanformer/nn/gumbel.h"
 #include "spanformer/util/error.h"
 
@@ -115,7 +116,7 @@ torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
   const double scale = 1.0 / std::sqrt(static_cast<double>(D_));
   auto full_mask = mask.narrow(1, Kfull - Kl, Kl);                                 // (M, Kl)
   torch::Tensor heads_out;                                                         // (B, K, M, D)
-  if (span && per_head_windows(visited, Kl, M)) {
+  if (span && per_head_windows(visited, Kl, M) && !attention::WeightRecorder::active()) {
     // Head k's products over its own last W_k = min(Kl, S_k - 1 + M) keys only.
     std::vector<torch::Tensor> outs;
     for (int64_t hd = 0; hd < K_; ++hd) {
@@ -142,6 +143,7 @@ torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
     }
     auto prob = torch::softmax(((ac + bd) * scale).masked_fill(hidden, -std::numeric_limits<float>::infinity()), -1);
     if (span) prob = span->forward_at(prob, distance);                             // masked, renormalised
+    if (auto* recorder = attention::WeightRecorder::active()) recorder->add_by_position(prob);
     heads_out = torch::matmul(dropatt(prob), val);                                 // (B, K, M, D)
   }
   auto out = heads_out.transpose(1, 2).reshape({B, M, K_ * D_});                 // (B, M, KD)

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -31,16 +32,10 @@ std::string text_digest(const std::string& key, const std::string& text) {
   return "s:" + d.hex();
 }
 
-data::Vocab vocab_of(const std::string& text, const std::string& level, const std::string& origin) {
-  if (level == "word") return data::parse_word_vocab(text, origin + " (vocabulary)");
-  if (level == "byte" || level.empty()) return data::parse_vocab(text, origin + " (vocabulary)");
-  fail("{}: unknown vocabulary level '{}'", origin, level);
-}
-
 }  // namespace
 
 std::vector<std::pair<std::string, bool>> Checkpoint::entries() const {
-  static const std::set<std::string> header = {"format", "version", "family", "config", "vocab", "vocab_level", "manifest"};
+  static const std::set<std::string> header = {"format", "version", "family", "config", "vocab", "vocab_level", "vocab_model", "manifest"};
   std::vector<std::pair<std::string, bool>> out;
   for (const auto& [key, t] : tensors_)
     if (!header.count(key)) out.emplace_back(key, false);
@@ -60,7 +55,11 @@ CheckpointWriter::CheckpointWriter(const std::string& family, const nlohmann::js
   put_text("family", family);
   put_text("config", config.dump());
   put_text("vocab", data::vocab_to_text(vocab));
-  put_text("vocab_level", vocab.word_level ? "word" : "byte");
+  put_text("vocab_level", data::vocab_level(vocab));
+  if (vocab.subwords) {  // the model's bytes, as a uint8 tensor (they are not text)
+    const std::string& proto = vocab.subwords->proto();
+    put("vocab_model", torch::from_blob(const_cast<char*>(proto.data()), {static_cast<int64_t>(proto.size())}, torch::kUInt8).clone());
+  }
 }
 
 void CheckpointWriter::put(const std::string& key, const torch::Tensor& tensor) {
@@ -178,7 +177,13 @@ Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_
   } catch (const nlohmann::json::exception&) {
     fail("{} is damaged: its config is not valid JSON", path_);
   }
-  vocab_ = vocab_of(text("vocab"), text("vocab_level"), path_);
+  std::string subword_model;
+  if (text("vocab_level") == "sentencepiece") {
+    auto bytes = tensor("vocab_model");
+    if (bytes.scalar_type() != torch::kUInt8 || bytes.dim() != 1) fail("{} is damaged: its vocab_model is not bytes", path_);
+    subword_model.assign(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));
+  }
+  vocab_ = data::vocab_from_parts(text("vocab"), text("vocab_level"), subword_model, path_);
 }
 
 bool Checkpoint::has(const std::string& key) const {

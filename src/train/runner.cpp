@@ -128,7 +128,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
     family.load_weights(ck);
     family.load_optimizers(ck);
     if (!ck.has_train_state()) fail("checkpoint {} has no training state; it cannot be resumed", checkpoint_path);
-    if (data::vocab_to_text(ck.vocab()) != data::vocab_to_text(vocab))
+    if (!data::same_vocabulary(ck.vocab(), vocab))
       fail("checkpoint {} was trained with another vocabulary than {}", checkpoint_path, tc.data);
     if (ck.has("state.train_sha256") && (ck.text("state.train_sha256") != fingerprints.first ||
                                          ck.text("state.valid_sha256") != fingerprints.second))
@@ -159,7 +159,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
     if (options.resume && main_rank) fmt::print(stderr, "spanformer: no checkpoint in {}, starting a new run\n", options.out_dir);
     if (!options.init_from.empty()) {
       Checkpoint init(options.init_from);
-      if (data::vocab_to_text(init.vocab()) != data::vocab_to_text(vocab))
+      if (!data::same_vocabulary(init.vocab(), vocab))
         fail("{} was trained with another vocabulary than {}", options.init_from, tc.data);
       family.load_weights(init);
       if (main_rank) fmt::print(stderr, "spanformer: starting from the weights of {}\n", options.init_from);

@@ -160,14 +160,32 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr); }
 Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
 void Sha256::add(const void* data, size_t size) { EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, size); }
+std::string hex_encode(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string h;
+  h.reserve(2 * bytes.size());
+  for (unsigned char c : bytes) h += {digits[c >> 4], digits[c & 15]};
+  return h;
+}
+
+std::string hex_decode(const std::string& hex, const std::string& origin) {
+  if (hex.size() % 2 != 0) fail("{}: hex text of odd length {}", origin, hex.size());
+  auto digit = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    fail("{}: '{}' is not a hex digit", origin, c);
+  };
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(digit(hex[2 * i]) * 16 + digit(hex[2 * i + 1]));
+  return out;
+}
+
 std::string Sha256::hex() {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out, &length);
-  static const char* digits = "0123456789abcdef";
-  std::string h;
-  for (unsigned int i = 0; i < length; ++i) h += {digits[out[i] >> 4], digits[out[i] & 15]};
-  return h;
+  return hex_encode(std::string(reinterpret_cast<const char*>(out), length));
 }
 
 }  // namespace spanformer

@@ -13,6 +13,7 @@
 // then `count` little-endian token ids. Memory-mapped at train time, never loaded whole.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,15 @@ namespace spanformer::data {
 
 inline constexpr const char* kEos = "<eos>";
 
+class SubwordModel;  // data/subwords.h
+
 // Token strings: "<eos>" or the decimal value of a byte ("97" is 'a'), saved as vocab.txt; or, for
-// word-level data (data/words.h), words saved as words.txt.
+// word-level data (data/words.h), words saved as words.txt; or SentencePiece pieces (data/subwords.h),
+// word_level and with the model that makes them.
 struct Vocab {
   std::vector<std::string> tokens;  // id -> token
   bool word_level = false;
+  std::shared_ptr<const SubwordModel> subwords;  // set for SentencePiece vocabularies
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
   // Bytes of a token ("<eos>" -> "\n"; a word -> the word and a space).
   std::string decode(int64_t id) const;
@@ -40,6 +45,15 @@ Vocab read_word_vocab(const std::string& path);
 Vocab parse_vocab(const std::string& text, const std::string& origin);
 Vocab parse_word_vocab(const std::string& text, const std::string& origin);
 std::string vocab_to_text(const Vocab& vocab);
+// The same tokens of the same kind (and, for subwords, the same model bytes).
+bool same_vocabulary(const Vocab& a, const Vocab& b);
+// How stored vocabularies name their kind: "byte", "word" or "sentencepiece".
+const char* vocab_level(const Vocab& vocab);
+// A vocabulary from its stored parts (a checkpoint's or an exported file's): the token text, the level,
+// and for "sentencepiece" the model's bytes (which must make exactly these tokens). One-line errors
+// naming `origin`.
+Vocab vocab_from_parts(const std::string& text, const std::string& level, const std::string& subword_model,
+                       const std::string& origin);
 
 struct PrepareOptions {
   bool crlf_to_lf = false;  // turn CRLF line ends into LF first (as done for ../shared/data files)

@@ -10,11 +10,15 @@
 //   3. keep pairs whose sides both have 1..max_length tokens;
 //   4. shuffle with split_seed (Fisher-Yates on mt19937_64, the same on every standard library): the
 //      first test_pairs are the test split, the next valid_pairs the valid split, the rest train;
-//   5. vocabulary counted on the training split only: <pad> <unk> <bos> <eos>, then the target side's
+//   5. tokenizer words: vocabulary counted on the training split only: <pad> <unk> <bos> <eos>, then the target side's
 //      words seen >= min_freq times (by decreasing count, ties in order of first appearance), then the
 //      source side's words not already there (same rule). Ids below target_vocab are the only ones a
 //      decoder ever predicts; a shared embedding (encoder, decoder and output) is the table's first rows.
-// detokenize() undoes step 2 for output text (attached punctuation, cut apostrophes joined again).
+//      tokenizer sentencepiece: a subword model (data/subwords.h) learned on the training split's
+//      normalised sentences, target then source of each pair; its pieces are the vocabulary, all of them
+//      decoder outputs. Step 3 still counts words, so both tokenizers give the same three splits.
+// detokenize() undoes step 2 for output text (attached punctuation, cut apostrophes joined again);
+// decode_sentence() turns output ids into text under either tokenizer.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -32,7 +36,7 @@ struct SentencePair {
 
 struct PairSet {
   std::vector<SentencePair> train, valid, test;
-  Vocab vocab;                 // word_level; ids as in step 5
+  Vocab vocab;                 // word_level (subwords set for sentencepiece); ids as in step 5
   int64_t target_vocab = 0;    // ids [0, target_vocab) are the decoder's outputs
   int64_t read_lines = 0, kept_pairs = 0;
   std::string fingerprint;     // SHA-256 of the file and the options: what a resumed run checks
@@ -46,9 +50,10 @@ std::string normalize_sentence(const std::string& text, bool lowercase);
 std::vector<std::string> tokenize_sentence(const std::string& normalised);
 std::string detokenize(const std::vector<std::string>& tokens);
 
-// Ids of a normalised sentence in `vocab` (unknown words -> <unk>), and words of ids (stops at <eos>,
-// skips <pad> and <bos>).
+// Ids of a normalised sentence in `vocab` (words or subwords; unknown -> <unk>), tokens of ids (stops
+// at <eos>, skips <pad> and <bos>), and the text of ids.
 std::vector<int64_t> encode_sentence(const std::string& normalised, const Vocab& vocab);
 std::vector<std::string> decode_ids(const std::vector<int64_t>& ids, const Vocab& vocab);
+std::string decode_sentence(const std::vector<int64_t>& ids, const Vocab& vocab);
 
 }  // namespace spanformer::data

@@ -4,7 +4,8 @@
 // continue bit for bit. Format version 2 (the one engine) keys:
 //   "format"       "spanformer-checkpoint"           "version"   2
 //   "family"       "adaptive-span" | "xl" | ...      "config"    the whole config (JSON text)
-//   "vocab"        vocabulary text, one token a line  "vocab_level" "byte" | "word"
+//   "vocab"        vocabulary text, one token a line  "vocab_level" "byte" | "word" | "sentencepiece"
+//   "vocab_model"  the SentencePiece model's bytes (uint8 tensor; level sentencepiece only)
 //   "model.<name>" parameters                         "optim.*", "arch_optim.*"  optimizer state
 //   "state.*"      training state: step, data positions, carried caches/memories, generator state
 //   "manifest"     JSON {key: SHA-256 of the entry} over every other entry
@@ -64,7 +65,7 @@ class Checkpoint {
   double number(const std::string& key) const;
   bool has_train_state() const { return has("state.step"); }
   // Every stored entry of a version-2 file other than the header (format, version, family, config,
-  // vocab, vocab_level, manifest), as (key, is_text).
+  // vocab, vocab_level, vocab_model, manifest), as (key, is_text).
   std::vector<std::pair<std::string, bool>> entries() const;
 
   // Copies "<prefix><name>" into every parameter, naming the key on a missing entry, another shape

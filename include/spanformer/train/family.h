@@ -118,7 +118,8 @@ struct BenchRequest {
 // `spanformer attention`: a picture of what a model attends to.
 struct AttentionRequest {
   std::vector<int64_t> indices;  // images (ViT) or sentence pairs (seq2seq) of `split`
-  std::vector<std::string> texts;  // seq2seq: source sentences
+  std::vector<std::string> texts;  // seq2seq: source sentences; language models: one text
+  const data::Vocab* vocab = nullptr;  // language models: the checkpoint's vocabulary
   std::string split = "test";
   int64_t layer = -1, head = -1;  // -1: every layer by attention rollout / the heads' mean
   std::string out;              // PNG

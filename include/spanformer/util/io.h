@@ -27,6 +27,10 @@ bool file_exists(const std::string& path);
 // directory): so that a reader whose own errors cannot tell why (an archive loader) names the real cause.
 void check_readable(const std::string& path);
 
+// Bytes as lower-case hex digits, and back (one-line error naming `origin` on a bad digit or odd length).
+std::string hex_encode(const std::string& bytes);
+std::string hex_decode(const std::string& hex, const std::string& origin);
+
 // SHA-256 (OpenSSL), fed piece by piece; hex() finishes it.
 class Sha256 {
  public:

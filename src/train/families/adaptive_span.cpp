@@ -152,6 +152,15 @@ class AdaptiveSpanFamily : public Family {
                   [&](const torch::Tensor& last) { return model_->logits(last); }, device());
   }
 
+  void draw_attention(const AttentionRequest& r) override {
+    if (r.vocab == nullptr) fail("attention: no vocabulary given");
+    model_->eval();
+    auto caches = model_->initial_caches(1);
+    to_device(caches);
+    draw_text_attention(*r.vocab, r, config_.model.block_size, [&](const torch::Tensor& x) { return model_->forward(x, caches); },
+                        device());
+  }
+
   std::vector<std::vector<double>> spans() const override { return model_->spans(); }
   int64_t span_limit() const override { return config_.model.attn_span; }
   int64_t span_ramp() const override { return config_.model.adapt_span_ramp; }

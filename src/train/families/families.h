@@ -54,6 +54,15 @@ void sample_tokens(const data::Vocab& vocab, const SampleRequest& request, int64
                    const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                    const std::function<torch::Tensor(const torch::Tensor&)>& scores, torch::Device device);
 
+// The attention picture every language-model family shares (`spanformer attention CHECKPOINT --text`):
+// the text in blocks of `block` tokens through `forward` (which carries the model's state, as for
+// sampling), the last block under an attention::WeightRecorder (reference compositions only), drawn as
+// its last rows (at most 32 queries) over the distances 0 .. S any shown head weighs (binned to at most
+// 360 columns, each the weight summed over its distances): one panel per layer (the heads' mean), per
+// head of --layer, or the one --layer/--head.
+void draw_text_attention(const data::Vocab& vocab, const AttentionRequest& request, int64_t block,
+                         const std::function<torch::Tensor(const torch::Tensor&)>& forward, torch::Device device);
+
 // The main optimizer's options from the shared train section.
 OptimizerOptions optimizer_options(const TrainConfig& train);
 // That optimizer over every named parameter of a model.

@@ -181,6 +181,14 @@ class GptFamily : public Family {
                   [&](const torch::Tensor& last) { return model_->logits(last); }, device());
   }
 
+  void draw_attention(const AttentionRequest& r) override {
+    if (r.vocab == nullptr) fail("attention: no vocabulary given");
+    model_->eval();
+    models::GptDecoder decoder;
+    draw_text_attention(*r.vocab, r, std::max<int64_t>(1, config_.model.context / 2),
+                        [&](const torch::Tensor& x) { return model_->extend(x, decoder); }, device());
+  }
+
   std::vector<std::vector<double>> spans() const override { return model_->spans(); }
   int64_t span_limit() const override {
     return config_.model.attention == attention::CausalKind::kAdaptiveSpan ? config_.model.span_limit() : 0;

@@ -78,6 +78,14 @@ class Seq2SeqFamily : public Family {
     data_ = std::make_unique<data::PairSet>(data::load_pairs(path, config_.data));
     set_vocab_size(data_->vocab.size(), path);
     fill_vocab_size(config_.model.target_vocab, data_->target_vocab, path + " (target side)");
+    if (!config_.model.recurrent()) {  // subwords can outnumber the words max_length counts
+      size_t longest = 0;
+      for (const auto* split : {&data_->train, &data_->valid, &data_->test})
+        for (const auto& p : *split) longest = std::max({longest, p.src.size(), p.tgt.size()});
+      if (static_cast<int64_t>(longest) + 2 > config_.model.max_positions)
+        fail("{}: a sentence of {} tokens (+ <bos>/<eos>) exceeds model.max_positions {}", path, longest,
+             config_.model.max_positions);
+    }
     ExampleData out;
     out.vocab = data_->vocab;
     out.train_size = static_cast<int64_t>(data_->train.size());
@@ -177,7 +185,7 @@ class Seq2SeqFamily : public Family {
       score.correct += flat.argmax(-1).eq(gold).logical_and(mask).sum().item<double>();
       score.count += mask.sum().item<double>();
       for (auto& h : models::decode(*net_.model, x, src_len, options))
-        hyps.push_back(data::detokenize(data::decode_ids(h.tokens, data_->vocab)));
+        hyps.push_back(data::decode_sentence(h.tokens, data_->vocab));
     }
     net_.module->train();
     auto bleu = metrics::corpus_bleu(hyps, {refs});
@@ -225,7 +233,7 @@ class Seq2SeqFamily : public Family {
       for (size_t k = i; k < std::min(sentences.size(), i + static_cast<size_t>(batch)); ++k) src.push_back(source_ids(sentences[k]));
       auto x = pad_rows(src).to(device());
       for (auto& h : models::decode(*net_.model, x, lengths_of(x), options))
-        out.push_back(data::detokenize(data::decode_ids(h.tokens, vocab())));
+        out.push_back(data::decode_sentence(h.tokens, vocab()));
     }
     return out;
   }
@@ -278,7 +286,7 @@ class Seq2SeqFamily : public Family {
       p.row_ticks = words;
       p.row_ticks.push_back("<eos>");
       for (int64_t id : ids) p.col_ticks.push_back(vocab().tokens[static_cast<size_t>(id)]);
-      const std::string output = data::detokenize(words);
+      const std::string output = data::decode_sentence(h.tokens, vocab());
       p.title = fmt::format("{} -> {}", sources[i], output);
       p.row_label = "output";
       p.col_label = "source";

@@ -125,6 +125,7 @@ class VitFamily : public Family {
   EvalReport evaluate(const data::TokenFile&, const EvalRequest&) override { unsupported("token-stream evaluation"); }
 
   void draw_attention(const AttentionRequest& r) override {
+    if (!r.texts.empty()) fail("attention: the vit family draws images (--image), not --text");
     if (!data_) open_examples(config_.train.data);
     const auto& split = data_->split(r.split);
     const int64_t n = split.images.size(0);

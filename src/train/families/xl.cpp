@@ -177,6 +177,18 @@ class XlFamily : public Family {
                   [&](const torch::Tensor& last) { return model_->log_prob(last); }, device());
   }
 
+  void draw_attention(const AttentionRequest& r) override {
+    if (r.vocab == nullptr) fail("attention: no vocabulary given");
+    model_->eval();
+    auto mems = model_->initial_mems(1);
+    for (auto& m : mems) m = m.to(device());
+    auto lengths = models::xl::Lengths::of(config_.model);
+    lengths.ext_len = 0;
+    auto weights = config_.model.search ? model_->eval_weights() : torch::Tensor();
+    draw_text_attention(*r.vocab, r, config_.model.tgt_len,
+                        [&](const torch::Tensor& x) { return model_->forward(x, mems, lengths, weights); }, device());
+  }
+
   std::vector<std::vector<double>> spans() const override {
     if (!config_.model.adapt_span) return {};
     return model_->spans();
