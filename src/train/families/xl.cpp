@@ -166,27 +166,13 @@ class XlFamily : public Family {
   // Memory-carrying sampling: the prompt in segments of tgt_len, then one token per forward step
   // against the memories (mem_len states per block), so each token costs one step.
   void sample(const data::Vocab& vocab, const SampleRequest& r) override {
-    model_->eval();
-    auto mems = model_->initial_mems(1);
-    for (auto& m : mems) m = m.to(device());
-    auto lengths = models::xl::Lengths::of(config_.model);
-    lengths.ext_len = 0;
-    auto weights = config_.model.search ? model_->eval_weights() : torch::Tensor();
-    sample_tokens(vocab, r, config_.model.tgt_len,
-                  [&](const torch::Tensor& x) { return model_->forward(x, mems, lengths, weights); },
+    sample_tokens(vocab, r, config_.model.tgt_len, streaming_forward(),
                   [&](const torch::Tensor& last) { return model_->log_prob(last); }, device());
   }
 
   void draw_attention(const AttentionRequest& r) override {
     if (r.vocab == nullptr) fail("attention: no vocabulary given");
-    model_->eval();
-    auto mems = model_->initial_mems(1);
-    for (auto& m : mems) m = m.to(device());
-    auto lengths = models::xl::Lengths::of(config_.model);
-    lengths.ext_len = 0;
-    auto weights = config_.model.search ? model_->eval_weights() : torch::Tensor();
-    draw_text_attention(*r.vocab, r, config_.model.tgt_len,
-                        [&](const torch::Tensor& x) { return model_->forward(x, mems, lengths, weights); }, device());
+    draw_text_attention(*r.vocab, r, config_.model.tgt_len, streaming_forward(), device());
   }
 
   std::vector<std::vector<double>> spans() const override {
@@ -208,6 +194,16 @@ class XlFamily : public Family {
   }
 
  private:
+  // One stream read in evaluation mode, its memories carried from call to call (sampling, pictures).
+  std::function<torch::Tensor(const torch::Tensor&)> streaming_forward() {
+    model_->eval();
+    auto mems = std::make_shared<std::vector<torch::Tensor>>(model_->initial_mems(1));
+    for (auto& m : *mems) m = m.to(device());
+    auto lengths = models::xl::Lengths::of(config_.model);
+    lengths.ext_len = 0;
+    auto weights = config_.model.search ? model_->eval_weights() : torch::Tensor();
+    return [this, mems, lengths, weights](const torch::Tensor& x) { return model_->forward(x, *mems, lengths, weights); };
+  }
   torch::Device device() const { return model_->word_emb->tables[0].device(); }
 
   torch::Tensor step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx, Optimizer* arch, double tau) {
