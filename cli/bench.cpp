@@ -29,9 +29,10 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
                                                 "and heads), e.g. an imported reference model's learned spans");
   cmd->add_option("--mem-len", r.mem_len, "Transformer-XL/PAR eval mode: memory length (default: eval_mem_len)");
   cmd->add_option("--tgt-len", r.tgt_len, "Transformer-XL/PAR eval mode: segment length (default: eval_tgt_len)");
+  cmd->add_flag("--json", r.json, "print one JSON record of the figures instead of the two text lines");
   cmd->allow_extras();
   cmd->callback([cmd, o, g, &run] {
-    auto overrides = cmd->remaining();
+    auto overrides = config_overrides(*cmd);
     run = [o, g, overrides] {
       auto all = execution_overrides(*g);
       all.insert(all.end(), overrides.begin(), overrides.end());

@@ -46,6 +46,9 @@ void add_translate(CLI::App&, const std::shared_ptr<Globals>&, Run&);
 // Shared by commands: --attn-impl as a config override list; the --nproc-per-node launcher (returns
 // true in the launching process after the workers finished; exits with their status on failure).
 std::vector<std::string> execution_overrides(const Globals& globals);
+// The config overrides a command collected (its unknown options), "--key value" joined to "--key=value"
+// (a value never starts with "--"; a command's positional arguments come before such pairs).
+std::vector<std::string> config_overrides(const CLI::App& command);
 bool launch_workers(int nproc, const std::vector<std::string>& argv);
 
 }  // namespace spanformer::cli

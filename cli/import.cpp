@@ -26,7 +26,7 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   cmd->add_option("--out,-o", o->out, "spanformer checkpoint to write")->required();
   cmd->allow_extras();
   cmd->callback([cmd, o, &run] {
-    auto overrides = cmd->remaining();
+    auto overrides = config_overrides(*cmd);
     run = [o, overrides] {
       if (o->kind == "safetensors") {
         if (!o->config.empty() || !o->vocab.empty() || !overrides.empty())

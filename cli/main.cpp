@@ -6,15 +6,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "command.h"
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
+#include "spanformer/util/usage.h"
 
 namespace {
 // LibTorch's OpenMP threads spin for a long time after each parallel region, and on a small machine
@@ -27,6 +31,53 @@ void use_short_openmp_spin(char** argv) {
   setenv("GOMP_SPINCOUNT", "10000", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
 }
+
+// Global flags may follow the command (`spanformer train -c x.json --threads 1`): they are moved in
+// front of it before parsing, so every command reads them alike. "--" ends the moving.
+const char* const kGlobalFlags[] = {"--threads", "--device", "--attn-impl"};
+
+bool is_global_flag(const std::string& a, bool& takes_next) {
+  for (const char* g : kGlobalFlags) {
+    const std::string flag = g;
+    if (a == flag || a.rfind(flag + "=", 0) == 0) {
+      takes_next = a == flag;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> hoist_global_flags(int argc, char** argv) {
+  std::vector<std::string> front{argv[0]}, rest;
+  bool command_seen = false, moving = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    bool takes_next = false;
+    if (moving && is_global_flag(a, takes_next)) {
+      front.push_back(a);
+      if (takes_next && i + 1 < argc) front.emplace_back(argv[++i]);
+      continue;
+    }
+    if (a == "--") moving = false;
+    if (!command_seen && a.rfind('-', 0) != 0) command_seen = true;
+    (command_seen ? rest : front).push_back(a);
+  }
+  front.insert(front.end(), rest.begin(), rest.end());
+  return front;
+}
+
+// The first argument that is neither a global flag nor its value: the command as typed ("" if none).
+std::string typed_command(const std::vector<std::string>& args) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    bool takes_next = false;
+    if (is_global_flag(args[i], takes_next)) {
+      i += takes_next ? 1 : 0;
+      continue;
+    }
+    return args[i].rfind('-', 0) == 0 ? "" : args[i];
+  }
+  return "";
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -36,17 +87,27 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   spanformer::cli::Run run;
   auto globals = std::make_shared<spanformer::cli::Globals>();
-  globals->argv.assign(argv, argv + argc);
+  const auto args = hoist_global_flags(argc, argv);
+  globals->argv = args;
   app.set_version_flag("--version", [] { return spanformer::version_line(); }, "version, git commit, LibTorch, CUDA");
   app.add_option("--threads", globals->threads, "CPU threads for LibTorch (default: all cores)");
   app.add_option("--device", globals->device, "cpu | cuda | cuda:N (default cpu; for train it sets train.device)");
   app.add_option("--attn-impl", globals->attn_impl,
                  "adaptive span: auto | fused | plain, how attention is computed (default: the checkpoint's or config's)");
   for (const auto& command : spanformer::cli::commands()) command.add(app, globals, run);
+  std::vector<std::string> names;
+  for (const auto& command : spanformer::cli::commands()) names.emplace_back(command.name);
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> reversed(args.rbegin(), args.rend() - 1);  // CLI11 reads from the back
+    app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    const std::string typed = typed_command(args);
+    if (!typed.empty() && std::find(names.begin(), names.end(), typed) == names.end()) {
+      fmt::print(stderr, "spanformer: error: unknown command '{}'{} (--help lists the commands)\n", typed,
+                 spanformer::did_you_mean(typed, names));
+      return 2;
+    }
     fmt::print(stderr, "spanformer: error: {} (--help lists the options)\n", spanformer::one_line_message(e));
     return 2;
   }
@@ -57,6 +118,9 @@ int main(int argc, char** argv) {
     if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))
       spanformer::fail("cannot write the results to standard output (closed or full)");
     return 0;
+  } catch (const spanformer::UsageError& e) {
+    fmt::print(stderr, "spanformer: error: {}\n", spanformer::one_line_message(e));
+    return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "spanformer: error: {}\n", spanformer::one_line_message(e));
     return 1;

@@ -21,6 +21,22 @@ std::vector<std::string> execution_overrides(const Globals& g) {
   return {"--attn_impl=" + g.attn_impl};
 }
 
+std::vector<std::string> config_overrides(const CLI::App& command) {
+  const auto extras = command.remaining();
+  std::vector<std::string> out;
+  for (size_t i = 0; i < extras.size(); ++i) {
+    const auto& a = extras[i];
+    const bool bare_key = a.rfind("--", 0) == 0 && a.find('=') == std::string::npos;
+    if (bare_key && i + 1 < extras.size() && extras[i + 1].rfind("--", 0) != 0) {
+      out.push_back(a + "=" + extras[i + 1]);
+      ++i;
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
 bool launch_workers(int nproc, const std::vector<std::string>& argv) {
   if (nproc < 1) fail("--nproc-per-node must be at least 1 (got {})", nproc);
   if (nproc == 1 || std::getenv("RANK")) return false;

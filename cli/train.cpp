@@ -31,7 +31,7 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_flag("--quiet", o->quiet, "no progress lines");
   cmd->allow_extras();
   cmd->callback([cmd, o, g, &run] {
-    auto overrides = cmd->remaining();
+    auto overrides = config_overrides(*cmd);
     run = [o, g, overrides] {
       auto family = train::family_from_config_file(o->config, overrides);
       auto& tc = family->train();

@@ -15,6 +15,11 @@ JSON
 "$bin" train -c "$tmp/c.json" --data "$tmp/data" --out "$tmp/run" --resume --quiet | tee "$tmp/train.out"
 grep -q "trained 40 steps" "$tmp/train.out"
 test "$(wc -l < "$tmp/run/log.jsonl")" -eq 2
+# train.log: both sessions, the resume and the interval lines, each with its UTC time.
+test "$(grep -c '^\[[0-9T:-]*Z\] session at step' "$tmp/run/train.log")" -eq 2
+grep -qE '^\[20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\] step +20 \| train' "$tmp/run/train.log"
+grep -qE '^\[[0-9T:-]+Z\] step +40 \| train' "$tmp/run/train.log"
+grep -q "resumed .* at step 20" "$tmp/run/train.log"
 "$bin" eval "$tmp/run" --split test --batch 4 | tee "$tmp/eval.out"
 grep -qE "^test bpc [0-9]+\.[0-9]+" "$tmp/eval.out"
 "$bin" generate "$tmp/run/checkpoint.pt" --prompt "It was the best of times" --tokens 50 --seed 3 > "$tmp/gen1"
@@ -27,7 +32,28 @@ head -c 8 "$tmp/spans.png" | od -An -c | grep "P   N   G" > /dev/null
 "$bin" attention "$tmp/run" --text "It was the best of times, it was the worst of times" --layer 1 --head 0 \
   -o "$tmp/att.png" | grep "drawn over distances" > /dev/null
 head -c 8 "$tmp/att.png" | od -An -c | grep "P   N   G" > /dev/null
+# Every picture as SVG or PDF by its extension, with the numbers drawn in a JSON file beside it.
+"$bin" spans "$tmp/run" --out "$tmp/spans.svg" > /dev/null
+grep -q "<svg" "$tmp/spans.svg"
+"$bin" attention "$tmp/run" --text "It was the best of times, it was the worst of times" -o "$tmp/att.pdf" > /dev/null
+head -c 5 "$tmp/att.pdf" | grep -q "%PDF-"
+"$bin" spans "$tmp/run" --json --out "$tmp/spans2.png" > "$tmp/spans_record.json"
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+drawn, printed = json.load(open(d + "/spans.json")), json.load(open(d + "/spans_record.json"))
+assert drawn["picture"] == "spans" and drawn["spans"] == printed["spans"] and drawn["ramp"] == printed["ramp"], drawn
+att = json.load(open(d + "/att.json"))
+assert att["picture"] == "heatmaps" and len(att["panels"]) == 2, att.keys()  # a panel per layer
+for p in att["panels"]:
+    assert len(p["values"]) == len(p["row_ticks"]) and all(len(r) == len(p["col_ticks"]) for r in p["values"]), p["title"]
+    assert all(abs(sum(r) - 1) < 1e-3 for r in p["values"]), p["title"]  # a query's weights by distance (< 1e-6 ones cut)
+PY
 "$bin" bench -c "$tmp/c.json" --steps 2 --warmup 1 | grep "tokens/s" > /dev/null
+"$bin" bench -c "$tmp/c.json" --steps 1 --warmup 0 --json 2> /dev/null > "$tmp/bench.json"
+/usr/bin/python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+assert r["family"] == "adaptive-span" and r["mode"] == "train" and r["ms_per_step"] > 0, r
+assert r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["what"].startswith("train step"), r' "$tmp/bench.json"
 
 # Distributed evaluation over two local processes gives the same figure.
 one=$("$bin" eval "$tmp/run" --split test --batch 4 | awk '{print $3}')

@@ -90,7 +90,21 @@ expect_exit2() {  # expect_exit2 "message part" command...
   else passed=$((passed + 1)); fi
 }
 expect_exit2 "Could not convert: --tokens = 1e12" "$bin" generate "$tmp/run" --tokens 1e12
-expect_exit2 "subcommand is required" "$bin" frobnicate
+expect_exit2 "unknown command 'frobnicate' (--help lists the commands)" "$bin" frobnicate
+expect_exit2 "unknown command 'trian' (did you mean 'train'?)" "$bin" --threads 1 trian -c "$tmp/tiny.json"
+expect_exit2 "unknown config key 'nb_layer' in override 'nb_layer=2' (did you mean 'nb_layers'?)" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r4b" --nb_layer=2
+expect_exit2 "override 'lr' must look like --key=value or --key value" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r4c" --lr
+expect_error "pictures.txt: a picture is written as .png, .svg or .pdf" "$bin" spans "$tmp/run" --out "$tmp/pictures.txt"
+test ! -e "$tmp/pictures.txt" && passed=$((passed + 1))
+# Global flags after the command mean what they mean before it; "--key value" overrides as "--key=value".
+expect_error "no CUDA device is available" "$bin" generate "$tmp/run" --tokens 2 --device cuda
+if "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/spaced" --nb_steps 3 --eval_interval 3 --lr 0.002 \
+     --threads 1 --quiet > "$tmp/out" 2>&1 && grep -q "trained 3 steps" "$tmp/out" \
+   && grep -qE '"lr": ?0.002' "$tmp/spaced/config.json" && grep -qE '"threads": ?1\b' "$tmp/spaced/config.json"; then
+  passed=$((passed + 1))
+else echo "FAIL: --key value overrides and a global flag after train -> $(cat "$tmp/out")"; failures=$((failures + 1)); fi
 expect_exit2 "subcommand is required" "$bin"
 # Config values: duplicate keys, integers out of range, absurd sizes, a port out of range.
 printf '{"model": {"nb_layers": 1, "nb_layers": 2}}' > "$tmp/dup.json"

@@ -70,6 +70,12 @@ done
 "$bin" attention "$tmp/luong" --text "Le chat ." --out "$tmp/luong.png" > /dev/null
 expect_error "$bin" attention "$tmp/gru" --text "Le chat ." --out "$tmp/gru.png"
 expect_error "$bin" train -c "$src/configs/seq2seq/luong.json" --out "$tmp/bad" "${small[@]}" --score=additive
+expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --bidirectional=true   # the Transformer
+# bahdanau.json's encoder is bidirectional: its weights (the "_reverse" directions) survive safetensors.
+"$bin" attention "$tmp/bahdanau" --text "Le chat ." --out "$tmp/bahdanau.png" > /dev/null
+"$bin" export safetensors "$tmp/bahdanau" -o "$tmp/bahdanau.safetensors" > /dev/null
+"$bin" import safetensors "$tmp/bahdanau.safetensors" -o "$tmp/bahdanau_again.pt" > /dev/null
+"$bin" translate "$tmp/bahdanau_again.pt" --text "Le chat ." --beam 1 | cmp - <("$bin" translate "$tmp/bahdanau" --text "Le chat ." --beam 1)
 
 # SentencePiece subwords by flag: a stopped and resumed run, then translation from the checkpoint alone
 # (the pairs file gone), the same through an exported and re-imported safetensors file.

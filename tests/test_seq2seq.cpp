@@ -203,12 +203,15 @@ torch::Tensor linear(const torch::Tensor& x, const torch::nn::Linear& l) {
   return l->bias.defined() ? y + l->bias : y;
 }
 
-// One GRU layer's cell (PyTorch's gate order r, z, n): x (in), h (H) -> h'.
-torch::Tensor gru_cell(const torch::nn::GRUImpl& gru, int64_t layer, const torch::Tensor& x, const torch::Tensor& h) {
+// One GRU layer's cell (PyTorch's gate order r, z, n): x (in), h (H) -> h'. `reverse`: the layer's
+// backward direction of a bidirectional GRU.
+torch::Tensor gru_cell(const torch::nn::GRUImpl& gru, int64_t layer, const torch::Tensor& x, const torch::Tensor& h,
+                       bool reverse = false) {
   const int64_t H = h.size(0);
   auto p = gru.named_parameters();
-  auto wi = p[fmt::format("weight_ih_l{}", layer)], wh = p[fmt::format("weight_hh_l{}", layer)];
-  auto bi = p[fmt::format("bias_ih_l{}", layer)], bh = p[fmt::format("bias_hh_l{}", layer)];
+  const char* suffix = reverse ? "_reverse" : "";
+  auto wi = p[fmt::format("weight_ih_l{}{}", layer, suffix)], wh = p[fmt::format("weight_hh_l{}{}", layer, suffix)];
+  auto bi = p[fmt::format("bias_ih_l{}{}", layer, suffix)], bh = p[fmt::format("bias_hh_l{}{}", layer, suffix)];
   auto gi = torch::mv(wi, x) + bi, gh = torch::mv(wh, h) + bh;  // (3H)
   auto r = torch::sigmoid(gi.narrow(0, 0, H) + gh.narrow(0, 0, H));
   auto z = torch::sigmoid(gi.narrow(0, H, H) + gh.narrow(0, H, H));
@@ -240,10 +243,26 @@ torch::Tensor reference_rnn(models::RnnSeq2SeqImpl& m, const std::vector<int64_t
   auto E = m.src_embed->weight;
   auto Et = c.share_embeddings ? E.narrow(0, 0, c.target_vocab) : m.tgt_embed->weight;
   auto s = torch::zeros({L, H}, torch::kDouble);
-  std::vector<torch::Tensor> outs;
-  for (int64_t id : src) outs.push_back(gru_step(*m.encoder, E[id], s));
-  auto memory = torch::stack(outs, 0);  // (n, H)
-  auto last = outs.back();
+  torch::Tensor memory;  // (n, H)
+  if (!c.bidirectional) {
+    std::vector<torch::Tensor> outs;
+    for (int64_t id : src) outs.push_back(gru_step(*m.encoder, E[id], s));
+    memory = torch::stack(outs, 0);
+  } else {  // per layer: forward over x_1..x_n, backward over x_n..x_1, both of H/2, concatenated
+    const auto n = static_cast<int64_t>(src.size());
+    auto x = E.index_select(0, torch::tensor(src, torch::kLong));  // (n, H)
+    for (int64_t l = 0; l < L; ++l) {
+      auto fwd = torch::zeros({n, H / 2}, torch::kDouble), bwd = torch::zeros({n, H / 2}, torch::kDouble);
+      auto h = torch::zeros({H / 2}, torch::kDouble);
+      for (int64_t j = 0; j < n; ++j) fwd[j] = h = gru_cell(*m.encoder, l, x[j], h);
+      h = torch::zeros({H / 2}, torch::kDouble);
+      for (int64_t j = n - 1; j >= 0; --j) bwd[j] = h = gru_cell(*m.encoder, l, x[j], h, true);
+      x = torch::cat({fwd, bwd}, 1);
+      s[l] = torch::cat({fwd[n - 1], bwd[0]});
+    }
+    memory = x;
+  }
+  auto last = c.bidirectional ? s[L - 1].clone() : memory[-1];
   auto feed = torch::zeros({H}, torch::kDouble);
   std::vector<torch::Tensor> logits;
   for (int64_t y : tgt_in) {
@@ -362,8 +381,9 @@ Batch random_batch(const Seq2SeqModelConfig& c) {
 }
 
 void expect_model_matches_reference(Seq2SeqModelConfig c) {
-  SCOPED_TRACE(fmt::format("kind {} pre_norm {} shared {} score {} feeding {}", seq2seq_kind_name(c.kind), c.pre_norm,
-                           c.share_embeddings, attention::score_kind_name(c.score), c.input_feeding));
+  SCOPED_TRACE(fmt::format("kind {} pre_norm {} shared {} score {} feeding {} bidirectional {}", seq2seq_kind_name(c.kind),
+                           c.pre_norm, c.share_embeddings, attention::score_kind_name(c.score), c.input_feeding,
+                           c.bidirectional));
   torch::manual_seed(1);
   auto net = models::make_seq2seq(c);
   net.module->to(torch::kDouble);
@@ -414,6 +434,13 @@ TEST(Seq2SeqModels, EveryKindMatchesItsEquations) {
   c = tiny(Seq2SeqKind::kTransformer);
   c.pre_norm = true;
   expect_model_matches_reference(c);
+  // Bidirectional encoders: the padded sentences (lengths 5, 2 of 7) must be read backwards from their
+  // own last token, not from the padding.
+  for (auto kind : {Seq2SeqKind::kGru, Seq2SeqKind::kBahdanau, Seq2SeqKind::kLuong}) {
+    c = tiny(kind);
+    c.bidirectional = true;
+    expect_model_matches_reference(c);
+  }
 }
 
 // ---- decoding ---------------------------------------------------------------------------------------

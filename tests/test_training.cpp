@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -186,6 +187,16 @@ TEST(Training, LossFallsOnRealText) {
     EXPECT_TRUE(r.contains("tokens_per_s") && r.contains("span_mean") && r.contains("eta_s"));
     EXPECT_NEAR(r["train_loss"].get<double>() / std::log(2.0), r["train_bpc"].get<double>(), 1e-12);
     EXPECT_EQ(r["span_mean"].size(), 2u);
+    // Per-head spans: one row per layer, one value per head, whose mean and max are the layer's.
+    ASSERT_EQ(r["spans"].size(), 2u);
+    for (size_t l = 0; l < 2; ++l) {
+      const auto heads = r["spans"][l].get<std::vector<double>>();
+      ASSERT_EQ(static_cast<int64_t>(heads.size()), config.model.nb_heads);
+      double sum = 0, max = 0;
+      for (double z : heads) sum += z, max = std::max(max, z);
+      EXPECT_NEAR(sum / static_cast<double>(heads.size()), r["span_mean"][l].get<double>(), 1e-9);
+      EXPECT_EQ(max, r["span_max"][l].get<double>());
+    }
   }
 }
 

@@ -1,12 +1,21 @@
-"""spanformer from Python: the span-aware attention as a PyTorch operator.
+"""spanformer from Python: the span-aware attention as a PyTorch operator, and any checkpoint.
 
     import spanformer                      # loads libspanformer_torch_ops.so
     out = torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span)
     out = spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32)
 
+    m = spanformer.load("runs/demo")       # a run directory or checkpoint file, any family
+    m.evaluate("test")                     # the record `spanformer eval --json` prints, as a dict
+    m.generate("The ", tokens=100, seed=1) # sampled text (language models)
+    m.translate(["Il fait froid."])        # seq2seq
+    m.spans()                              # (layers, heads) learned spans, float64 tensor
+    m.attention(text="...")                # the weights `spanformer attention` draws, as tensors
+    m.state_dict()                         # parameters by name (load them into a PyTorch module)
+
 The library is found through $SPANFORMER_TORCH_OPS, then beside this package (an installed tree), then
 in ../../build (a source checkout). Shapes and semantics: include/spanformer/ops/adaptive_span_attention.h.
 """
+import json
 import os
 
 import torch
@@ -31,3 +40,56 @@ def adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32.0, d
     """q (B,K,M,D); k, v (B,K,W+M,D); key_pe (D,L); span_ratio (K) -> (B,K,M,D). Differentiable."""
     return torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout,
                                                         training, seed)
+
+
+class Model:
+    """A spanformer checkpoint of any family (adaptive-span, xl, par, gpt, seq2seq, vit), run by the
+    same C++ code as the command line; CPU, with torch.get_num_threads() threads."""
+
+    def __init__(self, path, **overrides):
+        args = [f"--{key}={value}" for key, value in overrides.items()]
+        self._m = torch.classes.spanformer.Model(os.fspath(path), args)
+        self.family = self._m.family()
+        self.config = json.loads(self._m.config())
+        self.vocab = self._m.vocab()
+        self.step = self._m.step()
+
+    def __repr__(self):
+        return f"spanformer.Model(family={self.family!r}, step={self.step}, vocab={len(self.vocab)})"
+
+    def evaluate(self, split="test", data="", batch=-1):
+        """`spanformer eval CKPT --split SPLIT --json` as a dict (bpc/ppl for language models, accuracy
+        for vit, BLEU and accuracy for seq2seq). `data`: another prepared directory or data set."""
+        return json.loads(self._m.evaluate(split, data, batch))
+
+    def generate(self, prompt="\n", tokens=200, temperature=1.0, top_k=0, top_p=1.0, seed=1):
+        """The sampled continuation of `prompt` (the prompt itself not repeated)."""
+        return self._m.generate(prompt, tokens, temperature, top_k, top_p, seed)
+
+    def translate(self, sentences, beam=-1, length_penalty=-1.0):
+        """Translations of source sentences (seq2seq); -1: the config's beam and length penalty."""
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        return self._m.translate(list(sentences), beam, length_penalty)
+
+    def spans(self):
+        """Learned spans in tokens, (layers, heads) float64 (adaptive-span models)."""
+        return self._m.spans()
+
+    def attention(self, text=None, texts=(), indices=(), split="test"):
+        """The weights `spanformer attention` draws, float64:
+        language models (text=...): one (1, K, n, S + 1) per layer, weight of query i on distance d;
+        seq2seq (texts=[...] or indices of `split`): per sentence (L, K, T, S), or (T, S) recurrent;
+        vit (indices of `split`'s images): one (b, K, N, N) per layer."""
+        texts = ([text] if text is not None else []) + list(texts)
+        return self._m.attention(texts, [int(i) for i in indices], split)
+
+    def state_dict(self):
+        """Parameters and buffers by their names in spanformer checkpoints, as CPU tensors."""
+        return dict(self._m.state_dict())
+
+
+def load(path, **overrides):
+    """A checkpoint file or run directory of any family. Keyword overrides change how the model runs,
+    never what it is, as on the command line: load("runs/xl", eval_mem_len=1600)."""
+    return Model(path, **overrides)

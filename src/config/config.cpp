@@ -87,7 +87,7 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides) 
     const auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
     if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
         !config_detail::set_override(config.train, train_fields(), "train", o))
-      fail("unknown config key '{}' in override '{}'", o.key, o.item);
+      config_detail::unknown_override(o, adaptive_span_config_keys());
   }
 }
 

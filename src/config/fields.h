@@ -15,6 +15,7 @@
 #include "spanformer/util/error.h"
 #include "spanformer/config/train_config.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/usage.h"
 
 namespace spanformer::config_detail {
 
@@ -127,7 +128,7 @@ inline Override parse_override(std::string item,
                                const std::vector<std::pair<std::string, std::string>>& aliases = {}) {
   if (item.rfind("--", 0) == 0) item = item.substr(2);
   auto eq = item.find('=');
-  if (eq == std::string::npos || eq == 0) fail("override '{}' must look like --key=value", item);
+  if (eq == std::string::npos || eq == 0) fail_usage("override '{}' must look like --key=value or --key value", item);
   Override o;
   o.item = item;
   o.key = item.substr(0, eq);
@@ -159,6 +160,15 @@ bool set_override(T& t, const std::vector<Field<T>>& fields, const std::string& 
   if (!f) return false;
   f->set(t, f->get(t).is_string() ? json(o.text) : o.value);
   return true;
+}
+
+// The error of an override no section has: a usage error naming the key, with the closest key of
+// `keys` (the arch's, as `spanformer config keys` lists them) when one is near.
+[[noreturn]] inline void unknown_override(const Override& o, const std::vector<ConfigKey>& keys) {
+  std::vector<std::string> names;
+  for (const auto& k : keys) names.push_back(o.section.empty() ? k.name : k.section + "." + k.name);
+  const std::string key = o.section.empty() ? o.key : o.section + "." + o.key;
+  fail_usage("unknown config key '{}' in override '{}'{}", key, o.item, did_you_mean(key, names));
 }
 
 // One line per key for `spanformer config keys`: "section.key  type  default  help".

@@ -27,6 +27,8 @@ const std::vector<Field<Seq2SeqModelConfig>>& model_fields() {
       config_detail::enum_field("score", &C::score, attention::parse_score_kind, attention::score_kind_name,
                                 "luong: dot | general"),
       field("input_feeding", &C::input_feeding, "luong: the previous attentional vector joins the input"),
+      field("bidirectional", &C::bidirectional,
+            "recurrent kinds: a bidirectional encoder (H/2 a direction, concatenated; Bahdanau et al. 2015)"),
       field("pre_norm", &C::pre_norm, "transformer: LayerNorm before each sublayer (false: post-norm, the paper's)"),
       field("share_embeddings", &C::share_embeddings, "one table for source, target and output"),
       field("max_positions", &C::max_positions, "transformer: longest sequence (sinusoidal table, no weights)"),
@@ -147,7 +149,7 @@ void apply_overrides(Seq2SeqConfig& config, const std::vector<std::string>& over
     if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
         !config_detail::set_override(config.data, data_fields(), "data", o) &&
         !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
-      fail("unknown config key '{}' in override '{}'", o.key, o.item);
+      config_detail::unknown_override(o, seq2seq_config_keys());
   }
 }
 
@@ -170,6 +172,9 @@ void validate(const Seq2SeqModelConfig& c) {
     fail("config: d_model ({}) must be a multiple of n_head ({})", c.d_model, c.n_head);
   if (c.kind == Seq2SeqKind::kTransformer && c.d_model % 2 != 0)
     fail("config: d_model must be even for sinusoidal positions (got {})", c.d_model);
+  if (c.bidirectional && !c.recurrent()) fail("config: bidirectional is for the recurrent kinds (the Transformer's encoder sees both ways)");
+  if (c.bidirectional && c.d_model % 2 != 0)
+    fail("config: d_model must be even for a bidirectional encoder (H/2 a direction; got {})", c.d_model);
   if (c.kind == Seq2SeqKind::kLuong && c.score != attention::ScoreKind::kDot && c.score != attention::ScoreKind::kGeneral)
     fail("config: luong attention scores with dot or general (got {})", attention::score_kind_name(c.score));
   if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);

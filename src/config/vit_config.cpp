@@ -87,7 +87,7 @@ void apply_overrides(VitConfig& config, const std::vector<std::string>& override
     auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
     if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
         !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
-      fail("unknown config key '{}' in override '{}'", o.key, o.item);
+      config_detail::unknown_override(o, vit_config_keys());
   }
 }
 

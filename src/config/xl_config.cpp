@@ -152,7 +152,7 @@ void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides
     if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
         !config_detail::set_override(config.search, search_fields(), "search", o) &&
         !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
-      fail("unknown config key '{}' in override '{}'", o.key, o.item);
+      config_detail::unknown_override(o, xl_config_keys());
   }
 }
 

@@ -60,6 +60,7 @@ const Module& module() {
       const std::string dir = directory_of(std::string(exe, static_cast<size_t>(n)));
       candidates.push_back(dir + "/" + kSentencePieceModuleName);
       candidates.push_back(directory_of(dir) + "/" + kSentencePieceModuleName);
+      candidates.push_back(directory_of(dir) + "/lib/spanformer/" + kSentencePieceModuleName);  // installed: bin/../lib/spanformer
     }
     candidates.push_back(kSentencePieceModuleBuilt);
     void* lib = nullptr;

@@ -35,13 +35,13 @@ RnnSeq2SeqImpl::RnnSeq2SeqImpl(const Seq2SeqModelConfig& c) : config_(c) {
   const int64_t H = c.d_model, L = c.n_layer, V = c.vocab_size, Vt = c.target_vocab;
   src_embed = register_module("src_embed", torch::nn::Embedding(V, H));
   if (!c.share_embeddings) tgt_embed = register_module("tgt_embed", torch::nn::Embedding(Vt, H));
-  auto gru = [&](int64_t input) {
-    return torch::nn::GRU(torch::nn::GRUOptions(input, H).num_layers(L).dropout(L > 1 ? c.dropout : 0.0).batch_first(true));
+  auto gru = [&](int64_t input, int64_t hidden, bool both_ways) {
+    return torch::nn::GRU(torch::nn::GRUOptions(input, hidden).num_layers(L).dropout(L > 1 ? c.dropout : 0.0).batch_first(true).bidirectional(both_ways));
   };
-  encoder = register_module("encoder", gru(H));
+  encoder = register_module("encoder", c.bidirectional ? gru(H, H / 2, true) : gru(H, H, false));
   const bool feeds = c.kind == Seq2SeqKind::kGru || c.kind == Seq2SeqKind::kBahdanau ||
                      (c.kind == Seq2SeqKind::kLuong && c.input_feeding);
-  decoder = register_module("decoder", gru(feeds ? 2 * H : H));
+  decoder = register_module("decoder", gru(feeds ? 2 * H : H, H, false));
   if (c.kind == Seq2SeqKind::kBahdanau) {
     attention::ScoringOptions o;
     o.kind = attention::ScoreKind::kAdditive;
@@ -75,8 +75,10 @@ DecodeState RnnSeq2SeqImpl::start(const torch::Tensor& src, const torch::Tensor&
   const int64_t B = src.size(0), S = src.size(1), H = config_.d_model;
   auto x = drop->forward(src_embed->forward(src));  // (B, S, H)
   auto packed = torch::nn::utils::rnn::pack_padded_sequence(x, src_len.cpu(), /*batch_first=*/true, /*enforce_sorted=*/false);
-  auto [packed_out, h] = encoder->forward_with_packed_input(packed);  // h (L, B, H)
+  auto [packed_out, h] = encoder->forward_with_packed_input(packed);  // h (L, B, H), bidirectional (2L, B, H/2)
   auto memory = std::get<0>(torch::nn::utils::rnn::pad_packed_sequence(packed_out, /*batch_first=*/true, 0.0, S));  // (B, S, H)
+  if (config_.bidirectional)  // layer l's [forward state after x_n; backward state after x_1]
+    h = h.view({config_.n_layer, 2, B, H / 2}).permute({0, 2, 1, 3}).reshape({config_.n_layer, B, H});  // (L, B, H)
   torch::Tensor feed = config_.kind == Seq2SeqKind::kGru ? h[-1] : torch::zeros({B, H}, x.options());  // (B, H)
   return DecodeState{{h.transpose(0, 1).contiguous(), memory, src_len, feed}};
 }

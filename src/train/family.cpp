@@ -270,6 +270,8 @@ void draw_text_attention(const data::Vocab& vocab, const AttentionRequest& r, in
   forward(torch::from_blob(ids.data() + last, {1, n_ids - last}, torch::kLong).to(device));
   const auto& layers = recorder.layers;  // (1, K, n, S + 1) each
   if (layers.empty()) fail("attention: this model recorded no attention weights");
+  if (r.weights) *r.weights = layers;
+  if (r.out.empty()) return;
   const auto L = static_cast<int64_t>(layers.size()), K = layers[0].size(1), n = layers[0].size(2);
   if (r.layer < -1 || r.layer >= L) fail("attention: --layer must be in [0, {}) (got {})", L, r.layer);
   if (r.head < -1 || r.head >= K) fail("attention: --head must be in [0, {}) (got {})", K, r.head);
@@ -345,6 +347,7 @@ void log_spans(const std::vector<std::vector<double>>& spans, nlohmann::json& re
   }
   record["span_mean"] = mean;
   record["span_max"] = max;
+  record["spans"] = spans;  // per layer, per head (tokens): the span-versus-training figure's data
   text += fmt::format(" | spans {:.0f}", fmt::join(mean, " "));
 }
 
@@ -371,6 +374,20 @@ double time_steps(const BenchRequest& r, const std::function<void()>& step) {
     fmt::print(stderr, "  step {}/{}: {:.0f} ms{}\n", i + 1, r.warmup + r.steps, dt * 1e3, i < r.warmup ? " (warmup)" : "");
   }
   return total / static_cast<double>(r.steps);
+}
+
+void report_bench(const BenchRequest& r, const char* family, const std::string& prefix, const std::string& what,
+                  const std::string& figures_text, nlohmann::json figures) {
+  if (r.json) {
+    figures["family"] = family;
+    figures["what"] = what;
+    figures["threads"] = r.threads;
+    figures["device"] = r.device.str();
+    figures["peak_rss_mb"] = static_cast<double>(peak_rss_bytes()) / 1e6;
+    fmt::print("{}\n", figures.dump());
+    return;
+  }
+  fmt::print("{}: {}\n{}: {}, {}\n", prefix, what, prefix, figures_text, peak_memory_text(r.device.is_cuda()));
 }
 
 void export_safetensors(const Checkpoint& checkpoint, const std::string& path, const std::string& config_path) {

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "spanformer/dist/group.h"
 #include "spanformer/dist/reducer.h"
@@ -88,6 +89,20 @@ RunResult run_training(Family& family, const RunOptions& options) {
       fail("{} already holds a run: continue it with --resume, or replace it with --overwrite", options.out_dir);
   }
 
+  // Messages for the user: stderr, and RUN/train.log with their UTC time (opened once a new run has
+  // cleared the directory; what comes before waits in `early`).
+  std::ofstream text_log;
+  std::vector<std::string> early;
+  auto say = [&](const std::string& text) {
+    if (!main_rank) return;
+    fmt::print(stderr, "{}\n", text);
+    const std::string line = fmt::format("[{}] {}", utc_timestamp(), text);
+    if (text_log.is_open())
+      text_log << line << std::endl;
+    else
+      early.push_back(line);
+  };
+
   const torch::Device device = parse_device(tc.device);
   torch::manual_seed(tc.seed);
   family.build();
@@ -96,9 +111,9 @@ RunResult run_training(Family& family, const RunOptions& options) {
   std::unique_ptr<dist::GradientReducer> reducer;
   if (options.group && tc.dist_bucket_kb > 0)
     reducer = std::make_unique<dist::GradientReducer>(options.group, family.module().parameters(), tc.dist_bucket_kb * 1024);
-  if (group && main_rank)
-    fmt::print(stderr, "spanformer: {} processes; gradients all-reduced in {}\n", world,
-               reducer ? fmt::format("{} bucket(s) during backward", reducer->nb_buckets()) : "one bucket after backward");
+  if (group)
+    say(fmt::format("spanformer: {} processes; gradients all-reduced in {}", world,
+                    reducer ? fmt::format("{} bucket(s) during backward", reducer->nb_buckets()) : "one bucket after backward"));
   const int64_t B = tc.batch_size, M = family.block_length();
   const int64_t local = B / world, first = rank * local;  // this rank's streams [first, first + local)
   std::unique_ptr<data::Streams> train_streams, valid_streams;
@@ -152,21 +167,21 @@ RunResult run_training(Family& family, const RunOptions& options) {
     compat::set_generator_state(c10::DeviceType::CPU, ck.tensor("state.rng"));
     if (device.is_cuda() && ck.has("state.cuda_rng"))
       compat::set_generator_state(c10::DeviceType::CUDA, ck.tensor("state.cuda_rng"));
-    if (main_rank)
-      fmt::print(stderr, "spanformer: resumed {} at step {} ({} process{})\n", checkpoint_path, state.step, world,
-                 world > 1 ? "es" : "");
+    say(fmt::format("spanformer: resumed {} at step {} ({} process{})", checkpoint_path, state.step, world,
+                    world > 1 ? "es" : ""));
   } else {
-    if (options.resume && main_rank) fmt::print(stderr, "spanformer: no checkpoint in {}, starting a new run\n", options.out_dir);
+    if (options.resume) say(fmt::format("spanformer: no checkpoint in {}, starting a new run", options.out_dir));
     if (!options.init_from.empty()) {
       Checkpoint init(options.init_from);
       if (!data::same_vocabulary(init.vocab(), vocab))
         fail("{} was trained with another vocabulary than {}", options.init_from, tc.data);
       family.load_weights(init);
-      if (main_rank) fmt::print(stderr, "spanformer: starting from the weights of {}\n", options.init_from);
+      say(fmt::format("spanformer: starting from the weights of {}", options.init_from));
     }
     family.init_state(local);
-    if (main_rank) {  // a new run starts a new log and leaves no checkpoint of the run it replaces
+    if (main_rank) {  // a new run starts new logs and leaves no checkpoint of the run it replaces
       write_file_atomic(log_path, "");
+      write_file_atomic(options.out_dir + "/train.log", "");
       std::remove(best_path.c_str());
       std::remove(checkpoint_path.c_str());
       std::remove(sessions_path.c_str());
@@ -178,6 +193,10 @@ RunResult run_training(Family& family, const RunOptions& options) {
     record["step"] = state.step;
     record["processes"] = world;
     std::ofstream(sessions_path, std::ios::app) << record.dump() << "\n";
+    text_log.open(options.out_dir + "/train.log", std::ios::app);
+    text_log << fmt::format("[{}] session at step {}: {}", utc_timestamp(), state.step, fmt::join(options.command_line, " "))
+             << std::endl;
+    for (const auto& line : early) text_log << line << std::endl;
   }
 
   install_interrupt_handler();
@@ -188,6 +207,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
   const int64_t last_step = options.stop_after >= 0 ? std::min(tc.nb_steps, first_step + options.stop_after) : tc.nb_steps;
   const int64_t checkpoint_every = tc.checkpoint_interval > 0 ? tc.checkpoint_interval : tc.eval_interval;
   const double session_start = now_seconds();
+  double last_progress_logged = session_start;
 
   auto save = [&](const std::string& path) {  // collective: every rank calls it at the same steps
     auto gather = [&](const torch::Tensor& t) { return group ? group->all_gather_cat(t.cpu()) : t.cpu(); };
@@ -221,7 +241,8 @@ RunResult run_training(Family& family, const RunOptions& options) {
     const bool stop = group ? group->all_reduce_sum(interrupted() ? 1.0 : 0.0) > 0 : interrupted();
     if (stop) {
       save(checkpoint_path);
-      if (main_rank) fmt::print(stderr, "\nspanformer: checkpoint saved at step {} in {}\n", state.step, checkpoint_path);
+      if (tty) fmt::print(stderr, "\n");
+      say(fmt::format("spanformer: checkpoint saved at step {} in {}", state.step, checkpoint_path));
       result.interrupted = true;
       break;
     }
@@ -269,10 +290,19 @@ RunResult run_training(Family& family, const RunOptions& options) {
 
     const double elapsed = now_seconds() - session_start;
     const double per_step = elapsed / static_cast<double>(state.step - first_step);
-    if (tty)
-      fmt::print(stderr, "\r  step {}/{} | train {:.3f} {} | lr {:.2e} | {:.0f} ms/step | {:.0f} {} | left {}   ",
-                 state.step, tc.nb_steps, in_unit(loss_value, unit), unit, ctx.lr, per_step * 1e3, B * M / per_step, speed_unit,
-                 format_duration(per_step * static_cast<double>(last_step - state.step)));
+    // The progress line: on a terminal after every step; in train.log at most every 30 s.
+    const bool log_progress = text_log.is_open() && now_seconds() - last_progress_logged >= 30;
+    if (tty || log_progress) {
+      const std::string line = fmt::format(
+          "step {}/{} | train {:.3f} {} | lr {:.2e} | {:.0f} ms/step | {:.0f} {} | left {}", state.step, tc.nb_steps,
+          in_unit(loss_value, unit), unit, ctx.lr, per_step * 1e3, B * M / per_step, speed_unit,
+          format_duration(per_step * static_cast<double>(last_step - state.step)));
+      if (tty) fmt::print(stderr, "\r  {}   ", line);
+      if (log_progress) {
+        text_log << fmt::format("[{}]   {}", utc_timestamp(), line) << std::endl;
+        last_progress_logged = now_seconds();
+      }
+    }
 
     // Validation only at interval ends and at the end of the run, never at a session stop: a stopped and
     // resumed run then reads exactly the same validation blocks as an uninterrupted one.
@@ -330,12 +360,14 @@ RunResult run_training(Family& family, const RunOptions& options) {
       if (examples) family.report_score(valid_score, "valid_", record, extra);
       family.log_extras(state.step, record, extra);
       if (main_rank) log << record.dump() << std::endl;
-      if (main_rank && options.progress)
-        fmt::print(stderr, "{}step {:>7} | train {:.3f} {} | valid {:.3f} {}{} | {:.0f} ms/step | {:.0f} {} | left {}{}\n",
-                   tty ? "\r" : "", state.step, result.last_train, unit, result.last_valid, unit,
-                   examples ? fmt::format(" | valid acc {:.2f}%", 100 * valid_accuracy) : "", ms_per_step,
-                   static_cast<double>(B * M) * 1e3 / ms_per_step, speed_unit,
-                   format_duration(per_step * static_cast<double>(tc.nb_steps - state.step)), extra);
+      const std::string line = fmt::format(
+          "step {:>7} | train {:.3f} {} | valid {:.3f} {}{} | {:.0f} ms/step | {:.0f} {} | left {}{}", state.step,
+          result.last_train, unit, result.last_valid, unit,
+          examples ? fmt::format(" | valid acc {:.2f}%", 100 * valid_accuracy) : "", ms_per_step,
+          static_cast<double>(B * M) * 1e3 / ms_per_step, speed_unit,
+          format_duration(per_step * static_cast<double>(tc.nb_steps - state.step)), extra);
+      if (main_rank && options.progress) fmt::print(stderr, "{}{}\n", tty ? "\r" : "", line);
+      if (text_log.is_open()) text_log << fmt::format("[{}] {}", utc_timestamp(), line) << std::endl;
       if (best) save(best_path);
       interval_loss = 0;
       interval_steps = 0;

@@ -36,16 +36,20 @@ nlohmann::json build_record(const std::vector<std::string>& command) {
   if (!command.empty()) {
     char host[256] = {0};
     if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
-    const std::time_t now = std::time(nullptr);
-    std::tm utc{};
-    ::gmtime_r(&now, &utc);
-    char start[32];
-    std::strftime(start, sizeof(start), "%Y-%m-%dT%H:%M:%SZ", &utc);
     j["host"] = host;
-    j["start"] = start;
+    j["start"] = utc_timestamp();
     j["command"] = command;
   }
   return j;
+}
+
+std::string utc_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
 }
 
 }  // namespace spanformer

@@ -2,7 +2,7 @@
 
 #include "spanformer/build_options.h"
 #if SPANFORMER_WITH_CAIRO
-#include <cairo.h>
+#include "canvas.h"
 #endif
 
 #include <algorithm>
@@ -18,18 +18,6 @@ namespace spanformer::viz {
 #if SPANFORMER_WITH_CAIRO
 namespace {
 
-void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0, bool vertical = false) {
-  cairo_set_font_size(cr, size);
-  cairo_text_extents_t ext;
-  cairo_text_extents(cr, s.c_str(), &ext);
-  cairo_save(cr);
-  cairo_move_to(cr, x, y);
-  if (vertical) cairo_rotate(cr, -M_PI / 2);
-  cairo_rel_move_to(cr, -align * (ext.width + ext.x_bearing), 0);
-  cairo_show_text(cr, s.c_str());
-  cairo_restore(cr);
-}
-
 // Viridis-like ramp: t in [0, 1] -> dark blue, teal, green, yellow.
 void colour(cairo_t* cr, double t) {
   t = std::clamp(t, 0.0, 1.0);
@@ -41,14 +29,6 @@ void colour(cairo_t* cr, double t) {
                        stops[i][2] + u * (stops[i + 1][2] - stops[i][2]));
 }
 
-void save_png(cairo_surface_t* surface, cairo_t* cr, const std::string& path) {
-  cairo_destroy(cr);
-  write_atomic_with(path, [&](const std::string& tmp) {
-    if (cairo_surface_write_to_png(surface, tmp.c_str()) != CAIRO_STATUS_SUCCESS) fail("cannot write {}", path);
-  });
-  cairo_surface_destroy(surface);
-}
-
 std::string tick(double v) { return std::abs(v) >= 100 || v == std::floor(v) ? fmt::format("{:.0f}", v) : fmt::format("{:.2g}", v); }
 
 }  // namespace
@@ -58,10 +38,9 @@ void write_heatmaps(const std::string& path, const std::vector<Heatmap>& panels)
   const double panel = 360, margin = 70, top = 50, bar = 14;
   const int width = static_cast<int>(panels.size() * (panel + margin + 60) + margin);
   const int height = static_cast<int>(top + panel + 80);
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height);
-  cairo_t* cr = cairo_create(surface);
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
+  Canvas canvas(path, width, height);
+  cairo_t* cr = canvas.cr();
+  nlohmann::json data = nlohmann::json::array();
   for (size_t p = 0; p < panels.size(); ++p) {
     const auto& h = panels[p];
     const size_t R = h.values.size(), C = R ? h.values[0].size() : 0;
@@ -102,8 +81,10 @@ void write_heatmaps(const std::string& path, const std::vector<Heatmap>& panels)
     cairo_set_source_rgb(cr, 0, 0, 0);
     text(cr, x0 + panel + 14 + bar, y0 + 8, tick(vmax), 9);
     text(cr, x0 + panel + 14 + bar, y0 + panel, "0", 9);
+    data.push_back({{"title", h.title}, {"row_label", h.row_label}, {"col_label", h.col_label},
+                    {"row_ticks", h.row_ticks}, {"col_ticks", h.col_ticks}, {"values", h.values}});
   }
-  save_png(surface, cr, path);
+  canvas.save({{"picture", "heatmaps"}, {"panels", data}});
 }
 
 void write_line_plot(const std::string& path, const LinePlot& plot) {
@@ -119,10 +100,8 @@ void write_line_plot(const std::string& path, const LinePlot& plot) {
   const double pad = 0.05 * (ymax - ymin);
   ymin -= pad, ymax += pad;
   const double W = 720, H = 440, left = 70, right = 170, top = 40, bottom = 55;
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, static_cast<int>(W), static_cast<int>(H));
-  cairo_t* cr = cairo_create(surface);
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
+  Canvas canvas(path, W, H);
+  cairo_t* cr = canvas.cr();
   const double pw = W - left - right, ph = H - top - bottom;
   auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * pw; };
   auto Y = [&](double y) { return top + (1 - (y - ymin) / (ymax - ymin)) * ph; };
@@ -160,19 +139,19 @@ void write_line_plot(const std::string& path, const LinePlot& plot) {
     cairo_set_source_rgb(cr, 0, 0, 0);
     text(cr, W - right + 32, ly, s.name, 11);
   }
-  save_png(surface, cr, path);
+  nlohmann::json series = nlohmann::json::array();
+  for (const auto& s : plot.series) series.push_back({{"name", s.name}, {"points", s.points}, {"x", s.x}, {"y", s.y}});
+  canvas.save({{"picture", "line plot"}, {"title", plot.title}, {"x_label", plot.x_label}, {"y_label", plot.y_label},
+               {"series", series}});
 }
 
 void write_overlays(const std::string& path, const std::vector<Overlay>& items, const std::string& title) {
   if (items.empty()) fail("no image to draw");
   const double cell = 168, gap = 14, top = 40;
   const int width = static_cast<int>(items.size() * 2 * (cell + gap) + gap), height = static_cast<int>(top + cell + 40);
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height);
-  cairo_t* cr = cairo_create(surface);
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
-  cairo_set_source_rgb(cr, 0, 0, 0);
-  text(cr, width / 2.0, 22, title, 14, 0.5);
+  Canvas canvas(path, width, height);
+  cairo_t* cr = canvas.cr();
+  text(cr, width / 2.0, 22, title, 14, kCenter);
   for (size_t n = 0; n < items.size(); ++n) {
     const auto& it = items[n];
     const size_t S = it.image.size(), G = it.map.size();
@@ -198,9 +177,11 @@ void write_overlays(const std::string& path, const std::vector<Overlay>& items, 
         cairo_fill(cr);
       }
     cairo_set_source_rgb(cr, 0, 0, 0);
-    text(cr, x_image + cell + gap / 4, top + cell + 20, it.caption, 11, 0.5);
+    text(cr, x_image + cell + gap / 4, top + cell + 20, it.caption, 11, kCenter);
   }
-  save_png(surface, cr, path);
+  nlohmann::json data = nlohmann::json::array();
+  for (const auto& it : items) data.push_back({{"caption", it.caption}, {"image", it.image}, {"map", it.map}});
+  canvas.save({{"picture", "overlays"}, {"title", title}, {"items", data}});
 }
 
 #else

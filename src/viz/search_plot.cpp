@@ -2,7 +2,7 @@
 
 #include "spanformer/build_options.h"
 #if SPANFORMER_WITH_CAIRO
-#include <cairo.h>
+#include "canvas.h"
 #endif
 #include <nlohmann/json.hpp>
 
@@ -18,14 +18,6 @@
 namespace spanformer::viz {
 #if SPANFORMER_WITH_CAIRO
 namespace {
-
-void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0) {
-  cairo_set_font_size(cr, size);
-  cairo_text_extents_t ext;
-  cairo_text_extents(cr, s.c_str(), &ext);
-  cairo_move_to(cr, x - align * (ext.width + ext.x_bearing), y);
-  cairo_show_text(cr, s.c_str());
-}
 
 // Block-type colours: attention red, feed-forward blue, identity grey.
 constexpr double kColour[3][3] = {{0.84, 0.19, 0.15}, {0.17, 0.40, 0.75}, {0.55, 0.55, 0.55}};
@@ -72,12 +64,8 @@ void write_search_plot(const std::string& path, const SearchHistory& history, co
   const double gap = 48, bars_h = 200;
   const int width = static_cast<int>(margin + map_w + 140);
   const int height = static_cast<int>(top + 3 * (map_h + gap) + bars_h + 60);
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height);
-  cairo_t* cr = cairo_create(surface);
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
-  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-  cairo_set_source_rgb(cr, 0, 0, 0);
+  Canvas canvas(path, width, height);
+  cairo_t* cr = canvas.cr();
   text(cr, margin, 26, title, 17);
   text(cr, margin, 46, fmt::format("P(block type) = softmax(alpha) of each of the {} blocks, steps {} to {}", N,
                                    history.steps.front(), history.steps.back()), 12);
@@ -136,11 +124,8 @@ void write_search_plot(const std::string& path, const SearchHistory& history, co
     text(cr, margin + bar_w * (static_cast<double>(b) + 0.5), by0 + bars_h + 14, std::string(1, "afi"[arg]), 10, 0.5);
   }
   text(cr, margin, by0 + bars_h + 30, "block 0 (input side) ... last block", 10);
-  cairo_destroy(cr);
-  write_atomic_with(path, [&](const std::string& tmp) {
-    if (cairo_surface_write_to_png(surface, tmp.c_str()) != CAIRO_STATUS_SUCCESS) fail("cannot write {}", path);
-  });
-  cairo_surface_destroy(surface);
+  canvas.save({{"picture", "par search"}, {"title", title}, {"steps", history.steps}, {"probs", history.probs},
+               {"columns", {"attention", "feed-forward", "identity"}}});
 }
 
 #else

@@ -2,7 +2,7 @@
 
 #include "spanformer/build_options.h"
 #if SPANFORMER_WITH_CAIRO
-#include <cairo.h>
+#include "canvas.h"
 #endif
 
 #include <algorithm>
@@ -17,19 +17,6 @@
 namespace spanformer::viz {
 #if SPANFORMER_WITH_CAIRO
 namespace {
-
-enum class Align { kLeft, kCenter, kRight };
-
-void text(cairo_t* cr, double x, double y, const std::string& s, double size, Align align = Align::kLeft) {
-  cairo_set_font_size(cr, size);
-  cairo_text_extents_t ext;
-  cairo_text_extents(cr, s.c_str(), &ext);
-  const double shift = align == Align::kCenter ? ext.width / 2 + ext.x_bearing
-                       : align == Align::kRight ? ext.width + ext.x_bearing
-                                                : 0.0;
-  cairo_move_to(cr, x - shift, y);
-  cairo_show_text(cr, s.c_str());
-}
 
 // A distinct colour per head.
 void head_colour(cairo_t* cr, size_t k, size_t K) {
@@ -59,12 +46,8 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
   const int width = static_cast<int>(std::max(grid_w, 520.0) + 2 * margin);
   const int height = static_cast<int>(top + grid_h + 50 + bars_h + 10);
 
-  cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, width, height);
-  cairo_t* cr = cairo_create(surface);
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
-  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-  cairo_set_source_rgb(cr, 0, 0, 0);
+  Canvas canvas(path, width, height);
+  cairo_t* cr = canvas.cr();
   text(cr, margin, 28, options.title.empty() ? "Learned attention spans" : options.title, 18);
   text(cr, margin, 50,
        fmt::format("soft mask m_z(d) against distance d (0..{:.0f} tokens); max span L = {:.0f}, ramp R = {:.0f}",
@@ -97,12 +80,12 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
       cairo_close_path(cr);
       cairo_fill(cr);
       cairo_set_source_rgb(cr, 0, 0, 0);
-      text(cr, x0 + w - 4, y0 + 14, fmt::format("z = {:.1f}", z), 11, Align::kRight);
+      text(cr, x0 + w - 4, y0 + 14, fmt::format("z = {:.1f}", z), 11, kRight);
       cairo_set_source_rgb(cr, 0.4, 0.4, 0.4);
       text(cr, x0 + 1, y0 + h + 11, "0", 8);
-      text(cr, x0 + w, y0 + h + 11, fmt::format("{:.0f}", x_max), 8, Align::kRight);
+      text(cr, x0 + w, y0 + h + 11, fmt::format("{:.0f}", x_max), 8, kRight);
       cairo_set_source_rgb(cr, 0, 0, 0);
-      text(cr, x0 + w / 2, y0 + h + 14, fmt::format("layer {} head {}", l, k), 10, Align::kCenter);
+      text(cr, x0 + w / 2, y0 + h + 14, fmt::format("layer {} head {}", l, k), 10, kCenter);
     }
   }
 
@@ -123,7 +106,7 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
     cairo_stroke(cr);
     cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
     text(cr, bx0 - 6, y_of(tick) + 4, tick == L ? fmt::format("L={:.0f}", tick) : fmt::format("{:.0f}", tick), 10,
-         Align::kRight);
+         kRight);
   }
   const double group = bw_total / static_cast<double>(layers);
   const double bar = std::max(2.0, group * 0.8 / static_cast<double>(heads));
@@ -136,14 +119,10 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
       cairo_fill(cr);
     }
     cairo_set_source_rgb(cr, 0, 0, 0);
-    text(cr, bx0 + group * (static_cast<double>(l) + 0.5), by0 + bh + 16, fmt::format("layer {}", l), 10, Align::kCenter);
+    text(cr, bx0 + group * (static_cast<double>(l) + 0.5), by0 + bh + 16, fmt::format("layer {}", l), 10, kCenter);
   }
-  cairo_destroy(cr);
-
-  write_atomic_with(path, [&](const std::string& tmp) {
-    if (cairo_surface_write_to_png(surface, tmp.c_str()) != CAIRO_STATUS_SUCCESS) fail("cannot write {}", path);
-  });
-  cairo_surface_destroy(surface);
+  canvas.save({{"picture", "spans"}, {"title", options.title}, {"spans", spans}, {"attn_span", options.attn_span},
+               {"ramp", options.ramp}, {"unit", "tokens"}});
 }
 
 #else

@@ -42,6 +42,7 @@ struct Seq2SeqModelConfig {
   double dropout = 0.1;
   attention::ScoreKind score = attention::ScoreKind::kGeneral;  // Luong: dot | general
   bool input_feeding = true;      // Luong: the previous attentional vector joins the decoder's input
+  bool bidirectional = false;     // recurrent: the encoder reads the source both ways (H/2 a direction)
   bool pre_norm = false;          // Transformer: LayerNorm before each sublayer (post-norm: the paper's)
   bool share_embeddings = false;  // one table for source, target and output (Press & Wolf 2017)
   int64_t max_positions = 256;    // Transformer: sinusoidal positions table length (no weights)

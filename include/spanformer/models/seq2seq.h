@@ -4,6 +4,9 @@
 // Recurrent (kind gru | bahdanau | luong). E_s, E_t embeddings (E_t = the first Vt rows of E_s when
 // share_embeddings), GRU stacks of L layers, dropout on embeddings and between layers.
 //   encoder:    o_1..o_S, h_S = GRU_enc(drop(E_s x))   packed by source length  (B, S, H), (L, B, H)
+//   bidirectional (by flag; Bahdanau et al.'s annotations): two GRUs of H/2 read x_1..x_n and x_n..x_1,
+//               o_j = [fwd_j; bwd_j] (each layer's input the previous layer's concatenation),
+//               h = [fwd_n; bwd_1] per layer                         (B, S, H), (L, B, H) as above
 //   decoder state s_0 = h_S (every layer); at step t with input y_{t-1}:
 //   gru         s_t = GRU_dec([drop(E_t y_{t-1}); o_S^top], s_{t-1})       the source summarised once
 //   bahdanau    c_t = sum_j a_tj o_j,  a_t = softmax_j(w^T tanh(W_q s_{t-1}^top + W_k o_j))  (masked)

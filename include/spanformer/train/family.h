@@ -103,6 +103,7 @@ struct TranslateRequest {
 };
 
 struct BenchRequest {
+  bool json = false;            // one JSON record on stdout instead of the two text lines
   bool eval = false;            // forward only, no gradients
   bool generate = false;        // GPT: tokens/s of generation with and without the KV cache
   int64_t steps = 5, warmup = 2;
@@ -122,7 +123,13 @@ struct AttentionRequest {
   const data::Vocab* vocab = nullptr;  // language models: the checkpoint's vocabulary
   std::string split = "test";
   int64_t layer = -1, head = -1;  // -1: every layer by attention rollout / the heads' mean
-  std::string out;              // PNG
+  std::string out;              // PNG ("": draw nothing, print nothing; `weights` only)
+  // When set, receives the weights the picture is made of, float64 on the CPU:
+  //   language models  one (1, K, n, S + 1) per layer, by distance (attention/record.h), for the text
+  //   seq2seq          one per sentence: (L, K, T, S) for the Transformer, (T, S) for bahdanau/luong
+  //                    (T = the decoded output with <eos>, S = the source tokens)
+  //   vit              one (b, K, N, N) per layer for the b images (N = patches + the class token)
+  std::vector<torch::Tensor>* weights = nullptr;
 };
 
 class Family {

@@ -15,4 +15,7 @@ std::string version_line();
 // (the argument vector) when given.
 nlohmann::json build_record(const std::vector<std::string>& command = {});
 
+// The current time, UTC, ISO 8601 to the second: "2026-11-23T18:57:19Z".
+std::string utc_timestamp();
+
 }  // namespace spanformer

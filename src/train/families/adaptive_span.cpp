@@ -256,13 +256,18 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
   for (auto& z : model_->spans())
     for (double v : z) mean_span += v / static_cast<double>(z.size() * model_->layers.size());
   const auto& c = config_.model;
-  fmt::print("bench: {} {}, {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, attention {} (layers {}), "
-             "mean span {:.0f}, keys/layer {:.0f}\n",
-             r.eval ? "eval" : "train", r.eval ? "forward" : "step", c.nb_layers, c.hidden_size, c.nb_heads, c.attn_span,
-             M, B, r.threads, attention::attn_impl_name(c.attn_impl), paths, mean_span,
-             static_cast<double>(used) / static_cast<double>(model_->layers.size()));
-  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, {}\n", per_step * 1e3,
-             static_cast<double>(B * M) / per_step, peak_memory_text(device().is_cuda()));
+  const double keys = static_cast<double>(used) / static_cast<double>(model_->layers.size());
+  const double tokens_per_s = static_cast<double>(B * M) / per_step;
+  report_bench(r, name(), "bench",
+               fmt::format("{} {}, {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, attention {} (layers {}), "
+                           "mean span {:.0f}, keys/layer {:.0f}",
+                           r.eval ? "eval" : "train", r.eval ? "forward" : "step", c.nb_layers, c.hidden_size,
+                           c.nb_heads, c.attn_span, M, B, r.threads, attention::attn_impl_name(c.attn_impl), paths,
+                           mean_span, keys),
+               fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, tokens_per_s),
+               {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3}, {"tokens_per_s", tokens_per_s},
+                {"attention", attention::attn_impl_name(c.attn_impl)}, {"layer_paths", paths},
+                {"mean_span", mean_span}, {"keys_per_layer", keys}});
 }
 
 }  // namespace

@@ -29,6 +29,11 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
 // of the timed ones.
 double time_steps(const BenchRequest& request, const std::function<void()>& step);
 
+// `spanformer bench`'s report: two lines on stdout, "<prefix>: <what>" and "<prefix>: <figures_text>,
+// <peak memory>", or with request.json one JSON record {"family", "what", ...figures, "peak_rss_mb"}.
+void report_bench(const BenchRequest& request, const char* family, const std::string& prefix, const std::string& what,
+                  const std::string& figures_text, nlohmann::json figures);
+
 // What every family's train step shares: the local streams in `split` groups, each group's forward
 // and backward (`group_loss(first, count, state)` returns {mean NLL, loss to differentiate} for streams
 // [first, first + count) with their slice of the recurrent state, which it updates), the state put back

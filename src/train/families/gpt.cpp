@@ -246,10 +246,14 @@ void GptFamily::bench(const BenchRequest& r) {
                  b, i < r.warmup ? " (warmup)" : "");
       if (i >= r.warmup) cached += a / static_cast<double>(r.steps), recomputed += b / static_cast<double>(r.steps);
     }
-    fmt::print("bench: generate, {} layers, H {}, K {}, T {}, attention {}, tokens {} .. {} after a prompt of {}\n",
-               c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), prompt + 1, T, prompt);
-    fmt::print("bench: {:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x), {}\n",
-               cached, recomputed, cached / recomputed, peak_memory_text(device().is_cuda()));
+    report_bench(r, name(), "bench",
+                 fmt::format("generate, {} layers, H {}, K {}, T {}, attention {}, tokens {} .. {} after a prompt of {}",
+                             c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), prompt + 1, T,
+                             prompt),
+                 fmt::format("{:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x)",
+                             cached, recomputed, cached / recomputed),
+                 {{"mode", "generate"}, {"cached_tokens_per_s", cached}, {"recomputed_tokens_per_s", recomputed},
+                  {"attention", attention::causal_kind_name(c.attention)}});
     return;
   }
   StepContext ctx;
@@ -270,11 +274,14 @@ void GptFamily::bench(const BenchRequest& r) {
   for (const auto& block : *model_->blocks)
     band += static_cast<double>(block->as<models::GptBlock>()->attn->band(T)) / static_cast<double>(c.n_layer);
   what = r.eval ? "eval forward" : "train step";
-  fmt::print("bench: {}, {} layers{}, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}\n",
-             what, c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
-             attention::causal_kind_name(c.attention), attention::attn_impl_name(c.attn_impl), band);
-  fmt::print("bench: {:.1f} ms/step, {:.0f} tokens/s, {}\n", per_step * 1e3, tokens_per_step / per_step,
-             peak_memory_text(device().is_cuda()));
+  report_bench(r, name(), "bench",
+               fmt::format("{}, {} layers{}, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}",
+                           what, c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
+                           attention::causal_kind_name(c.attention), attention::attn_impl_name(c.attn_impl), band),
+               fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, tokens_per_step / per_step),
+               {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3},
+                {"tokens_per_s", tokens_per_step / per_step}, {"attention", attention::causal_kind_name(c.attention)},
+                {"keys_per_query", band}});
 }
 
 }  // namespace

@@ -275,10 +275,13 @@ class Seq2SeqFamily : public Family {
       torch::Tensor a;  // (n, S)
       if (!transformer) {
         a = weights[0][0];
+        if (r.weights) r.weights->push_back(a.to(torch::kDouble).cpu());
       } else {
         auto w = torch::stack(weights, 0).select(1, 0);  // (L, K, n, S)
         a = r.layer < 0 ? w.mean(1).mean(0) : r.head < 0 ? w[r.layer].mean(0) : w[r.layer][r.head];
+        if (r.weights) r.weights->push_back(w.to(torch::kDouble).cpu());
       }
+      if (r.out.empty()) continue;
       a = a.to(torch::kDouble).cpu().contiguous();
       viz::Heatmap p;
       for (int64_t row = 0; row < a.size(0); ++row) p.values.emplace_back(a[row].data_ptr<double>(), a[row].data_ptr<double>() + a.size(1));
@@ -294,7 +297,7 @@ class Seq2SeqFamily : public Family {
       if (i < references.size()) fmt::print("  reference: {}\n", references[i]);
       panels.push_back(std::move(p));
     }
-    viz::write_heatmaps(r.out, panels);
+    if (!r.out.empty()) viz::write_heatmaps(r.out, panels);
   }
 
   void bench(const BenchRequest& r) override {
@@ -322,11 +325,14 @@ class Seq2SeqFamily : public Family {
         train_step(x, y, ctx).item<double>();
       }
     });
-    fmt::print("bench: {}, {} {} layers, H {}, V {} / {}, B {} pairs of {} + {} tokens, threads {}\n",
-               r.eval ? "eval forward" : "train step", seq2seq_kind_name(c.kind), c.n_layer, c.d_model, c.vocab_size,
-               c.target_vocab, B, N, N + 1, r.threads);
-    fmt::print("bench: {:.1f} ms/step, {:.0f} target tokens/s, {}\n", per_step * 1e3,
-               static_cast<double>(B * (N + 1)) / per_step, peak_memory_text(r.device.is_cuda()));
+    const double target_tokens_per_s = static_cast<double>(B * (N + 1)) / per_step;
+    report_bench(r, name(), "bench",
+                 fmt::format("{}, {} {} layers, H {}, V {} / {}, B {} pairs of {} + {} tokens, threads {}",
+                             r.eval ? "eval forward" : "train step", seq2seq_kind_name(c.kind), c.n_layer, c.d_model,
+                             c.vocab_size, c.target_vocab, B, N, N + 1, r.threads),
+                 fmt::format("{:.1f} ms/step, {:.0f} target tokens/s", per_step * 1e3, target_tokens_per_s),
+                 {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3},
+                  {"target_tokens_per_s", target_tokens_per_s}, {"kind", seq2seq_kind_name(c.kind)}});
   }
 
   void set_vocabulary(const data::Vocab& v) override { vocab_ = v; }

@@ -145,6 +145,9 @@ class VitFamily : public Family {
     auto images = split.images.index_select(0, torch::tensor(ids, torch::kLong));  // (b, S, S)
     std::vector<torch::Tensor> weights;                                          // L x (b, K, N, N)
     auto probs = torch::softmax(model_->forward(images.to(device()), &weights), -1).cpu();  // (b, C)
+    if (r.weights)
+      for (const auto& w : weights) r.weights->push_back(w.to(torch::kDouble).cpu());
+    if (r.out.empty()) return;
     torch::Tensor maps;  // (b, G, G)
     const int64_t G = config_.model.grid();
     if (r.layer < 0) {
@@ -200,10 +203,13 @@ class VitFamily : public Family {
         train_step(x, y, ctx).item<double>();
       }
     });
-    fmt::print("bench: {}, {} layers, H {}, K {}, {} tokens (patch {}), B {}, threads {}\n",
-               r.eval ? "eval forward" : "train step", c.n_layer, c.d_model, c.n_head, c.tokens(), c.patch, B, r.threads);
-    fmt::print("bench: {:.1f} ms/step, {:.0f} images/s, {}\n", per_step * 1e3,
-               static_cast<double>(B) / per_step, peak_memory_text(device().is_cuda()));
+    report_bench(r, name(), "bench",
+                 fmt::format("{}, {} layers, H {}, K {}, {} tokens (patch {}), B {}, threads {}",
+                             r.eval ? "eval forward" : "train step", c.n_layer, c.d_model, c.n_head, c.tokens(), c.patch,
+                             B, r.threads),
+                 fmt::format("{:.1f} ms/step, {:.0f} images/s", per_step * 1e3, static_cast<double>(B) / per_step),
+                 {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3},
+                  {"images_per_s", static_cast<double>(B) / per_step}});
   }
 
  private:

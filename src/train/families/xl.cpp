@@ -277,11 +277,14 @@ void XlFamily::bench(const BenchRequest& r) {
       auto x = zipf_tokens(V, {B, M}, device()), y = zipf_tokens(V, {B, M}, device());
       step(x, y, ctx, arch_.get(), 1.0).item<double>();
     });
-    fmt::print("bench xl train: blocks {} ({}), H {}, K {}x{}, I {}, M {}, mem {}, B {}, V {}, {:.1f}M weights, threads {}{}\n",
-               model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
-               c.d_inner, M, c.mem_len, B, V, static_cast<double>(params) / 1e6, r.threads, span_note);
-    fmt::print("bench xl train: {:.1f} ms/step, {:.0f} tokens/s, {}\n", per_step * 1e3,
-               static_cast<double>(B * M) / per_step, peak_memory_text(device().is_cuda()));
+    report_bench(r, name(), "bench xl train",
+                 fmt::format("blocks {} ({}), H {}, K {}x{}, I {}, M {}, mem {}, B {}, V {}, {:.1f}M weights, threads {}{}",
+                             model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model,
+                             c.n_head, c.d_head, c.d_inner, M, c.mem_len, B, V, static_cast<double>(params) / 1e6,
+                             r.threads, span_note),
+                 fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, static_cast<double>(B * M) / per_step),
+                 {{"mode", "train"}, {"ms_per_step", per_step * 1e3}, {"tokens_per_s", static_cast<double>(B * M) / per_step},
+                  {"weights", params}});
     return;
   }
   // Evaluation speed with a full memory: the protocol's tgt_len and mem_len (or the flags').
@@ -303,12 +306,15 @@ void XlFamily::bench(const BenchRequest& r) {
     auto h = model_->forward(x, mems, options.lengths, weights);
     model_->nll(h, y).sum().item<double>();
   });
-  fmt::print("bench xl eval: blocks {} ({}), H {}, K {}x{}, I {}, tgt_len {}, mem_len {}, B {}, V {}, threads {}{}\n",
-             model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head, c.d_head,
-             c.d_inner, M, options.lengths.mem_len, B, V, r.threads, span_note);
-  fmt::print("bench xl eval: {:.1f} ms/segment, {:.4f} ms/token, {:.0f} tokens/s, {}\n",
-             per_segment * 1e3, per_segment * 1e3 / static_cast<double>(B * M), static_cast<double>(B * M) / per_segment,
-             peak_memory_text(device().is_cuda()));
+  const double tokens = static_cast<double>(B * M);
+  report_bench(r, name(), "bench xl eval",
+               fmt::format("blocks {} ({}), H {}, K {}x{}, I {}, tgt_len {}, mem_len {}, B {}, V {}, threads {}{}",
+                           model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head,
+                           c.d_head, c.d_inner, M, options.lengths.mem_len, B, V, r.threads, span_note),
+               fmt::format("{:.1f} ms/segment, {:.4f} ms/token, {:.0f} tokens/s", per_segment * 1e3,
+                           per_segment * 1e3 / tokens, tokens / per_segment),
+               {{"mode", "eval"}, {"ms_per_segment", per_segment * 1e3}, {"ms_per_token", per_segment * 1e3 / tokens},
+                {"tokens_per_s", tokens / per_segment}, {"mem_len", options.lengths.mem_len}, {"tgt_len", M}});
 }
 
 }  // namespace

@@ -1,0 +1,136 @@
+// Any family's checkpoint from Python: `torch.classes.spanformer.Model`, which python/spanformer wraps
+// as `spanformer.load(RUN)`. A TorchScript custom class in the same module as the operator (loaded with
+// torch.ops.load_library), so it needs no binding library beyond LibTorch's own: Python's torch
+// converts the arguments and results (str, int, float, list, dict, Tensor).
+//
+//   Model(path, overrides)        a checkpoint file or run directory; overrides as on the command line
+//                                 ("--eval_mem_len=1600", "--beam=5": how the model runs, never what it is)
+//   family() config() vocab()     the family tag, the config as JSON text, the vocabulary's tokens
+//   evaluate(split, data, batch)  `spanformer eval --json`'s record as JSON text (train/eval_checkpoint.h)
+//   generate(prompt, tokens, temperature, top_k, top_p, seed)          the sampled continuation
+//   translate(sentences, beam, length_penalty)                       seq2seq
+//   spans()                       (L, K) float64 learned spans in tokens (adaptive span)
+//   attention(texts, indices, split)  the weights `spanformer attention` draws, as tensors
+//                                 (train/family.h: AttentionRequest::weights)
+//   state_dict()                  the model's parameters by name (float32, CPU)
+//
+// Everything runs on the CPU with the threads torch.set_num_threads() gives. Errors are the CLI's
+// one-line messages, raised as RuntimeError.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "spanformer/train/eval_checkpoint.h"
+#include "spanformer/train/family.h"
+#include "spanformer/util/error.h"
+
+namespace {
+
+using namespace spanformer;
+
+class Model : public torch::CustomClassHolder {
+ public:
+  Model(std::string path, std::vector<std::string> overrides)
+      : checkpoint_(path), family_(train::family_from_checkpoint(checkpoint_, overrides)) {
+    family_->module().eval();
+  }
+
+  std::string family() const { return checkpoint_.family(); }
+  std::string config() const { return family_->config_json().dump(); }
+  std::vector<std::string> vocab() const { return checkpoint_.vocab().tokens; }
+  int64_t step() const { return checkpoint_.has("state.step") ? checkpoint_.integer("state.step") : -1; }
+
+  std::string evaluate(std::string split, std::string data, int64_t batch) {
+    auto guard = ready();
+    train::CheckpointEval request;
+    request.split = split;
+    request.data = data;
+    request.batch = batch;
+    return train::evaluate_checkpoint(checkpoint_, *family_, request).record.dump();
+  }
+
+  std::string generate(std::string prompt, int64_t tokens, double temperature, int64_t top_k, double top_p, int64_t seed) {
+    auto guard = ready();
+    torch::manual_seed(static_cast<uint64_t>(seed));
+    train::SampleRequest request;
+    request.prompt = prompt;
+    request.tokens = tokens;
+    request.temperature = temperature;
+    request.top_k = top_k;
+    request.top_p = top_p;
+    std::ostringstream text;
+    request.on_text = [&text](const std::string& piece) { text << piece; };
+    family_->sample(checkpoint_.vocab(), request);
+    return text.str();
+  }
+
+  std::vector<std::string> translate(std::vector<std::string> sentences, int64_t beam, double length_penalty) {
+    auto guard = ready();
+    train::TranslateRequest request;
+    request.beam = beam;
+    request.length_penalty = length_penalty;
+    return family_->translate(sentences, request);
+  }
+
+  at::Tensor spans() const {
+    const auto spans = family_->spans();
+    if (spans.empty()) spanformer::fail("{}: this {} model learns no spans", checkpoint_.path(), family_->name());
+    auto out = torch::zeros({static_cast<int64_t>(spans.size()), static_cast<int64_t>(spans[0].size())}, torch::kDouble);
+    for (size_t l = 0; l < spans.size(); ++l)
+      for (size_t h = 0; h < spans[l].size(); ++h) out[static_cast<int64_t>(l)][static_cast<int64_t>(h)] = spans[l][h];
+    return out;  // (L, K)
+  }
+
+  std::vector<at::Tensor> attention(std::vector<std::string> texts, std::vector<int64_t> indices, std::string split) {
+    auto guard = ready();
+    train::AttentionRequest request;
+    request.texts = texts;
+    request.indices = indices;
+    request.split = split;
+    request.vocab = &checkpoint_.vocab();
+    request.out = "";  // nothing drawn
+    std::vector<at::Tensor> weights;
+    request.weights = &weights;
+    family_->draw_attention(request);
+    return weights;
+  }
+
+  c10::Dict<std::string, at::Tensor> state_dict() const {
+    c10::Dict<std::string, at::Tensor> out;
+    for (const auto& item : family_->module().named_parameters()) out.insert(item.key(), item.value().detach().cpu().clone());
+    for (const auto& item : family_->module().named_buffers()) out.insert(item.key(), item.value().detach().cpu().clone());
+    return out;
+  }
+
+ private:
+  // Every call runs the model as the commands do: evaluation mode (a family may leave it in training
+  // mode after scoring), no autograd graph.
+  std::unique_ptr<torch::NoGradGuard> ready() {
+    family_->module().eval();
+    return std::make_unique<torch::NoGradGuard>();
+  }
+
+  train::Checkpoint checkpoint_;
+  std::unique_ptr<train::Family> family_;
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(spanformer, m) {
+  m.class_<Model>("Model")
+      .def(torch::init<std::string, std::vector<std::string>>())
+      .def("family", &Model::family)
+      .def("config", &Model::config)
+      .def("vocab", &Model::vocab)
+      .def("step", &Model::step)
+      .def("evaluate", &Model::evaluate)
+      .def("generate", &Model::generate)
+      .def("translate", &Model::translate)
+      .def("spans", &Model::spans)
+      .def("attention", &Model::attention)
+      .def("state_dict", &Model::state_dict);
+}

@@ -1,0 +1,97 @@
+#include "spanformer/train/eval_checkpoint.h"
+
+#include <cmath>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "spanformer/dist/group.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/runtime.h"
+
+namespace spanformer::train {
+namespace {
+
+CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, const CheckpointEval& r) {
+  if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || !r.unit.empty())
+    fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());
+  const std::string dir = r.data.empty() ? family.train().data : r.data;
+  if (r.batch > 0) family.train().eval_batch_size = r.batch;
+  const double start = now_seconds();
+  auto data = family.open_examples(dir);
+  if (data::vocab_to_text(data.vocab) != data::vocab_to_text(ck.vocab()))
+    fail("{}: its classes differ from the checkpoint's: the model was trained on other data", dir);
+  auto* group = r.group;
+  auto score = family.score_examples(r.split, group ? group->rank() : 0, group ? group->world() : 1, /*full=*/true);
+  if (group) {
+    score.nll_sum = group->all_reduce_sum(score.nll_sum);
+    score.correct = group->all_reduce_sum(score.correct);
+    score.count = group->all_reduce_sum(score.count);
+    for (auto& v : score.sums) v = group->all_reduce_sum(v);
+  }
+  CheckpointEvalResult out;
+  if (group && !group->is_main()) {
+    out.main = false;
+    return out;
+  }
+  const double accuracy = score.correct / score.count, nll = score.nll_sum / score.count;
+  const double seconds = now_seconds() - start;
+  out.record = nlohmann::json{{"checkpoint", ck.path()}, {"split", r.split}, {"data", dir}, {"unit", "accuracy"},
+                              {"accuracy", accuracy}, {"nll", nll}, {data.scored, static_cast<int64_t>(score.count)},
+                              {"seconds", seconds}, {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
+  std::string extra;
+  family.report_score(score, "", out.record, extra);
+  out.text = fmt::format("{} accuracy {:.4f} (error {:.2f}%, nll {:.6f} nats; {} {}; {:.1f} s){}", r.split, accuracy,
+                         100 * (1 - accuracy), nll, static_cast<int64_t>(score.count), data.scored, seconds, extra);
+  return out;
+}
+
+}  // namespace
+
+CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, const CheckpointEval& r) {
+  if (r.batch == 0 || r.batch < -1) fail("--batch must be positive (got {})", r.batch);
+  if (!r.unit.empty() && r.unit != "bpc" && r.unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", r.unit);
+  if (!r.vocab.empty()) {
+    auto v = ck.vocab().word_level ? data::read_word_vocab(r.vocab) : data::read_vocab(r.vocab);
+    if (data::vocab_to_text(v) != data::vocab_to_text(ck.vocab()))
+      fail("{} is not the vocabulary of {}: the ids would mean other tokens", r.vocab, ck.path());
+  }
+  if (family.data_restart() == DataRestart::kExamples) return evaluate_examples(ck, family, r);
+
+  std::unique_ptr<data::TokenFile> raw;
+  data::Corpus corpus;
+  const std::string dir = r.data.empty() ? family.train().data : r.data;
+  if (!r.ids.empty()) {
+    raw = std::make_unique<data::TokenFile>(r.ids, data::TokenFile::RawBytes{}, ck.vocab().size());
+  } else {
+    corpus = data::load_corpus(dir, r.split);
+    if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(ck.vocab()))
+      fail("{}: its vocabulary differs from the checkpoint's: the model was trained on other data", dir);
+  }
+  const data::TokenFile& tokens = raw ? *raw : corpus.split(r.split);
+  EvalRequest request;
+  request.batch = r.batch;
+  request.group = r.group;
+  request.dump_logprobs = r.dump_logprobs;
+  request.progress = r.progress;
+  const double start = now_seconds();
+  auto report = family.evaluate(tokens, request);
+  CheckpointEvalResult out;
+  if (r.group && !r.group->is_main()) {
+    out.main = false;
+    return out;
+  }
+  const std::string unit = !r.unit.empty() ? r.unit : ck.vocab().word_level ? "ppl" : "bpc";
+  const double value = unit == "ppl" ? std::exp(report.nll) : report.nll / std::log(2.0);
+  const double seconds = now_seconds() - start;
+  const std::string split = raw ? r.ids : r.split;
+  out.record = nlohmann::json{{"checkpoint", ck.path()}, {"split", split}, {"data", raw ? r.ids : dir},
+                              {"unit", unit}, {unit, value}, {"nll", report.nll}, {"tokens", report.tokens},
+                              {"blocks", report.blocks}, {"protocol", report.details}, {"seconds", seconds},
+                              {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
+  out.text = fmt::format("{} {} {:.7f} (nll {:.6f} nats/token; {}; {:.1f} s)", split, unit, value, report.nll,
+                         report.details, seconds);
+  return out;
+}
+
+}  // namespace spanformer::train
