@@ -115,9 +115,9 @@ sweep_one() {  # sweep_one FILE: every reading command on a damaged checkpoint
     elif [ "$(grep -c . "$tmp/err")" -eq 1 ]; then errors=$((errors + 1)); else bad "${commands[i]%% *}: $(cat "$tmp/err")"; fi
   done
 }
-# Points per sweep: 8 truncations and 14 flipped bytes in CI; the full sweep of docs/reliability.md is
+# Points per sweep: 6 truncations and 10 flipped bytes in CI; the full sweep of docs/reliability.md is
 # SPANFORMER_FAULT_CUTS=24 SPANFORMER_FAULT_FLIPS=40.
-cuts=${SPANFORMER_FAULT_CUTS:-8}; flips=${SPANFORMER_FAULT_FLIPS:-14}
+cuts=${SPANFORMER_FAULT_CUTS:-6}; flips=${SPANFORMER_FAULT_FLIPS:-10}
 for i in $(seq 0 $(( cuts - 1 ))); do  # truncations across the file
   head -c $(( size * i / cuts )) "$good" > "$tmp/cut.pt"; sweep_one "$tmp/cut.pt"
 done

@@ -21,11 +21,12 @@ check test 3.5793226628927504
 "$bin" generate "$tmp/tiny.pt" --prompt "It was" --tokens 40 --seed 1 > "$tmp/gen"
 test "$(wc -c < "$tmp/gen")" -ge 40
 
-# Export, re-import: the same figure.
+# Export, re-import: the same figure (on the first 40000 valid ids: the weights either survive or not).
 "$bin" export adaptive-span "$tmp/tiny.pt" --out "$tmp/exported.pt"
 "$bin" import adaptive-span "$tmp/exported.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/again.pt" > /dev/null
-a=$("$bin" eval "$tmp/tiny.pt" --ids "$ref/valid.ids.u8" | awk '{print $3}')
-b=$("$bin" eval "$tmp/again.pt" --ids "$ref/valid.ids.u8" | awk '{print $3}')
+head -c 40000 "$ref/valid.ids.u8" > "$tmp/valid_head.ids.u8"
+a=$("$bin" eval "$tmp/tiny.pt" --ids "$tmp/valid_head.ids.u8" | awk '{print $3}')
+b=$("$bin" eval "$tmp/again.pt" --ids "$tmp/valid_head.ids.u8" | awk '{print $3}')
 test "$a" = "$b"
 
 # Fine-tune the imported model on Dickens prepared the reference's way (same vocabulary).

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <optional>
 
@@ -291,9 +292,13 @@ TEST_F(ReferenceModel, SlowReproducesValidAndTestBitsPerCharacter) {
 }
 TEST_F(ReferenceModelSmall4, ReproducesLogProbabilitiesSpansAndTrimming) { reproduce_fixed_log_probabilities(); }
 // Both splits through the default path (auto takes the plain path on every layer of this model: its
-// windows are 64-128 keys) and the test split through the fused kernel: about 2.5 minutes on 2 cores.
+// windows are 64-128 keys): about 1.7 minutes on 2 cores. The fused kernel matches the reference's log
+// probabilities on fixed blocks above; SPANFORMER_FULL_SWEEP=1 also runs it over the test split (one
+// more minute, left out of CI's time).
 TEST_F(ReferenceModelSmall4, SlowReproducesValidAndTestBitsPerCharacter) {
-  reproduce_bits_per_character({{"plain", {"valid", "test"}}, {"fused", {"test"}}});
+  Runs runs = {{"plain", {"valid", "test"}}};
+  if (const char* full = std::getenv("SPANFORMER_FULL_SWEEP"); full && std::string(full) == "1") runs.push_back({"fused", {"test"}});
+  reproduce_bits_per_character(runs);
 }
 
 TEST_F(ReferenceModel, ExportWritesTheReferenceLayoutBack) {
