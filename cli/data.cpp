@@ -43,10 +43,10 @@ void add_data(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
     };
   });
 
-  auto* get = data_cmd->add_subcommand("get", "download, verify and prepare enwik8 or text8");
-  get->add_option("name", o->name, "enwik8 | text8")->required();
+  auto* get = data_cmd->add_subcommand("get", "download, verify and prepare a reference data set");
+  get->add_option("name", o->name, fmt::format("{}", fmt::join(data::known_dataset_names(), " | ")))->required();
   get->add_option("--out,-o", o->out, "output directory (default data/NAME)");
-  get->add_option("--url", o->url, "another address for the zip (mirror, or file:///path)");
+  get->add_option("--url", o->url, "another address: the zip (mirror, or file:///path/x.zip), or for ptb the folder of its files");
   get->callback([o, &run] {
     run = [o] { data::get_dataset(o->name, o->out.empty() ? "data/" + o->name : o->out, o->url); };
   });

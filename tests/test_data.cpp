@@ -9,6 +9,7 @@
 
 #include "spanformer/data/corpus.h"
 #include "spanformer/data/download.h"
+#include "spanformer/data/words.h"
 #include "spanformer/util/error.h"
 #include "util.h"
 
@@ -160,12 +161,79 @@ TEST(Download, FetchUnzipAndVerifyLocalFiles) {
   EXPECT_FALSE(file_exists(tmp.file("out/train.bin")));
 
   // A file of the right size but wrong content fails on the checksum.
-  data::KnownDataset fake = data::known_dataset("enwik8");
-  fake.file_bytes = static_cast<int64_t>(payload.size());
-  message = error_of([&] { data::verify_dataset_file(fake, tmp.file("enwik8")); });
+  data::DatasetFile fake = data::known_dataset("enwik8").files[0];
+  fake.bytes = static_cast<int64_t>(payload.size());
+  message = error_of([&] { data::verify_file(fake, tmp.file("enwik8")); });
   EXPECT_NE(message.find("md5 checksum mismatch"), std::string::npos) << message;
-  fake.file_md5 = data::file_digest(tmp.file("enwik8"), "md5");
-  fake.file_sha256 = data::file_digest(tmp.file("enwik8"), "sha256");
-  EXPECT_EQ(error_of([&] { data::verify_dataset_file(fake, tmp.file("enwik8")); }), "");
+  fake.digests = {{"md5", data::file_digest(tmp.file("enwik8"), "md5")},
+                  {"sha256", data::file_digest(tmp.file("enwik8"), "sha256")}};
+  EXPECT_EQ(error_of([&] { EXPECT_TRUE(data::verify_file(fake, tmp.file("enwik8"))); }), "");
+}
+
+namespace {
+// Writes a zip with the given (member, contents) pairs.
+void write_zip(const std::string& path, const std::vector<std::pair<std::string, std::string>>& members) {
+  int err = 0;
+  zip_t* archive = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
+  ASSERT_NE(archive, nullptr);
+  for (const auto& [name, text] : members) {
+    zip_source_t* source = zip_source_buffer(archive, text.data(), text.size(), 0);
+    ASSERT_GE(zip_file_add(archive, name.c_str(), source, ZIP_FL_OVERWRITE), 0);
+  }
+  ASSERT_EQ(zip_close(archive), 0);
+}
+}  // namespace
+
+TEST(Download, WikiText2FromAMirrorIsVerifiedAndPreparedAsWords) {
+  // A mirror zip laid out as wikitext-2-v1.zip, made from the published valid and test files (the training
+  // split is not on these machines: the valid text stands in for it, and has no published checksum).
+  tu::TempDir tmp;
+  const std::string dir = tu::shared_dir() + "/data/wikitext-2/";
+  const std::string valid = read_file(dir + "wiki.valid.tokens"), test = read_file(dir + "wiki.test.tokens");
+  write_zip(tmp.file("wt2.zip"), {{"wikitext-2/wiki.train.tokens", valid},
+                                  {"wikitext-2/wiki.valid.tokens", valid},
+                                  {"wikitext-2/wiki.test.tokens", test}});
+  data::get_dataset("wikitext-2", tmp.file("out"), "file://" + tmp.file("wt2.zip"));
+  EXPECT_EQ(read_file(tmp.file("out/wiki.test.tokens")), test);
+
+  // Same directory as `data words` with the reference's WikiText-2 rule (vocabulary from all splits).
+  data::WordPrepareOptions words;
+  words.train = words.valid = dir + "wiki.valid.tokens";
+  words.test = dir + "wiki.test.tokens";
+  words.vocab_from_all = true;
+  auto stats = data::prepare_words(words, tmp.file("direct"));
+  EXPECT_EQ(stats.valid_tokens, 217646) << "one <eos> per line, as ../shared/data/README.md counts";
+  EXPECT_EQ(stats.test_tokens, 245569);
+  for (const char* f : {"words.txt", "train.bin", "valid.bin", "test.bin"})
+    EXPECT_EQ(read_file(tmp.file(std::string("out/") + f)), read_file(tmp.file(std::string("direct/") + f))) << f;
+
+  // One changed byte in the test split: refused on the published sha256, nothing prepared.
+  std::string bad = test;
+  bad[1000] = bad[1000] == 'a' ? 'b' : 'a';
+  write_zip(tmp.file("bad.zip"), {{"wikitext-2/wiki.train.tokens", valid},
+                                  {"wikitext-2/wiki.valid.tokens", valid},
+                                  {"wikitext-2/wiki.test.tokens", bad}});
+  auto message = error_of([&] { data::get_dataset("wikitext-2", tmp.file("bad"), "file://" + tmp.file("bad.zip")); });
+  EXPECT_NE(message.find("sha256 checksum mismatch for " + tmp.file("bad/wiki.test.tokens")), std::string::npos)
+      << message;
+  EXPECT_FALSE(file_exists(tmp.file("bad/train.bin")));
+  // A zip without the expected members names the missing one.
+  write_zip(tmp.file("empty.zip"), {{"readme.txt", "x"}});
+  message = error_of([&] { data::get_dataset("wikitext-103", tmp.file("e"), "file://" + tmp.file("empty.zip")); });
+  EXPECT_NE(message.find("no member 'wikitext-103/wiki.train.tokens'"), std::string::npos) << message;
+}
+
+TEST(Download, PennTreebankFilesAreFetchedOneByOneAndChecked) {
+  // PTB has no archive: --url names the folder; files not matching the published md5 are refused.
+  tu::TempDir tmp;
+  make_dirs(tmp.file("mirror"));
+  for (const char* f : {"ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"})
+    tu::write_text(tmp.file(std::string("mirror/") + f), " the cat sat \n");
+  auto message = error_of([&] { data::get_dataset("ptb", tmp.file("out"), "file://" + tmp.file("mirror")); });
+  EXPECT_NE(message.find("md5 checksum mismatch for " + tmp.file("out/ptb.train.txt")), std::string::npos) << message;
+  EXPECT_NE(message.find("f26c4b92c5fdc7b3f8c7cdcb991d8420"), std::string::npos) << message;
+  EXPECT_EQ(read_file(tmp.file("out/ptb.valid.txt")), " the cat sat \n") << "all three files were fetched";
+  EXPECT_FALSE(file_exists(tmp.file("out/train.bin")));
+  EXPECT_NE(error_of([&] { data::known_dataset("wikitext2"); }).find("known: enwik8, text8, wikitext-2"), std::string::npos);
 }
 #endif
