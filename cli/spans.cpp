@@ -20,22 +20,29 @@ void print_spans(const std::vector<std::vector<double>>& spans) {
 
 void add_spans(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   struct Options {
-    std::string checkpoint, out = "spans.png";
+    std::string checkpoint, out = "spans.png", layout = "auto";
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("spans", "print per-layer, per-head spans and draw them");
   cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
-  cmd->add_option("--out,-o", o->out, "PNG to write")->capture_default_str();
+  cmd->add_option("--out,-o", o->out, "picture to write (.png, .svg or .pdf; the numbers go to .json beside it)")
+      ->capture_default_str();
+  cmd->add_option("--layout", o->layout,
+                  "curves (mask per head + bars) | grid (layers x heads heat map) | auto (grid beyond 32 heads)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "curves", "grid"}));
   cmd->add_flag("--json", o->json, "print one JSON record (spans per layer and head, in tokens) instead of the text");
   cmd->callback([o, &run] {
     run = [o] {
+      const auto layout = viz::parse_span_layout(o->layout);
       train::Checkpoint ck(o->checkpoint);
       auto family = train::family_from_checkpoint(ck);
       const auto spans = family->spans();
       if (spans.empty()) fail("{}: this {} model learns no spans (adapt_span is off)", o->checkpoint, family->name());
       if (!o->json) print_spans(spans);
       viz::SpanPlotOptions options;
+      options.layout = layout;
       options.attn_span = family->span_limit();
       options.ramp = family->span_ramp();
       options.title = fmt::format("Learned spans: {}", o->checkpoint);

@@ -38,11 +38,15 @@ grep -q "<svg" "$tmp/spans.svg"
 "$bin" attention "$tmp/run" --text "It was the best of times, it was the worst of times" -o "$tmp/att.pdf" > /dev/null
 head -c 5 "$tmp/att.pdf" | grep -q "%PDF-"
 "$bin" spans "$tmp/run" --json --out "$tmp/spans2.png" > "$tmp/spans_record.json"
+"$bin" spans "$tmp/run" --layout grid --out "$tmp/grid.pdf" > /dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
 d = sys.argv[1]
 drawn, printed = json.load(open(d + "/spans.json")), json.load(open(d + "/spans_record.json"))
 assert drawn["picture"] == "spans" and drawn["spans"] == printed["spans"] and drawn["ramp"] == printed["ramp"], drawn
+assert drawn["layout"] == "curves", drawn["layout"]  # few heads: the mask curves by default
+grid = json.load(open(d + "/grid.json"))
+assert grid["layout"] == "grid" and grid["spans"] == printed["spans"] and grid["rows"] == "layer", grid
 att = json.load(open(d + "/att.json"))
 assert att["picture"] == "heatmaps" and len(att["panels"]) == 2, att.keys()  # a panel per layer
 for p in att["panels"]:

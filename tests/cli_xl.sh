@@ -106,6 +106,9 @@ roundtrip untied "$tmp/untied" "{\"n_layer\": 2, \"d_model\": 32, \"n_head\": 2,
 grep -q '"probs"' "$tmp/par/log.jsonl"
 "$bin" par plot "$tmp/par" --out "$tmp/search.png" | grep "2 records, 4 blocks" > /dev/null
 head -c 8 "$tmp/search.png" | od -An -c | grep "P   N   G" > /dev/null
+/usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert len(d["steps"]) == 2 and len(d["probs"]) == 2 and len(d["probs"][0]) == 4, d
+assert all(abs(sum(p) - 1) < 1e-5 for rec in d["probs"] for p in rec), d["probs"]' "$tmp/search.json"
 "$bin" par derive "$tmp/par" --rule argmax --out "$tmp/derived_argmax.json" > "$tmp/argmax.out" 2> "$tmp/argmax.err"
 grep -q "derived layers" "$tmp/argmax.out"
 # A derived model without attention is announced (it cannot look back); one with attention is not.

@@ -5,12 +5,16 @@
 #include <zip.h>
 #endif
 
+#include <cmath>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "spanformer/data/corpus.h"
 #include "spanformer/data/download.h"
 #include "spanformer/data/words.h"
 #include "spanformer/util/error.h"
+#include "spanformer/viz/span_plot.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -235,5 +239,34 @@ TEST(Download, PennTreebankFilesAreFetchedOneByOneAndChecked) {
   EXPECT_EQ(read_file(tmp.file("out/ptb.valid.txt")), " the cat sat \n") << "all three files were fetched";
   EXPECT_FALSE(file_exists(tmp.file("out/train.bin")));
   EXPECT_NE(error_of([&] { data::known_dataset("wikitext2"); }).find("known: enwik8, text8, wikitext-2"), std::string::npos);
+}
+#endif
+
+#if SPANFORMER_WITH_CAIRO
+TEST(Pictures, SpanLayoutSwitchesToTheHeatMapBeyond32Heads) {
+  // 24 layers x 8 heads (a large model's shape) draws one layers x heads heat map; 4 x 8 keeps the curves.
+  tu::TempDir tmp;
+  viz::SpanPlotOptions options;
+  options.attn_span = 8192;
+  auto spans_of = [](size_t layers, size_t heads) {
+    std::vector<std::vector<double>> s(layers, std::vector<double>(heads));
+    for (size_t l = 0; l < layers; ++l)
+      for (size_t k = 0; k < heads; ++k) s[l][k] = std::pow(2.0, static_cast<double>((l + k) % 14));
+    return s;
+  };
+  viz::write_span_plot(tmp.file("big.svg"), spans_of(24, 8), options);
+  viz::write_span_plot(tmp.file("small.svg"), spans_of(4, 8), options);
+  auto big = nlohmann::json::parse(read_file(tmp.file("big.json")));
+  EXPECT_EQ(big["layout"], "grid");
+  EXPECT_EQ(big["spans"].size(), 24u);
+  EXPECT_EQ(nlohmann::json::parse(read_file(tmp.file("small.json")))["layout"], "curves");
+  EXPECT_NE(read_file(tmp.file("big.svg")).find("<svg"), std::string::npos);
+  options.layout = viz::SpanLayout::kGrid;
+  viz::write_span_plot(tmp.file("forced.png"), spans_of(2, 2), options);
+  EXPECT_EQ(nlohmann::json::parse(read_file(tmp.file("forced.json")))["layout"], "grid");
+  EXPECT_NE(error_of([&] { viz::parse_span_layout("bars"); }).find("auto, curves or grid"), std::string::npos);
+  std::vector<std::vector<double>> ragged{{1.0, 2.0}, {1.0}};
+  EXPECT_NE(error_of([&] { viz::write_span_plot(tmp.file("r.png"), ragged, options); }).find("different numbers of heads"),
+            std::string::npos);
 }
 #endif

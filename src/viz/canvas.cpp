@@ -90,5 +90,22 @@ void text(cairo_t* cr, double x, double y, const std::string& s, double size, do
   cairo_restore(cr);
 }
 
+std::array<double, 3> viridis(double t) {
+  t = std::clamp(t, 0.0, 1.0);
+  static const double stops[5][3] = {{0.27, 0.00, 0.33}, {0.23, 0.32, 0.55}, {0.13, 0.57, 0.55}, {0.37, 0.79, 0.38},
+                                     {0.99, 0.91, 0.14}};
+  const double f = t * 4;
+  const int i = std::min(3, static_cast<int>(f));
+  const double u = f - i;
+  std::array<double, 3> c{};
+  for (int k = 0; k < 3; ++k) c[k] = stops[i][k] + u * (stops[i + 1][k] - stops[i][k]);
+  return c;
+}
+
+void set_viridis(cairo_t* cr, double t) {
+  const auto c = viridis(t);
+  cairo_set_source_rgb(cr, c[0], c[1], c[2]);
+}
+
 }  // namespace spanformer::viz
 #endif  // SPANFORMER_WITH_CAIRO

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <string>
 
 namespace spanformer::viz {
@@ -46,5 +47,9 @@ class Canvas {
 // 1 right-aligned); `vertical` turns it a quarter anticlockwise about (x, y), for y-axis labels.
 constexpr double kLeft = 0.0, kCenter = 0.5, kRight = 1.0;
 void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = kLeft, bool vertical = false);
+
+// The colour ramp of every heat map (viridis-like: dark blue, teal, green, yellow), t clamped to [0, 1].
+std::array<double, 3> viridis(double t);
+void set_viridis(cairo_t* cr, double t);
 
 }  // namespace spanformer::viz

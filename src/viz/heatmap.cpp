@@ -18,17 +18,6 @@ namespace spanformer::viz {
 #if SPANFORMER_WITH_CAIRO
 namespace {
 
-// Viridis-like ramp: t in [0, 1] -> dark blue, teal, green, yellow.
-void colour(cairo_t* cr, double t) {
-  t = std::clamp(t, 0.0, 1.0);
-  static const double stops[5][3] = {{0.27, 0.00, 0.33}, {0.23, 0.32, 0.55}, {0.13, 0.57, 0.55}, {0.37, 0.79, 0.38}, {0.99, 0.91, 0.14}};
-  const double f = t * 4;
-  const int i = std::min(3, static_cast<int>(f));
-  const double u = f - i;
-  cairo_set_source_rgb(cr, stops[i][0] + u * (stops[i + 1][0] - stops[i][0]), stops[i][1] + u * (stops[i + 1][1] - stops[i][1]),
-                       stops[i][2] + u * (stops[i + 1][2] - stops[i][2]));
-}
-
 std::string tick(double v) { return std::abs(v) >= 100 || v == std::floor(v) ? fmt::format("{:.0f}", v) : fmt::format("{:.2g}", v); }
 
 }  // namespace
@@ -55,7 +44,7 @@ void write_heatmaps(const std::string& path, const std::vector<Heatmap>& panels)
     const double cw = panel / static_cast<double>(C), ch = panel / static_cast<double>(R);
     for (size_t i = 0; i < R; ++i)
       for (size_t j = 0; j < C; ++j) {
-        colour(cr, h.values[i][j] / vmax);
+        set_viridis(cr, h.values[i][j] / vmax);
         cairo_rectangle(cr, x0 + j * cw, y0 + i * ch, cw + 0.5, ch + 0.5);
         cairo_fill(cr);
       }
@@ -74,7 +63,7 @@ void write_heatmaps(const std::string& path, const std::vector<Heatmap>& panels)
     ticks(h.row_ticks, R, ch, true);
     ticks(h.col_ticks, C, cw, false);
     for (int k = 0; k < 100; ++k) {  // colour bar
-      colour(cr, k / 99.0);
+      set_viridis(cr, k / 99.0);
       cairo_rectangle(cr, x0 + panel + 12, y0 + panel * (1 - (k + 1) / 100.0), bar, panel / 100.0 + 0.5);
       cairo_fill(cr);
     }
@@ -169,7 +158,7 @@ void write_overlays(const std::string& path, const std::vector<Overlay>& items, 
         cairo_fill(cr);
         // The map, stretched over the image: G x G cells, the image at half strength beneath.
         const size_t gi = i * G / S, gj = j * G / S;
-        colour(cr, it.map[gi][gj] / vmax);
+        set_viridis(cr, it.map[gi][gj] / vmax);
         cairo_rectangle(cr, x_map + j * px, top + i * px, px + 0.5, px + 0.5);
         cairo_fill(cr);
         cairo_set_source_rgba(cr, g, g, g, 0.35);

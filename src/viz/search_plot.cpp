@@ -61,15 +61,31 @@ void write_search_plot(const std::string& path, const SearchHistory& history, co
   const size_t T = history.steps.size(), N = history.probs[0].size();
   const double margin = 70, top = 60, map_w = std::max(480.0, std::min(900.0, 6.0 * static_cast<double>(T)));
   const double row_h = std::clamp(260.0 / static_cast<double>(N), 8.0, 22.0), map_h = row_h * static_cast<double>(N);
-  const double gap = 48, bars_h = 200;
+  const double gap = 58, bars_h = 200;
+  // Small multiples: P(type) against step as three lines, one panel per block, `cols` panels a row.
+  const size_t cols = std::min<size_t>(N, std::clamp<size_t>(static_cast<size_t>(map_w / 120), 2, 8)), rows = (N + cols - 1) / cols;
+  const double panel_w = map_w / static_cast<double>(cols), panel_h = 78, lines_top = top + 3 * (map_h + gap) + bars_h + 126;
   const int width = static_cast<int>(margin + map_w + 140);
-  const int height = static_cast<int>(top + 3 * (map_h + gap) + bars_h + 60);
+  const int height = static_cast<int>(lines_top + static_cast<double>(rows) * (panel_h + 26) + 40);
   Canvas canvas(path, width, height);
   cairo_t* cr = canvas.cr();
   text(cr, margin, 26, title, 17);
   text(cr, margin, 46, fmt::format("P(block type) = softmax(alpha) of each of the {} blocks, steps {} to {}", N,
                                    history.steps.front(), history.steps.back()), 12);
   const double col_w = map_w / static_cast<double>(T);
+  // Ticks under a map: five logged steps spread over the columns, and the axis name.
+  auto step_ticks = [&](double y) {
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    for (int q = 0; q <= 4; ++q) {
+      const size_t t = std::min(T - 1, static_cast<size_t>(std::lround(q * (static_cast<double>(T) - 1) / 4)));
+      const double x = margin + col_w * (static_cast<double>(t) + 0.5);
+      cairo_move_to(cr, x, y);
+      cairo_line_to(cr, x, y + 4);
+      cairo_stroke(cr);
+      text(cr, x, y + 14, fmt::format("{}", history.steps[t]), 9, q == 0 ? 0.0 : q == 4 ? 1.0 : 0.5);
+    }
+    text(cr, margin + map_w / 2, y + 26, "training step", 10, 0.5);
+  };
   for (int k = 0; k < 3; ++k) {
     const double y0 = top + gap / 2 + k * (map_h + gap);
     cairo_set_source_rgb(cr, 0, 0, 0);
@@ -91,8 +107,7 @@ void write_search_plot(const std::string& path, const SearchHistory& history, co
     for (size_t b = 0; b < N; b += std::max<size_t>(1, N / 8))
       text(cr, margin - 6, y0 + map_h - row_h * (static_cast<double>(b) + 0.5) + 4, fmt::format("{}", b), 9, 1.0);
     text(cr, margin - 40, y0 + map_h / 2, "block", 10, 0.5);
-    text(cr, margin, y0 + map_h + 13, fmt::format("step {}", history.steps.front()), 9);
-    text(cr, margin + map_w, y0 + map_h + 13, fmt::format("step {}", history.steps.back()), 9, 1.0);
+    step_ticks(y0 + map_h);
     // Colour scale.
     for (int i = 0; i < 50; ++i) {
       const double p = i / 49.0;
@@ -110,6 +125,14 @@ void write_search_plot(const std::string& path, const SearchHistory& history, co
   text(cr, margin, by0 - 8, fmt::format("final P at step {} (stacked: attention, feed-forward, identity; letter = argmax)",
                                         history.steps.back()), 13);
   const auto& last = history.probs.back();
+  for (double p : {0.0, 0.5, 1.0}) {  // y axis of the bars
+    const double y = by0 + bars_h * (1 - p);
+    cairo_move_to(cr, margin - 4, y);
+    cairo_line_to(cr, margin, y);
+    cairo_stroke(cr);
+    text(cr, margin - 6, y + 4, fmt::format("{:g}", p), 9, 1.0);
+  }
+  text(cr, margin - 30, by0 + bars_h / 2, "P", 10, 0.5, true);
   for (size_t b = 0; b < N; ++b) {
     double y = by0 + bars_h;
     for (int k = 0; k < 3; ++k) {
@@ -124,6 +147,49 @@ void write_search_plot(const std::string& path, const SearchHistory& history, co
     text(cr, margin + bar_w * (static_cast<double>(b) + 0.5), by0 + bars_h + 14, std::string(1, "afi"[arg]), 10, 0.5);
   }
   text(cr, margin, by0 + bars_h + 30, "block 0 (input side) ... last block", 10);
+
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  text(cr, margin, lines_top - 40, "P(type) against training step, one panel per block (y from 0 to 1)", 13);
+  for (int k = 0; k < 3; ++k) {  // legend
+    const double lx = margin + 110 * k;
+    cairo_set_source_rgb(cr, kColour[k][0], kColour[k][1], kColour[k][2]);
+    cairo_rectangle(cr, lx, lines_top - 23, 14, 9);
+    cairo_fill(cr);
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    text(cr, lx + 18, lines_top - 14, kName[k], 10);
+  }
+  const double s0 = static_cast<double>(history.steps.front());
+  const double s1 = std::max(s0 + 1, static_cast<double>(history.steps.back()));
+  for (size_t b = 0; b < N; ++b) {
+    const double px = margin + panel_w * static_cast<double>(b % cols) + 4;
+    const double py = lines_top + (panel_h + 26) * static_cast<double>(b / cols);
+    const double pw = panel_w - 12;
+    cairo_set_source_rgb(cr, 0.97, 0.97, 0.97);
+    cairo_rectangle(cr, px, py, pw, panel_h);
+    cairo_fill(cr);
+    cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
+    cairo_set_line_width(cr, 1);
+    cairo_rectangle(cr, px, py, pw, panel_h);
+    cairo_stroke(cr);
+    cairo_set_line_width(cr, 1.6);
+    for (int k = 0; k < 3; ++k) {
+      cairo_set_source_rgb(cr, kColour[k][0], kColour[k][1], kColour[k][2]);
+      for (size_t t = 0; t < T; ++t) {
+        const double x = px + pw * (static_cast<double>(history.steps[t]) - s0) / (s1 - s0);
+        const double y = py + panel_h * (1 - history.probs[t][b][k]);
+        t == 0 ? cairo_move_to(cr, x, y) : cairo_line_to(cr, x, y);
+      }
+      cairo_stroke(cr);
+    }
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    text(cr, px + 3, py + 11, fmt::format("block {}", b), 9);
+    if (b % cols == 0) {
+      text(cr, px - 3, py + 8, "1", 8, 1.0);
+      text(cr, px - 3, py + panel_h, "0", 8, 1.0);
+    }
+    text(cr, px, py + panel_h + 11, fmt::format("{}", history.steps.front()), 8);
+    text(cr, px + pw, py + panel_h + 11, fmt::format("{}", history.steps.back()), 8, 1.0);
+  }
   canvas.save({{"picture", "par search"}, {"title", title}, {"steps", history.steps}, {"probs", history.probs},
                {"columns", {"attention", "feed-forward", "identity"}}});
 }

@@ -15,6 +15,14 @@
 #include "spanformer/util/io.h"
 
 namespace spanformer::viz {
+
+SpanLayout parse_span_layout(const std::string& name) {
+  if (name == "auto") return SpanLayout::kAuto;
+  if (name == "curves") return SpanLayout::kCurves;
+  if (name == "grid") return SpanLayout::kGrid;
+  fail("--layout must be auto, curves or grid, got '{}'", name);
+}
+
 #if SPANFORMER_WITH_CAIRO
 namespace {
 
@@ -27,11 +35,81 @@ void head_colour(cairo_t* cr, size_t k, size_t K) {
   cairo_set_source_rgb(cr, r * 0.85, g * 0.85, b * 0.85);
 }
 
+// Layers x heads heat map of log10 z (1..L), the value in each cell.
+void write_span_grid(const std::string& path, const std::vector<std::vector<double>>& spans,
+                     const SpanPlotOptions& options) {
+  const size_t layers = spans.size(), heads = spans[0].size();
+  const double L = std::max(10.0, static_cast<double>(options.attn_span));
+  const double cell_w = std::clamp(480.0 / static_cast<double>(heads), 44.0, 90.0);
+  const double cell_h = std::clamp(640.0 / static_cast<double>(layers), 18.0, 40.0);
+  const double left = 80, top = 96, grid_w = cell_w * static_cast<double>(heads), grid_h = cell_h * static_cast<double>(layers);
+  const double width = left + grid_w + 130, height = top + grid_h + 30;
+  Canvas canvas(path, std::max(width, 560.0), height);
+  cairo_t* cr = canvas.cr();
+  text(cr, 20, 28, options.title.empty() ? "Learned attention spans" : options.title, 17);
+  text(cr, 20, 48, fmt::format("span z of every head in tokens (colour: log scale from 1 to L = {}, ramp R = {})",
+                               options.attn_span, options.ramp), 12);
+  auto t_of = [&](double z) { return std::log10(std::max(1.0, z)) / std::log10(L); };
+  for (size_t l = 0; l < layers; ++l)
+    for (size_t k = 0; k < heads; ++k) {
+      const double x = left + cell_w * static_cast<double>(k), y = top + cell_h * static_cast<double>(l);
+      const double t = t_of(spans[l][k]);
+      set_viridis(cr, t);
+      cairo_rectangle(cr, x, y, cell_w + 0.5, cell_h + 0.5);
+      cairo_fill(cr);
+      // Dark ink on the light (yellow/green) end, white on the dark end.
+      if (t > 0.6) cairo_set_source_rgb(cr, 0, 0, 0);
+      else cairo_set_source_rgb(cr, 1, 1, 1);
+      const double z = spans[l][k];
+      text(cr, x + cell_w / 2, y + cell_h / 2 + 4, z >= 100 ? fmt::format("{:.0f}", z) : fmt::format("{:.1f}", z),
+           std::min(11.0, cell_h * 0.55), kCenter);
+    }
+  cairo_set_source_rgb(cr, 0.3, 0.3, 0.3);
+  cairo_set_line_width(cr, 1);
+  cairo_rectangle(cr, left, top, grid_w, grid_h);
+  cairo_stroke(cr);
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  for (size_t k = 0; k < heads; ++k)
+    text(cr, left + cell_w * (static_cast<double>(k) + 0.5), top - 6, fmt::format("{}", k), 10, kCenter);
+  text(cr, left + grid_w / 2, top - 20, "head", 12, kCenter);
+  const size_t every = cell_h >= 12 ? 1 : 2;
+  for (size_t l = 0; l < layers; l += every)
+    text(cr, left - 6, top + cell_h * (static_cast<double>(l) + 0.5) + 4, fmt::format("{}", l), 10, kRight);
+  text(cr, left - 34, top + grid_h / 2, "layer", 12, kCenter, true);
+  // Colour bar with ticks at 1, 10, 100, ... and L.
+  const double bx = left + grid_w + 24, bw = 16;
+  for (int i = 0; i < 100; ++i) {
+    set_viridis(cr, i / 99.0);
+    cairo_rectangle(cr, bx, top + grid_h * (1 - (i + 1) / 100.0), bw, grid_h / 100.0 + 0.5);
+    cairo_fill(cr);
+  }
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  std::vector<double> ticks;
+  for (double tick = 1; tick < L * 0.8; tick *= 10) ticks.push_back(tick);
+  ticks.push_back(L);
+  for (double tick : ticks) {
+    const double y = top + grid_h * (1 - t_of(tick));
+    cairo_move_to(cr, bx + bw, y);
+    cairo_line_to(cr, bx + bw + 4, y);
+    cairo_stroke(cr);
+    text(cr, bx + bw + 7, y + 4, fmt::format("{:.0f}", tick), 10);
+  }
+  text(cr, bx + bw + 52, top + grid_h / 2, "span z (tokens, log scale)", 11, kCenter, true);
+  canvas.save({{"picture", "spans"}, {"layout", "grid"}, {"title", options.title}, {"spans", spans},
+               {"attn_span", options.attn_span}, {"ramp", options.ramp}, {"unit", "tokens"},
+               {"rows", "layer"}, {"columns", "head"}});
+}
+
 }  // namespace
 
 void write_span_plot(const std::string& path, const std::vector<std::vector<double>>& spans,
                      const SpanPlotOptions& options) {
   if (spans.empty() || spans[0].empty()) fail("no spans to draw");
+  for (const auto& layer : spans)
+    if (layer.size() != spans[0].size()) fail("spans: layers with different numbers of heads");
+  const bool grid = options.layout == SpanLayout::kGrid ||
+                    (options.layout == SpanLayout::kAuto && spans.size() * spans[0].size() > 32);
+  if (grid) return write_span_grid(path, spans, options);
   const size_t layers = spans.size(), heads = spans[0].size();
   const double L = static_cast<double>(options.attn_span), R = static_cast<double>(options.ramp);
   double z_max = 0;
@@ -82,6 +160,10 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
       cairo_set_source_rgb(cr, 0, 0, 0);
       text(cr, x0 + w - 4, y0 + 14, fmt::format("z = {:.1f}", z), 11, kRight);
       cairo_set_source_rgb(cr, 0.4, 0.4, 0.4);
+      if (k == 0) {  // m axis: 1 at the top, 0 at the bottom
+        text(cr, x0 - 3, y0 + 7, "1", 8, kRight);
+        text(cr, x0 - 3, y0 + h, "0", 8, kRight);
+      }
       text(cr, x0 + 1, y0 + h + 11, "0", 8);
       text(cr, x0 + w, y0 + h + 11, fmt::format("{:.0f}", x_max), 8, kRight);
       cairo_set_source_rgb(cr, 0, 0, 0);
@@ -94,6 +176,7 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
   const double bw_total = std::max(grid_w, 520.0) - 40;
   cairo_set_source_rgb(cr, 0, 0, 0);
   text(cr, margin, by0 - 14, "span z per layer (one bar per head, log scale; spans below 1 token show no bar)", 13);
+  text(cr, margin - 22, by0 + bh / 2, "span z (tokens)", 11, kCenter, true);
   auto y_of = [&](double z) { return by0 + bh * (1 - std::log10(std::max(1.0, z)) / std::log10(std::max(10.0, L))); };
   cairo_set_line_width(cr, 1);
   std::vector<double> ticks;
@@ -121,7 +204,7 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
     cairo_set_source_rgb(cr, 0, 0, 0);
     text(cr, bx0 + group * (static_cast<double>(l) + 0.5), by0 + bh + 16, fmt::format("layer {}", l), 10, kCenter);
   }
-  canvas.save({{"picture", "spans"}, {"title", options.title}, {"spans", spans}, {"attn_span", options.attn_span},
+  canvas.save({{"picture", "spans"}, {"layout", "curves"}, {"title", options.title}, {"spans", spans}, {"attn_span", options.attn_span},
                {"ramp", options.ramp}, {"unit", "tokens"}});
 }
 

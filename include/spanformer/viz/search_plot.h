@@ -1,7 +1,9 @@
 // The PAR search as one picture (Cairo PNG):
 //  - three heat maps, one per block type (attention, feed-forward, identity): P(type) of every block
 //    (rows, block 0 at the bottom as the network's input) against the training step (columns);
-//  - the final probabilities of every block as stacked bars, with the argmax letter above each.
+//  - the final probabilities of every block as stacked bars, with the argmax letter under each;
+//  - the same probabilities as lines against the step, one small panel per block (8 panels a row).
+// PNG, SVG or PDF by extension, with the steps and probabilities in a JSON file beside it.
 #pragma once
 #include <array>
 #include <string>
