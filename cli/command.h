@@ -42,6 +42,7 @@ void add_config(CLI::App&, const std::shared_ptr<Globals>&, Run&);
 void add_example(CLI::App&, const std::shared_ptr<Globals>&, Run&);
 void add_attention(CLI::App&, const std::shared_ptr<Globals>&, Run&);
 void add_translate(CLI::App&, const std::shared_ptr<Globals>&, Run&);
+void add_report(CLI::App&, const std::shared_ptr<Globals>&, Run&);
 
 // Shared by commands: --attn-impl as a config override list; the --nproc-per-node launcher (returns
 // true in the launching process after the workers finished; exits with their status on failure).

@@ -11,7 +11,7 @@ const std::vector<Command>& commands() {
       {"train", add_train}, {"eval", add_eval},     {"generate", add_generate}, {"spans", add_spans},
       {"bench", add_bench}, {"import", add_import}, {"export", add_export},     {"data", add_data},
       {"par", add_par},     {"config", add_config}, {"attention", add_attention}, {"example", add_example},
-      {"translate", add_translate},
+      {"translate", add_translate}, {"report", add_report},
   };
   return list;
 }

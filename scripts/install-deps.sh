@@ -24,7 +24,8 @@ packages=(
   zlib1g-dev              # reading gzip-compressed IDX files
   libsentencepiece-dev    # subword tokenisation of the translation pairs (seq2seq, by flag)
 )
-$tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch)  # tests (Python checks use /usr/bin/python3), benchmarks
+# Tests (Python checks use /usr/bin/python3; headless Chromium renders the run report), benchmarks.
+$tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch chromium)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

@@ -89,6 +89,13 @@ class Model:
         return dict(self._m.state_dict())
 
 
+def report(run_dir, out=None, refresh=0):
+    """Writes the run's self-contained HTML report (as `spanformer report RUN_DIR`); returns its path.
+    refresh > 0 makes the page reload itself every `refresh` seconds."""
+    out = out or os.path.join(run_dir, "report.html")
+    return torch.ops.spanformer.report(os.fspath(run_dir), os.fspath(out), int(refresh))
+
+
 def load(path, **overrides):
     """A checkpoint file or run directory of any family. Keyword overrides change how the model runs,
     never what it is, as on the command line: load("runs/xl", eval_mem_len=1600)."""

@@ -27,6 +27,7 @@
 #include "spanformer/train/eval_checkpoint.h"
 #include "spanformer/train/family.h"
 #include "spanformer/util/error.h"
+#include "spanformer/viz/report.h"
 
 namespace {
 
@@ -133,4 +134,12 @@ TORCH_LIBRARY_FRAGMENT(spanformer, m) {
       .def("spans", &Model::spans)
       .def("attention", &Model::attention)
       .def("state_dict", &Model::state_dict);
+  // `spanformer report` from Python: the run's page written to out (atomic); returns out.
+  m.def("report(str run_dir, str out, int refresh_seconds=0) -> str",
+        [](std::string run_dir, std::string out, int64_t refresh_seconds) {
+          viz::ReportOptions options;
+          options.refresh_seconds = static_cast<int>(refresh_seconds);
+          viz::write_report(run_dir, out, options);
+          return out;
+        });
 }

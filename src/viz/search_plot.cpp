@@ -8,12 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 #include <fmt/format.h>
 
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/jsonl.h"
 
 namespace spanformer::viz {
 #if SPANFORMER_WITH_CAIRO
@@ -28,26 +28,13 @@ constexpr const char* kName[3] = {"attention", "feed-forward", "identity"};
 #endif
 
 SearchHistory read_search_history(const std::string& log_path) {
-  std::string text = read_file(log_path);
   SearchHistory h;
-  size_t start = 0, line_no = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(start, end - start);
-    start = end + 1;
-    ++line_no;
-    if (line.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-      fail("{} line {} is not JSON", log_path, line_no);
-    }
+  for (const auto& j : read_jsonl(log_path)) {
     if (!j.contains("probs")) continue;
     std::vector<std::array<double, 3>> rows;
     for (const auto& r : j["probs"]) rows.push_back({r[0].get<double>(), r[1].get<double>(), r[2].get<double>()});
-    if (!h.probs.empty() && rows.size() != h.probs.back().size()) fail("{} line {}: the number of blocks changed", log_path, line_no);
+    if (!h.probs.empty() && rows.size() != h.probs.back().size())
+      fail("{}: the number of blocks changed at step {}", log_path, j["step"].get<int64_t>());
     h.steps.push_back(j["step"].get<int64_t>());
     h.probs.push_back(std::move(rows));
   }

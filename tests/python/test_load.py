@@ -9,7 +9,7 @@ word-for-word language, a ViT on Fashion-MNIST when Debian's data set is install
    figures must agree to rounding of the JSON text (1e-12);
 2. generate() continues a prompt exactly as `spanformer generate --seed` does (same seed, same bytes);
    translate() as `spanformer translate`;
-3. spans() equals `spanformer spans --json`; state_dict() holds every parameter of the exported
+3. spans() equals `spanformer spans --json`; report() writes `spanformer report`'s page; state_dict() holds every parameter of the exported
    safetensors file, bit for bit;
 4. attention() returns the weights behind `spanformer attention`: per layer (1, K, n, S + 1) for the
    language model, (L, K, T, S) per sentence for the Transformer, (b, K, N, N) per layer for the ViT,
@@ -20,6 +20,7 @@ word-for-word language, a ViT on Fashion-MNIST when Debian's data set is install
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,11 @@ assert mine["tokens"] == theirs["tokens"] and mine["blocks"] == theirs["blocks"]
 prompt = "It was the best of times"
 assert cli("generate", run, "--prompt", prompt, "--tokens", "40", "--seed", "3") == prompt + m.generate(prompt, 40, seed=3) + "\n"
 spans = json.loads(cli("spans", run, "--json", "--out", os.path.join(tmp, "s.png")))["spans"]
+# report(): the page the CLI writes, but for the time it was written.
+page = spanformer.report(run, os.path.join(tmp, "py.html"))
+cli("report", run, "--out", os.path.join(tmp, "cli.html"))
+strip = lambda p: re.sub(r'"written":"[^"]*"', "", open(p).read())
+assert strip(page) == strip(os.path.join(tmp, "cli.html")) and "uPlot" in strip(page)
 assert torch.allclose(m.spans(), torch.tensor(spans, dtype=torch.float64), atol=1e-12, rtol=0)
 weights = m.attention(text=prompt + ", it was the worst of times")
 assert len(weights) == 2, len(weights)
