@@ -204,6 +204,14 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
     cairo_set_source_rgb(cr, 0, 0, 0);
     text(cr, bx0 + group * (static_cast<double>(l) + 0.5), by0 + bh + 16, fmt::format("layer {}", l), 10, kCenter);
   }
+  for (size_t k = 0; k < heads; ++k) {  // legend: the colour of each head
+    const double lx = bx0 + 62 * static_cast<double>(k), ly = by0 + bh + 36;
+    head_colour(cr, k, heads);
+    cairo_rectangle(cr, lx, ly - 8, 10, 9);
+    cairo_fill(cr);
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    text(cr, lx + 13, ly, fmt::format("head {}", k), 9);
+  }
   canvas.save({{"picture", "spans"}, {"layout", "curves"}, {"title", options.title}, {"spans", spans}, {"attn_span", options.attn_span},
                {"ramp", options.ramp}, {"unit", "tokens"}});
 }
