@@ -1,5 +1,6 @@
 // spanformer bench: training-step or evaluation speed and memory of any family on random tokens.
 #include "command.h"
+#include "spanformer/util/error.h"
 #include "spanformer/train/family.h"
 #include "spanformer/util/runtime.h"
 
@@ -29,6 +30,9 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
                                                 "and heads), e.g. an imported reference model's learned spans");
   cmd->add_option("--mem-len", r.mem_len, "Transformer-XL/PAR eval mode: memory length (default: eval_mem_len)");
   cmd->add_option("--tgt-len", r.tgt_len, "Transformer-XL/PAR eval mode: segment length (default: eval_tgt_len)");
+  cmd->add_option("--tokens", r.tokens, "GPT generate mode: generate this many tokens, the last at a full context "
+                                       "(default: the second half of the context)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_flag("--json", r.json, "print one JSON record of the figures instead of the two text lines");
   cmd->allow_extras();
   cmd->callback([cmd, o, g, &run] {
@@ -36,6 +40,7 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
     run = [o, g, overrides] {
       auto all = execution_overrides(*g);
       all.insert(all.end(), overrides.begin(), overrides.end());
+      if (o->request.tokens > 0 && o->mode != "generate") fail("bench: --tokens is for --mode generate");
       auto family = train::family_from_config_file(o->config, all);
       if (g->threads > 0) family->train().threads = g->threads;
       auto request = o->request;

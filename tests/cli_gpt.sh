@@ -66,6 +66,8 @@ diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode eval --attention=adaptive_span --span-dist bimodal \
   --steps 1 --warmup 0 | grep "adaptive_span" > /dev/null
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --steps 1 --warmup 0 | grep "with the KV cache" > /dev/null
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 5 --steps 1 --warmup 0 2> /dev/null \
+  | grep "tokens 60 .. 64 after a prompt of 59" > /dev/null
 
 # Word-level data (WikiText-2 lines) train the same way, reported in perplexity.
 wt2="$src/../shared/data/wikitext-2"
@@ -89,4 +91,6 @@ expect_error "$bin" eval "$tmp/dense" --attention=lsh
 expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=lsh --lsh_buckets=3
 expect_error "$bin" bench -c "$src/configs/gpt/demo.json" --span 10 --steps 1
 expect_error "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1
+expect_error "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 64
+expect_error "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --tokens 5
 echo "cli gpt: passed"

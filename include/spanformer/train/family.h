@@ -114,6 +114,8 @@ struct BenchRequest {
   std::string span_dist, spans_from;
   // Transformer-XL/PAR evaluation mode: memory and segment length (defaults: the eval protocol's)
   int64_t mem_len = -1, tgt_len = 0;
+  // GPT generate mode: tokens generated one at a time, ending at a full context (0: half the context)
+  int64_t tokens = 0;
 };
 
 // `spanformer attention`: a picture of what a model attends to.

@@ -227,10 +227,11 @@ void GptFamily::bench(const BenchRequest& r) {
   const int64_t B = config_.train.batch_size, T = c.context, V = c.vocab_size;
   std::string what;
   double per_step = 0, tokens_per_step = static_cast<double>(B * T);
-  if (r.generate) {  // one token at a time after a prompt of T / 2, to a full context, cache against none
+  if (r.generate) {  // one token at a time after a prompt (T / 2 or T - tokens), to a full context, cache against none
+    if (r.tokens >= T) fail("bench --tokens {}: must be below the context {}", r.tokens, T);
     model_->eval();
     torch::NoGradGuard no_grad;
-    const int64_t prompt = std::max<int64_t>(1, T / 2), steps = T - prompt;
+    const int64_t prompt = r.tokens > 0 ? T - r.tokens : std::max<int64_t>(1, T / 2), steps = T - prompt;
     auto run = [&](bool use_cache) {
       models::GptDecoder d;
       d.use_cache = use_cache;
