@@ -128,7 +128,8 @@ TEST(GptAttention, EveryPatternMatchesTheLoopOracleAndFusedEqualsPlain) {
                              {CausalKind::kWindow, 1, {}, 0},
                              {CausalKind::kWindow, 7, {}, 0},         {CausalKind::kWindow, 100, {}, 0},
                              {CausalKind::kAdaptiveSpan, 0, {0.0, 5.5, 40.2}, 64},
-                             {CausalKind::kAdaptiveSpan, 0, {3.0, 64.0, 17.75}, 64}};
+                             {CausalKind::kAdaptiveSpan, 0, {3.0, 64.0, 17.75}, 64},
+                             {CausalKind::kAdaptiveSpan, 0, {0.0, 5.5, 12.0}, 64}};  // narrow: all tiles at once
   using attention::SparseCombine;
   for (auto kind : {CausalKind::kSparseStrided, CausalKind::kSparseFixed})
     for (auto [combine, layer] : {std::pair{SparseCombine::kMerged, 0}, std::pair{SparseCombine::kAlternating, 0},

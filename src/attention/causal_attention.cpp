@@ -286,14 +286,39 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t band = causal_band(spec, C);
   if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && band_fraction(N, C, band) > 0.75))
     return causal_attention_reference(q, k, v, spec);
-  for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
-    const int64_t n = std::min(kQueryTile, N - i0);
-    const int64_t last = C - N + i0 + n - 1, k0 = std::max<int64_t>(0, C - N + i0 - band + 1), c = last + 1 - k0;
-    auto m = causal_weights(spec, positions(C - N + i0, n, q).unsqueeze(1), positions(k0, c, q).unsqueeze(0),
-                            q.scalar_type());  // (K or 1, n, c)
-    tiles.push_back(attend(q.narrow(2, i0, n), k.narrow(2, k0, c), v.narrow(2, k0, c), m, spec));
+  if (4 * band > C) {  // a wide band (a head reaching most of the keys): tiles one by one, each from key 0 up
+    for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
+      const int64_t n = std::min(kQueryTile, N - i0);
+      const int64_t last = C - N + i0 + n - 1, k0 = std::max<int64_t>(0, C - N + i0 - band + 1), c = last + 1 - k0;
+      auto m = causal_weights(spec, positions(C - N + i0, n, q).unsqueeze(1), positions(k0, c, q).unsqueeze(0),
+                              q.scalar_type());  // (K or 1, n, c)
+      tiles.push_back(attend(q.narrow(2, i0, n), k.narrow(2, k0, c), v.narrow(2, k0, c), m, spec));
+    }
+    return tiles.size() == 1 ? tiles[0] : at::cat(tiles, 2);  // (B, K, N, D)
   }
-  return tiles.size() == 1 ? tiles[0] : at::cat(tiles, 2);  // (B, K, N, D)
+  // A narrow band: all query tiles at once. Tile i (queries o + i t .. o + i t + t - 1, o = C - N) reads the c = t + band - 1
+  // keys from o + i t - band + 1, one strided window of k and v each (unfold), so forward and backward
+  // stay linear in N (one slice per tile gives each tile's backward a gradient the size of k: T / 64
+  // full-size gradients, which made the window's backward quadratic beyond 8k tokens).
+  // Keys outside [0, C) are zero padding with weight 0; padded queries (past N) read their own padded
+  // key, so no row is empty, and are cut off at the end.
+  const int64_t B = q.size(0), D = q.size(3), t = std::min(kQueryTile, N), nt = (N + t - 1) / t, c = t + band - 1;
+  const int64_t o = C - N, left = std::max<int64_t>(0, band - 1 - o), right = nt * t - N;
+  const int64_t start = o - band + 1 + left;  // first key of tile 0 in the padded keys
+  auto windows = [&](const at::Tensor& x) {  // (B, K, C, D) -> (B, K, nt, D, c)
+    return at::constant_pad_nd(x, {0, 0, left, right}).narrow(2, start, (nt - 1) * t + c).unfold(2, c, t);
+  };
+  auto qt = at::constant_pad_nd(q, {0, 0, 0, right}).reshape({B, K, nt, t, D});  // (B, K, nt, t, D)
+  auto tile0 = positions(0, nt, q).mul(t).view({nt, 1, 1}) + o;                      // (nt, 1, 1)
+  auto qpos = tile0 + positions(0, t, q).view({1, t, 1});                            // (nt, t, 1)
+  auto kpos = tile0 - band + 1 + positions(0, c, q).view({1, 1, c});                 // (nt, 1, c)
+  auto real = ((kpos >= 0) & (kpos < C)) | ((qpos >= C) & (kpos == qpos));         // (nt, t, c)
+  auto m = causal_weights(spec, qpos, kpos, q.scalar_type()) * real.to(q.scalar_type());  // (K or 1, nt, t, c)
+  auto s = at::matmul(qt, windows(k)) / std::sqrt(static_cast<double>(D));           // (B, K, nt, t, c)
+  auto a = masked_softmax(s, m);
+  if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
+  auto out = at::matmul(a, windows(v).transpose(-1, -2));                            // (B, K, nt, t, D)
+  return out.reshape({B, K, nt * t, D}).narrow(2, 0, N);                             // (B, K, N, D)
 }
 
 }  // namespace spanformer::attention

@@ -45,7 +45,9 @@
 //   plain  the reference composition: the whole (B, K, N, C) score tensor, masked;
 //   fused  query tiles of kQueryTile rows; a tile reads only keys [first - S + 1, last] where S is the
 //          largest band of its heads, so tiles above the diagonal and keys beyond every head's span are
-//          never touched, and backward stores tile-sized scores only (O(N S) instead of O(N C));
+//          never touched, and backward stores tile-sized scores only (O(N S) instead of O(N C)). A
+//          narrow band (S <= C / 4) takes every tile at once from one strided window of k and v
+//          (each tile's own slice would give its backward a gradient the size of k: quadratic);
 //          Sparse patterns: each query tile gathers, row by row, the keys any of the layer's heads may
 //          read (O(l + C / l) per query for strided, O(l + c C / l) for fixed, against C), so compute
 //          and memory grow as N (l + C / l): N^1.5 with l ~ sqrt(N);
