@@ -16,14 +16,13 @@
 
 #include "spanformer/models/transformer_seq.h"
 #include "spanformer/ops/adaptive_span_attention.h"
+#include "util.h"
 
 using namespace spanformer;
 
 namespace {
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.detach().cpu().to(at::kDouble) - b.detach().cpu().to(at::kDouble)).abs().max().item<double>();
-}
+using tu::max_diff;
 
 struct CudaOpCase {
   int64_t B, K, M, W, D, L;

@@ -21,7 +21,7 @@ using namespace spanformer;
 
 namespace {
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+using tu::max_diff;
 
 // out[b, h, i] = sum_j P_ij Z_ij v_j over keys p_i - band < j <= p_i, p_i = C - N + i, written as loops from
 // the header's formula (Z from ops::dropout_keep, the hash every implementation shares).

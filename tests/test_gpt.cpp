@@ -94,7 +94,7 @@ at::Tensor loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return out;
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+using tu::max_diff;
 
 nn::AdaptiveSpan make_span(const std::vector<double>& z, int64_t L, int64_t R) {
   nn::AdaptiveSpan span(nn::AdaptiveSpanOptions(L, static_cast<int64_t>(z.size())).ramp(R));

@@ -26,7 +26,7 @@ using attention::CausalKind;
 
 namespace {
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+using tu::max_diff;
 
 // Loops over the header's definitions: bucket = argmax([x A; -x A]); A_r(i) = itself and the m most recent
 // earlier positions of its bucket; self only when alone; rounds combined by logsumexp.

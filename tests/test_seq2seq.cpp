@@ -289,10 +289,7 @@ torch::Tensor reference_rnn(models::RnnSeq2SeqImpl& m, const std::vector<int64_t
   return torch::stack(logits, 0);  // (T, Vt)
 }
 
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::nn::LayerNorm& n) {
-  auto mu = x.mean(-1, true), var = (x - mu).pow(2).mean(-1, true);
-  return (x - mu) / torch::sqrt(var + 1e-5) * n->weight + n->bias;
-}
+using tu::layer_norm;
 
 // Multi-head attention of x (N, H) over m (C, H) by its formula; `causal` keeps keys j <= i.
 torch::Tensor mha(attention::MultiHeadAttentionImpl& a, const torch::Tensor& x, const torch::Tensor& m, bool causal) {

@@ -55,7 +55,7 @@ SpanAttentionOptions options_of(const OpCase& c) {
   return o;
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
+using tu::max_diff;
 
 }  // namespace
 

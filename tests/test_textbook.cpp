@@ -16,12 +16,13 @@
 #include "spanformer/nn/attention_pooling.h"
 #include "spanformer/ops/masked_softmax.h"
 #include "spanformer/util/error.h"
+#include "util.h"
 
 using namespace spanformer;
 
 namespace {
 
-double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+using tu::max_diff;
 
 // a[b, i, j] by the header's formula, one row at a time; v[b][i] the row's valid length.
 torch::Tensor loop_masked_softmax(const torch::Tensor& s, const std::vector<std::vector<int64_t>>& v) {

@@ -22,10 +22,7 @@ namespace {
 
 const char* kFashion = "/usr/share/datasets/fashion-mnist";
 
-torch::Tensor layer_norm(const torch::Tensor& x, const torch::nn::LayerNorm& n) {
-  auto mu = x.mean(-1, true), var = (x - mu).pow(2).mean(-1, true);
-  return (x - mu) / torch::sqrt(var + 1e-5) * n->weight + n->bias;
-}
+using tu::layer_norm;
 
 // logits (B, C) of the header's equations, from the model's weights only.
 torch::Tensor reference_vit(models::VitModelImpl& m, const torch::Tensor& images) {

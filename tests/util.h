@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
+#include <torch/nn/modules/normalization.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -23,6 +24,18 @@
 namespace spanformer::tu {
 
 inline std::string shared_dir() { return SPANFORMER_SHARED_DIR; }
+
+// max |a - b| in double, on the CPU (a and b of one shape, any dtype and device).
+inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.detach().cpu().to(at::kDouble) - b.detach().cpu().to(at::kDouble)).abs().max().item<double>();
+}
+
+// LayerNorm by its formula, (x - mean) / sqrt(var + 1e-5) * weight + bias over the last dim (biased var),
+// from the module's parameters.
+inline torch::Tensor layer_norm(const torch::Tensor& x, const torch::nn::LayerNorm& n) {
+  auto mu = x.mean(-1, true), var = (x - mu).pow(2).mean(-1, true);
+  return (x - mu) / torch::sqrt(var + 1e-5) * n->weight + n->bias;
+}
 
 // Removes a directory tree (nftw, depth first). Not std::filesystem::remove_all: PyTorch's wheels
 // (LibTorch 2.x) export their own copy of it from libtorch.so, which crashes through a null pointer

@@ -17,7 +17,7 @@ using config_detail::find_field;
 using config_detail::read_section;
 using config_detail::train_fields;
 
-const std::vector<Field<ModelConfig>>& model_fields() {
+const std::vector<Field<ModelConfig>>& span_model_fields() {
   static const std::vector<Field<ModelConfig>> fields = {
       field("vocab_size", &ModelConfig::vocab_size, "V; taken from the prepared data when 0"),
       field("nb_layers", &ModelConfig::nb_layers, "layers"),
@@ -44,12 +44,12 @@ const std::vector<Field<ModelConfig>>& model_fields() {
 std::vector<ConfigKey> adaptive_span_config_keys() {
   std::vector<ConfigKey> keys;
   const Config defaults;
-  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "model", defaults.model, span_model_fields());
   config_detail::describe(keys, "train", defaults.train, train_fields());
   return keys;
 }
 
-json to_json(const ModelConfig& config) { return struct_to_json(config, model_fields()); }
+json to_json(const ModelConfig& config) { return struct_to_json(config, span_model_fields()); }
 
 json to_json(const Config& config) {
   return json{{"model", to_json(config.model)}, {"train", struct_to_json(config.train, train_fields())}};
@@ -57,7 +57,7 @@ json to_json(const Config& config) {
 
 ModelConfig model_config_from_json(const json& j, const std::string& origin) {
   ModelConfig config;
-  read_section(config, j, model_fields(), "model", origin);
+  read_section(config, j, span_model_fields(), "model", origin);
   return config;
 }
 
@@ -66,7 +66,7 @@ Config config_from_json(const json& j, const std::string& origin) {
   Config config;
   for (const auto& [key, value] : j.items()) {
     if (key == "model") {
-      read_section(config.model, value, model_fields(), "model", origin);
+      read_section(config.model, value, span_model_fields(), "model", origin);
     } else if (key == "train") {
       config_detail::read_train_section(config.train, value, origin);
     } else if (key == "description" || key == "arch") {
@@ -85,7 +85,7 @@ Config load_config(const std::string& path) {
 void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
   for (const auto& item : overrides) {
     const auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+    if (!config_detail::set_override(config.model, span_model_fields(), "model", o) &&
         !config_detail::set_override(config.train, train_fields(), "train", o))
       config_detail::unknown_override(o, adaptive_span_config_keys());
   }

@@ -15,7 +15,7 @@ using config_detail::field;
 using config_detail::read_section;
 using config_detail::struct_to_json;
 
-const std::vector<Field<GptModelConfig>>& model_fields() {
+const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
   using C = GptModelConfig;
   static const std::vector<Field<C>> fields = {
       field("vocab_size", &C::vocab_size, "V; taken from the prepared data when 0"),
@@ -66,12 +66,12 @@ Positions parse_positions(const std::string& name) {
 std::vector<ConfigKey> gpt_config_keys() {
   std::vector<ConfigKey> keys;
   const GptConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "model", defaults.model, gpt_model_fields());
   config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
   return keys;
 }
 
-json to_json(const GptModelConfig& config) { return struct_to_json(config, model_fields()); }
+json to_json(const GptModelConfig& config) { return struct_to_json(config, gpt_model_fields()); }
 
 json to_json(const GptConfig& config) {
   return json{{"arch", "gpt"},
@@ -85,7 +85,7 @@ GptConfig gpt_config_from_json(const json& j, const std::string& origin) {
   GptConfig config;
   for (const auto& [key, value] : j.items()) {
     if (key == "model") {
-      read_section(config.model, value, model_fields(), "model", origin);
+      read_section(config.model, value, gpt_model_fields(), "model", origin);
     } else if (key == "train") {
       config_detail::read_train_section(config.train, value, origin);
     } else if (key != "arch" && key != "description") {
@@ -98,7 +98,7 @@ GptConfig gpt_config_from_json(const json& j, const std::string& origin) {
 void apply_overrides(GptConfig& config, const std::vector<std::string>& overrides) {
   for (const auto& item : overrides) {
     auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+    if (!config_detail::set_override(config.model, gpt_model_fields(), "model", o) &&
         !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
       config_detail::unknown_override(o, gpt_config_keys());
   }

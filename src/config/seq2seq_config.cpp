@@ -12,7 +12,7 @@ using config_detail::field;
 using config_detail::read_section;
 using config_detail::struct_to_json;
 
-const std::vector<Field<Seq2SeqModelConfig>>& model_fields() {
+const std::vector<Field<Seq2SeqModelConfig>>& seq2seq_model_fields() {
   using C = Seq2SeqModelConfig;
   static const std::vector<Field<C>> fields = {
       config_detail::enum_field("kind", &C::kind, parse_seq2seq_kind, seq2seq_kind_name,
@@ -112,7 +112,7 @@ TrainConfig seq2seq_train_defaults() {
 std::vector<ConfigKey> seq2seq_config_keys() {
   std::vector<ConfigKey> keys;
   const Seq2SeqConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "model", defaults.model, seq2seq_model_fields());
   config_detail::describe(keys, "data", defaults.data, data_fields());
   config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
   return keys;
@@ -120,7 +120,7 @@ std::vector<ConfigKey> seq2seq_config_keys() {
 
 json to_json(const Seq2SeqConfig& config) {
   return json{{"arch", "seq2seq"},
-              {"model", struct_to_json(config.model, model_fields())},
+              {"model", struct_to_json(config.model, seq2seq_model_fields())},
               {"data", struct_to_json(config.data, data_fields())},
               {"train", struct_to_json(config.train, config_detail::train_fields())}};
 }
@@ -131,7 +131,7 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& origin)
   Seq2SeqConfig config;
   for (const auto& [key, value] : j.items()) {
     if (key == "model") {
-      read_section(config.model, value, model_fields(), "model", origin);
+      read_section(config.model, value, seq2seq_model_fields(), "model", origin);
     } else if (key == "data") {
       read_section(config.data, value, data_fields(), "data", origin);
     } else if (key == "train") {
@@ -146,7 +146,7 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& origin)
 void apply_overrides(Seq2SeqConfig& config, const std::vector<std::string>& overrides) {
   for (const auto& item : overrides) {
     auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+    if (!config_detail::set_override(config.model, seq2seq_model_fields(), "model", o) &&
         !config_detail::set_override(config.data, data_fields(), "data", o) &&
         !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
       config_detail::unknown_override(o, seq2seq_config_keys());
@@ -198,7 +198,7 @@ void validate(const Seq2SeqConfig& config) {
 }
 
 std::string seq2seq_model_difference(const Seq2SeqModelConfig& a, const Seq2SeqModelConfig& b) {
-  auto ja = struct_to_json(a, model_fields()), jb = struct_to_json(b, model_fields());
+  auto ja = struct_to_json(a, seq2seq_model_fields()), jb = struct_to_json(b, seq2seq_model_fields());
   for (const auto& [key, value] : ja.items()) {
     if (key == "dropout" || key == "label_smoothing" || key == "beam" || key == "length_penalty" || key == "max_extra" ||
         key == "max_positions")

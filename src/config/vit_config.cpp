@@ -12,7 +12,7 @@ using config_detail::field;
 using config_detail::read_section;
 using config_detail::struct_to_json;
 
-const std::vector<Field<VitModelConfig>>& model_fields() {
+const std::vector<Field<VitModelConfig>>& vit_model_fields() {
   using C = VitModelConfig;
   static const std::vector<Field<C>> fields = {
       field("image_size", &C::image_size, "S: images are S x S"),
@@ -55,14 +55,14 @@ TrainConfig vit_train_defaults() {
 std::vector<ConfigKey> vit_config_keys() {
   std::vector<ConfigKey> keys;
   const VitConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "model", defaults.model, vit_model_fields());
   config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
   return keys;
 }
 
 json to_json(const VitConfig& config) {
   return json{{"arch", "vit"},
-              {"model", struct_to_json(config.model, model_fields())},
+              {"model", struct_to_json(config.model, vit_model_fields())},
               {"train", struct_to_json(config.train, config_detail::train_fields())}};
 }
 
@@ -72,7 +72,7 @@ VitConfig vit_config_from_json(const json& j, const std::string& origin) {
   VitConfig config;
   for (const auto& [key, value] : j.items()) {
     if (key == "model") {
-      read_section(config.model, value, model_fields(), "model", origin);
+      read_section(config.model, value, vit_model_fields(), "model", origin);
     } else if (key == "train") {
       config_detail::read_train_section(config.train, value, origin);
     } else if (key != "arch" && key != "description") {
@@ -85,7 +85,7 @@ VitConfig vit_config_from_json(const json& j, const std::string& origin) {
 void apply_overrides(VitConfig& config, const std::vector<std::string>& overrides) {
   for (const auto& item : overrides) {
     auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+    if (!config_detail::set_override(config.model, vit_model_fields(), "model", o) &&
         !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
       config_detail::unknown_override(o, vit_config_keys());
   }
@@ -122,7 +122,7 @@ void validate(const VitConfig& config) {
 }
 
 std::string vit_model_difference(const VitModelConfig& a, const VitModelConfig& b) {
-  auto ja = struct_to_json(a, model_fields()), jb = struct_to_json(b, model_fields());
+  auto ja = struct_to_json(a, vit_model_fields()), jb = struct_to_json(b, vit_model_fields());
   for (const auto& [key, value] : ja.items()) {
     if (key == "dropout" || key == "attn_dropout" || key == "augment_shift" || key == "valid_images") continue;  // how it trains, not what it is
     if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());

@@ -17,7 +17,7 @@ using config_detail::find_field;
 using config_detail::read_section;
 using config_detail::struct_to_json;
 
-const std::vector<Field<XlModelConfig>>& model_fields() {
+const std::vector<Field<XlModelConfig>>& xl_model_fields() {
   using C = XlModelConfig;
   static const std::vector<Field<C>> fields = {
       field("vocab_size", &C::vocab_size, "V; taken from the prepared data when 0"),       field("layers", &C::layers, "block string, 'a' attention / 'f' feed-forward (\"\" = \"af\" x n_layer)"),
@@ -85,7 +85,7 @@ TauSchedule parse_tau_schedule(const std::string& name) {
 std::vector<ConfigKey> xl_config_keys() {
   std::vector<ConfigKey> keys;
   const XlConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, model_fields());
+  config_detail::describe(keys, "model", defaults.model, xl_model_fields());
   config_detail::describe(keys, "search", defaults.search, search_fields());
   config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
   return keys;
@@ -101,7 +101,7 @@ std::string XlModelConfig::block_string() const {
 
 int64_t XlModelConfig::nb_blocks() const { return static_cast<int64_t>(block_string().size()); }
 
-json to_json(const XlModelConfig& config) { return struct_to_json(config, model_fields()); }
+json to_json(const XlModelConfig& config) { return struct_to_json(config, xl_model_fields()); }
 
 json to_json(const XlConfig& config) {
   return json{{"arch", "xl"},
@@ -116,13 +116,13 @@ XlConfig xl_config_from_json(const json& j, const std::string& origin) {
   XlConfig config;
   for (const auto& [key, value] : j.items()) {
     if (key == "model") {
-      read_section(config.model, value, model_fields(), "model", origin);
+      read_section(config.model, value, xl_model_fields(), "model", origin);
     } else if (key == "search") {
       read_section(config.search, value, search_fields(), "search", origin);
     } else if (key == "train") {
       // Older files kept the evaluation protocol in `train`: it belongs to the model section now.
       config_detail::read_train_section(config.train, value, origin, [&](const std::string& key, const json& v) {
-        const auto* f = find_field(model_fields(), key);
+        const auto* f = find_field(xl_model_fields(), key);
         if (!f || key.rfind("eval_", 0) != 0) return false;
         f->set(config.model, v);
         return true;
@@ -148,8 +148,8 @@ std::string config_arch(const std::string& path) {
 void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides) {
   for (const auto& item : overrides) {
     auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (o.section == "train" && o.key.rfind("eval_", 0) == 0 && find_field(model_fields(), o.key)) o.section = "model";
-    if (!config_detail::set_override(config.model, model_fields(), "model", o) &&
+    if (o.section == "train" && o.key.rfind("eval_", 0) == 0 && find_field(xl_model_fields(), o.key)) o.section = "model";
+    if (!config_detail::set_override(config.model, xl_model_fields(), "model", o) &&
         !config_detail::set_override(config.search, search_fields(), "search", o) &&
         !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
       config_detail::unknown_override(o, xl_config_keys());

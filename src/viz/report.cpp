@@ -44,8 +44,9 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   nlohmann::json data = {{"run_dir", run_dir},   {"config", config},         {"log", log},
                          {"sessions", sessions}, {"span_limit", span_limit}, {"refresh", options.refresh_seconds},
                          {"written", utc_timestamp()}};
-  // Inside <script>, "</" would end the element early: JSON allows the escaped form.
-  std::string json = data.dump();
+  // Inside <script>, "</" would end the element early: JSON allows the escaped form. Bytes that are not
+  // UTF-8 (a run directory named in Latin-1) become U+FFFD rather than failing the page.
+  std::string json = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   for (size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3)) json.replace(at, 2, "<\\/");
 
   std::string page = report_assets::page;
