@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "train_fields.h"
+#include "schema.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -39,21 +39,21 @@ const std::vector<Field<ModelConfig>>& span_model_fields() {
   return fields;
 }
 
+// Adaptive-span files predate the "arch" tag: it is neither written nor required.
+const config_detail::Schema<Config>& span_schema() {
+  static const config_detail::Schema<Config> schema{
+      nullptr, "adaptive-span", {config_detail::section("model", &Config::model, span_model_fields),
+                                 config_detail::train_section(&Config::train)}};
+  return schema;
+}
+
 }  // namespace
 
-std::vector<ConfigKey> adaptive_span_config_keys() {
-  std::vector<ConfigKey> keys;
-  const Config defaults;
-  config_detail::describe(keys, "model", defaults.model, span_model_fields());
-  config_detail::describe(keys, "train", defaults.train, train_fields());
-  return keys;
-}
+std::vector<ConfigKey> adaptive_span_config_keys() { return span_schema().keys(); }
 
 json to_json(const ModelConfig& config) { return struct_to_json(config, span_model_fields()); }
 
-json to_json(const Config& config) {
-  return json{{"model", to_json(config.model)}, {"train", struct_to_json(config.train, train_fields())}};
-}
+json to_json(const Config& config) { return span_schema().to_json(config); }
 
 ModelConfig model_config_from_json(const json& j, const std::string& origin) {
   ModelConfig config;
@@ -61,34 +61,14 @@ ModelConfig model_config_from_json(const json& j, const std::string& origin) {
   return config;
 }
 
-Config config_from_json(const json& j, const std::string& origin) {
-  if (!j.is_object()) fail("{}: a config must be a JSON object with 'model' and 'train' sections", origin);
-  Config config;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "model") {
-      read_section(config.model, value, span_model_fields(), "model", origin);
-    } else if (key == "train") {
-      config_detail::read_train_section(config.train, value, origin);
-    } else if (key == "description" || key == "arch") {
-      // free text for people; the family (already chosen: train::family_from_json)
-    } else {
-      fail("{}: unknown config section '{}' (expected 'model' and 'train')", origin, key);
-    }
-  }
-  return config;
-}
+Config config_from_json(const json& j, const std::string& origin) { return span_schema().from_json(j, origin); }
 
 Config load_config(const std::string& path) {
   return config_from_json(config_detail::read_json_file(path), path);
 }
 
 void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
-  for (const auto& item : overrides) {
-    const auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, span_model_fields(), "model", o) &&
-        !config_detail::set_override(config.train, train_fields(), "train", o))
-      config_detail::unknown_override(o, adaptive_span_config_keys());
-  }
+  span_schema().apply_overrides(config, overrides);
 }
 
 void validate(const ModelConfig& c) {

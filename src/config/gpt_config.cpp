@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "train_fields.h"
+#include "schema.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer {
@@ -63,45 +63,27 @@ Positions parse_positions(const std::string& name) {
   fail("positions must be learned or sinusoidal (got '{}')", name);
 }
 
-std::vector<ConfigKey> gpt_config_keys() {
-  std::vector<ConfigKey> keys;
-  const GptConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, gpt_model_fields());
-  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
-  return keys;
+namespace {
+
+const config_detail::Schema<GptConfig>& gpt_schema() {
+  static const config_detail::Schema<GptConfig> schema{
+      "gpt", "GPT", {config_detail::section("model", &GptConfig::model, gpt_model_fields),
+                     config_detail::train_section(&GptConfig::train)}};
+  return schema;
 }
+
+}  // namespace
+
+std::vector<ConfigKey> gpt_config_keys() { return gpt_schema().keys(); }
 
 json to_json(const GptModelConfig& config) { return struct_to_json(config, gpt_model_fields()); }
 
-json to_json(const GptConfig& config) {
-  return json{{"arch", "gpt"},
-              {"model", to_json(config.model)},
-              {"train", struct_to_json(config.train, config_detail::train_fields())}};
-}
+json to_json(const GptConfig& config) { return gpt_schema().to_json(config); }
 
-GptConfig gpt_config_from_json(const json& j, const std::string& origin) {
-  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
-  if (!j.contains("arch") || j["arch"] != "gpt") fail("{}: not a GPT config (\"arch\": \"gpt\" missing)", origin);
-  GptConfig config;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "model") {
-      read_section(config.model, value, gpt_model_fields(), "model", origin);
-    } else if (key == "train") {
-      config_detail::read_train_section(config.train, value, origin);
-    } else if (key != "arch" && key != "description") {
-      fail("{}: unknown config section '{}' (expected 'model' and 'train')", origin, key);
-    }
-  }
-  return config;
-}
+GptConfig gpt_config_from_json(const json& j, const std::string& origin) { return gpt_schema().from_json(j, origin); }
 
 void apply_overrides(GptConfig& config, const std::vector<std::string>& overrides) {
-  for (const auto& item : overrides) {
-    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, gpt_model_fields(), "model", o) &&
-        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
-      config_detail::unknown_override(o, gpt_config_keys());
-  }
+  gpt_schema().apply_overrides(config, overrides);
 }
 
 void validate(const GptModelConfig& c) {

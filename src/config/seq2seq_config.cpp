@@ -1,7 +1,7 @@
 #include "spanformer/config/seq2seq_config.h"
 
 #include "spanformer/util/error.h"
-#include "train_fields.h"
+#include "schema.h"
 
 namespace spanformer {
 namespace {
@@ -109,48 +109,28 @@ TrainConfig seq2seq_train_defaults() {
   return t;
 }
 
-std::vector<ConfigKey> seq2seq_config_keys() {
-  std::vector<ConfigKey> keys;
-  const Seq2SeqConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, seq2seq_model_fields());
-  config_detail::describe(keys, "data", defaults.data, data_fields());
-  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
-  return keys;
+namespace {
+
+const config_detail::Schema<Seq2SeqConfig>& seq2seq_schema() {
+  static const config_detail::Schema<Seq2SeqConfig> schema{
+      "seq2seq", "seq2seq", {config_detail::section("model", &Seq2SeqConfig::model, seq2seq_model_fields),
+                             config_detail::section("data", &Seq2SeqConfig::data, data_fields),
+                             config_detail::train_section(&Seq2SeqConfig::train)}};
+  return schema;
 }
 
-json to_json(const Seq2SeqConfig& config) {
-  return json{{"arch", "seq2seq"},
-              {"model", struct_to_json(config.model, seq2seq_model_fields())},
-              {"data", struct_to_json(config.data, data_fields())},
-              {"train", struct_to_json(config.train, config_detail::train_fields())}};
-}
+}  // namespace
+
+std::vector<ConfigKey> seq2seq_config_keys() { return seq2seq_schema().keys(); }
+
+json to_json(const Seq2SeqConfig& config) { return seq2seq_schema().to_json(config); }
 
 Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& origin) {
-  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
-  if (!j.contains("arch") || j["arch"] != "seq2seq") fail("{}: not a seq2seq config (\"arch\": \"seq2seq\" missing)", origin);
-  Seq2SeqConfig config;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "model") {
-      read_section(config.model, value, seq2seq_model_fields(), "model", origin);
-    } else if (key == "data") {
-      read_section(config.data, value, data_fields(), "data", origin);
-    } else if (key == "train") {
-      config_detail::read_train_section(config.train, value, origin);
-    } else if (key != "arch" && key != "description") {
-      fail("{}: unknown config section '{}' (expected 'model', 'data' and 'train')", origin, key);
-    }
-  }
-  return config;
+  return seq2seq_schema().from_json(j, origin);
 }
 
 void apply_overrides(Seq2SeqConfig& config, const std::vector<std::string>& overrides) {
-  for (const auto& item : overrides) {
-    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, seq2seq_model_fields(), "model", o) &&
-        !config_detail::set_override(config.data, data_fields(), "data", o) &&
-        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
-      config_detail::unknown_override(o, seq2seq_config_keys());
-  }
+  seq2seq_schema().apply_overrides(config, overrides);
 }
 
 void validate(const Seq2SeqModelConfig& c) {

@@ -1,7 +1,7 @@
 #include "spanformer/config/vit_config.h"
 
 #include "spanformer/util/error.h"
-#include "train_fields.h"
+#include "schema.h"
 
 namespace spanformer {
 namespace {
@@ -52,43 +52,25 @@ TrainConfig vit_train_defaults() {
   return t;
 }
 
-std::vector<ConfigKey> vit_config_keys() {
-  std::vector<ConfigKey> keys;
-  const VitConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, vit_model_fields());
-  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
-  return keys;
+namespace {
+
+const config_detail::Schema<VitConfig>& vit_schema() {
+  static const config_detail::Schema<VitConfig> schema{
+      "vit", "ViT", {config_detail::section("model", &VitConfig::model, vit_model_fields),
+                     config_detail::train_section(&VitConfig::train)}};
+  return schema;
 }
 
-json to_json(const VitConfig& config) {
-  return json{{"arch", "vit"},
-              {"model", struct_to_json(config.model, vit_model_fields())},
-              {"train", struct_to_json(config.train, config_detail::train_fields())}};
-}
+}  // namespace
 
-VitConfig vit_config_from_json(const json& j, const std::string& origin) {
-  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
-  if (!j.contains("arch") || j["arch"] != "vit") fail("{}: not a ViT config (\"arch\": \"vit\" missing)", origin);
-  VitConfig config;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "model") {
-      read_section(config.model, value, vit_model_fields(), "model", origin);
-    } else if (key == "train") {
-      config_detail::read_train_section(config.train, value, origin);
-    } else if (key != "arch" && key != "description") {
-      fail("{}: unknown config section '{}' (expected 'model' and 'train')", origin, key);
-    }
-  }
-  return config;
-}
+std::vector<ConfigKey> vit_config_keys() { return vit_schema().keys(); }
+
+json to_json(const VitConfig& config) { return vit_schema().to_json(config); }
+
+VitConfig vit_config_from_json(const json& j, const std::string& origin) { return vit_schema().from_json(j, origin); }
 
 void apply_overrides(VitConfig& config, const std::vector<std::string>& overrides) {
-  for (const auto& item : overrides) {
-    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (!config_detail::set_override(config.model, vit_model_fields(), "model", o) &&
-        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
-      config_detail::unknown_override(o, vit_config_keys());
-  }
+  vit_schema().apply_overrides(config, overrides);
 }
 
 void validate(const VitModelConfig& c) {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "train_fields.h"
+#include "schema.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -82,14 +82,32 @@ TauSchedule parse_tau_schedule(const std::string& name) {
   fail("tau_schedule must be exp, linear or constant (got '{}')", name);
 }
 
-std::vector<ConfigKey> xl_config_keys() {
-  std::vector<ConfigKey> keys;
-  const XlConfig defaults;
-  config_detail::describe(keys, "model", defaults.model, xl_model_fields());
-  config_detail::describe(keys, "search", defaults.search, search_fields());
-  config_detail::describe(keys, "train", defaults.train, config_detail::train_fields());
-  return keys;
+namespace {
+
+// Older files kept the evaluation protocol (eval_*) in `train`: it belongs to the model section now, in
+// files and in overrides.
+const config_detail::Schema<XlConfig>& xl_schema() {
+  static const config_detail::Schema<XlConfig> schema{
+      "xl",
+      "Transformer-XL/PAR",
+      {config_detail::section("model", &XlConfig::model, xl_model_fields),
+       config_detail::section("search", &XlConfig::search, search_fields),
+       config_detail::train_section<XlConfig>(&XlConfig::train,
+                                              [](XlConfig& c, const std::string& key, const json& v) {
+                                                const auto* f = find_field(xl_model_fields(), key);
+                                                if (!f || key.rfind("eval_", 0) != 0) return false;
+                                                f->set(c.model, v);
+                                                return true;
+                                              })},
+      [](config_detail::Override& o) {
+        if (o.section == "train" && o.key.rfind("eval_", 0) == 0 && find_field(xl_model_fields(), o.key)) o.section = "model";
+      }};
+  return schema;
 }
+
+}  // namespace
+
+std::vector<ConfigKey> xl_config_keys() { return xl_schema().keys(); }
 
 std::string XlModelConfig::block_string() const {
   if (search) return std::string(static_cast<size_t>(2 * std::max<int64_t>(n_layer, 0)), 's');
@@ -103,36 +121,9 @@ int64_t XlModelConfig::nb_blocks() const { return static_cast<int64_t>(block_str
 
 json to_json(const XlModelConfig& config) { return struct_to_json(config, xl_model_fields()); }
 
-json to_json(const XlConfig& config) {
-  return json{{"arch", "xl"},
-              {"model", to_json(config.model)},
-              {"search", struct_to_json(config.search, search_fields())},
-              {"train", struct_to_json(config.train, config_detail::train_fields())}};
-}
+json to_json(const XlConfig& config) { return xl_schema().to_json(config); }
 
-XlConfig xl_config_from_json(const json& j, const std::string& origin) {
-  if (!j.is_object()) fail("{}: a config must be a JSON object", origin);
-  if (!j.contains("arch") || j["arch"] != "xl") fail("{}: not a Transformer-XL/PAR config (\"arch\": \"xl\" missing)", origin);
-  XlConfig config;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "model") {
-      read_section(config.model, value, xl_model_fields(), "model", origin);
-    } else if (key == "search") {
-      read_section(config.search, value, search_fields(), "search", origin);
-    } else if (key == "train") {
-      // Older files kept the evaluation protocol in `train`: it belongs to the model section now.
-      config_detail::read_train_section(config.train, value, origin, [&](const std::string& key, const json& v) {
-        const auto* f = find_field(xl_model_fields(), key);
-        if (!f || key.rfind("eval_", 0) != 0) return false;
-        f->set(config.model, v);
-        return true;
-      });
-    } else if (key != "arch" && key != "description") {
-      fail("{}: unknown config section '{}' (expected 'model', 'search' and 'train')", origin, key);
-    }
-  }
-  return config;
-}
+XlConfig xl_config_from_json(const json& j, const std::string& origin) { return xl_schema().from_json(j, origin); }
 
 XlConfig load_xl_config(const std::string& path) { return xl_config_from_json(config_detail::read_json_file(path), path); }
 
@@ -146,14 +137,7 @@ std::string config_arch(const std::string& path) {
 }
 
 void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides) {
-  for (const auto& item : overrides) {
-    auto o = config_detail::parse_override(item, config_detail::train_key_aliases());
-    if (o.section == "train" && o.key.rfind("eval_", 0) == 0 && find_field(xl_model_fields(), o.key)) o.section = "model";
-    if (!config_detail::set_override(config.model, xl_model_fields(), "model", o) &&
-        !config_detail::set_override(config.search, search_fields(), "search", o) &&
-        !config_detail::set_override(config.train, config_detail::train_fields(), "train", o))
-      config_detail::unknown_override(o, xl_config_keys());
-  }
+  xl_schema().apply_overrides(config, overrides);
 }
 
 void validate(const XlModelConfig& c) {

@@ -46,15 +46,13 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
 
 namespace {
 
-class AdaptiveSpanFamily : public Family {
+class AdaptiveSpanFamily : public ConfiguredFamily<Config> {
  public:
-  explicit AdaptiveSpanFamily(Config config) : config_(std::move(config)) {}
+  using ConfiguredFamily::ConfiguredFamily;
+  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "adaptive-span"; }
-  nlohmann::json config_json() const override { return to_json(config_); }
-  TrainConfig& train() override { return config_.train; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
-  void validate() const override { spanformer::validate(config_); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
     auto other = config_from_json(checkpoint_config, "checkpoint");
     auto ja = to_json(config_.model), jb = to_json(other.model);
@@ -189,7 +187,6 @@ class AdaptiveSpanFamily : public Family {
     return train::train_step(model_, *optimizer_, x, y, train_caches_, config_.train.batch_split, ctx);
   }
 
-  Config config_;
   models::TransformerSeq model_{nullptr};
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<torch::Tensor> train_caches_, valid_caches_;

@@ -10,6 +10,25 @@
 
 namespace spanformer::train {
 
+namespace detail {
+template <typename C>
+void validate_config(const C& config) { validate(config); }  // spanformer::validate, found through C
+}  // namespace detail
+
+// What every family does with its config C: holds it, writes it (to_json), validates it, and hands the
+// runner its shared train section.
+template <typename C>
+class ConfiguredFamily : public Family {
+ public:
+  explicit ConfiguredFamily(C config) : config_(std::move(config)) {}
+  nlohmann::json config_json() const override { return to_json(config_); }
+  TrainConfig& train() override { return config_.train; }
+  void validate() const override { detail::validate_config(config_); }
+
+ protected:
+  C config_;
+};
+
 std::unique_ptr<Family> make_adaptive_span_family(const nlohmann::json& config, const std::string& origin,
                                                   const std::vector<std::string>& overrides);
 std::unique_ptr<Family> make_xl_family(const nlohmann::json& config, const std::string& origin,

@@ -50,15 +50,13 @@ std::vector<Window> sliding_windows(int64_t n, int64_t T, int64_t stride) {
   return out;
 }
 
-class GptFamily : public Family {
+class GptFamily : public ConfiguredFamily<GptConfig> {
  public:
-  explicit GptFamily(GptConfig config) : config_(std::move(config)) {}
+  using ConfiguredFamily::ConfiguredFamily;
+  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "gpt"; }
-  nlohmann::json config_json() const override { return to_json(config_); }
-  TrainConfig& train() override { return config_.train; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
-  void validate() const override { spanformer::validate(config_); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
     return gpt_model_difference(config_.model, gpt_config_from_json(checkpoint_config, "checkpoint").model);
   }
@@ -200,7 +198,6 @@ class GptFamily : public Family {
  private:
   torch::Device device() const { return model_->wte->weight.device(); }
 
-  GptConfig config_;
   GptModel model_{nullptr};
   std::unique_ptr<Optimizer> optimizer_;
 };

@@ -48,15 +48,13 @@ torch::Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows) {
 
 torch::Tensor lengths_of(const torch::Tensor& ids) { return ids.ne(data::kPadId).sum(1); }  // (b) int64
 
-class Seq2SeqFamily : public Family {
+class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
  public:
-  explicit Seq2SeqFamily(Seq2SeqConfig config) : config_(std::move(config)) {}
+  using ConfiguredFamily::ConfiguredFamily;
+  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "seq2seq"; }
-  nlohmann::json config_json() const override { return to_json(config_); }
-  TrainConfig& train() override { return config_.train; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
-  void validate() const override { spanformer::validate(config_); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
     return seq2seq_model_difference(config_.model, seq2seq_config_from_json(checkpoint_config, "checkpoint").model);
   }
@@ -370,7 +368,6 @@ class Seq2SeqFamily : public Family {
     return o;
   }
 
-  Seq2SeqConfig config_;
   models::Seq2SeqNet net_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<data::PairSet> data_;

@@ -30,15 +30,13 @@ namespace {
 
 using models::VitModel;
 
-class VitFamily : public Family {
+class VitFamily : public ConfiguredFamily<VitConfig> {
  public:
-  explicit VitFamily(VitConfig config) : config_(std::move(config)) {}
+  using ConfiguredFamily::ConfiguredFamily;
+  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "vit"; }
-  nlohmann::json config_json() const override { return to_json(config_); }
-  TrainConfig& train() override { return config_.train; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.classes, V, origin); }
-  void validate() const override { spanformer::validate(config_); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
     return vit_model_difference(config_.model, vit_config_from_json(checkpoint_config, "checkpoint").model);
   }
@@ -226,7 +224,6 @@ class VitFamily : public Family {
     return out;  // (b, S, S)
   }
 
-  VitConfig config_;
   VitModel model_{nullptr};
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<data::ImageSet> data_;

@@ -40,15 +40,13 @@ torch::Tensor zipf_tokens(int64_t V, at::IntArrayRef sizes, torch::Device device
   return (torch::exp(u * std::log(static_cast<double>(V))) - 1).floor().clamp(0, V - 1).to(torch::kLong).to(device);
 }
 
-class XlFamily : public Family {
+class XlFamily : public ConfiguredFamily<XlConfig> {
  public:
-  explicit XlFamily(XlConfig config) : config_(std::move(config)) {}
+  using ConfiguredFamily::ConfiguredFamily;
+  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "xl"; }
-  nlohmann::json config_json() const override { return to_json(config_); }
-  TrainConfig& train() override { return config_.train; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
-  void validate() const override { spanformer::validate(config_); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
     return xl_model_difference(config_.model, xl_config_from_json(checkpoint_config, "checkpoint").model);
   }
@@ -229,7 +227,6 @@ class XlFamily : public Family {
     return loss;
   }
 
-  XlConfig config_;
   XlModel model_{nullptr};
   std::unique_ptr<Optimizer> optimizer_, arch_;
   std::vector<torch::Tensor> mems_;
