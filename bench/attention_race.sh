@@ -6,6 +6,7 @@
 #   bash bench/attention_race.sh DATA [MINUTES] [OUT]     (MINUTES per attention, default 20; OUT runs/race)
 #   ATTENTIONS="dense window" bash bench/attention_race.sh data/dickens 5
 #   BUILD=build-cuda EXTRA="--device cuda" bash bench/attention_race.sh ...
+#   ATTENTIONS=window OVERRIDES="--window=16" bash bench/attention_race.sh data/dickens 5 runs/race_w16
 #
 # DATA is a prepared directory (`spanformer data prepare dickens.txt --out data/dickens`). The budget
 # becomes a step count per attention: `spanformer bench` times three training steps of that attention
@@ -28,12 +29,12 @@ results="$out/results.jsonl"
 for attention in ${ATTENTIONS:-dense flash window adaptive_span sparse_strided sparse_fixed lsh}; do
   run="$out/$attention"
   if [ -e "$run" ]; then echo "attention_race: $run exists (remove it or pick another OUT)" >&2; exit 1; fi
-  ms=$("$bin" ${EXTRA:-} bench -c "$config" --attention="$attention" --steps 3 --warmup 1 --json |
+  ms=$("$bin" ${EXTRA:-} bench -c "$config" --attention="$attention" ${OVERRIDES:-} --steps 3 --warmup 1 --json |
        /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["ms_per_step"])')
   steps=$(/usr/bin/python3 -c "import sys; print(max(100, int($minutes * 60000 / $ms)))")
   echo "== $attention: $ms ms/step in bench -> $steps steps for $minutes min"
   start=$(date +%s)
-  "$bin" ${EXTRA:-} train -c "$config" --data "$data" --out "$run" --attention="$attention" \
+  "$bin" ${EXTRA:-} train -c "$config" --data "$data" --out "$run" --attention="$attention" ${OVERRIDES:-} \
     --nb_steps="$steps" --eval_interval="$steps"
   trained=$(( $(date +%s) - start ))
   "$bin" ${EXTRA:-} eval "$run" --split test --json > "$run/test.json"

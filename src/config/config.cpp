@@ -72,23 +72,20 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides) 
 }
 
 void validate(const ModelConfig& c) {
-  auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
-  };
-  positive("nb_layers", c.nb_layers);
-  positive("hidden_size", c.hidden_size);
-  positive("nb_heads", c.nb_heads);
-  positive("block_size", c.block_size);
+  config_detail::require_positive("nb_layers", c.nb_layers);
+  config_detail::require_positive("hidden_size", c.hidden_size);
+  config_detail::require_positive("nb_heads", c.nb_heads);
+  config_detail::require_positive("block_size", c.block_size);
   if (c.attn_span < 1) fail("config: attn_span must be at least 1 (got {})", c.attn_span);
-  if (c.pers_mem_size == 0) positive("inner_hidden_size", c.inner_hidden_size);
+  if (c.pers_mem_size == 0) config_detail::require_positive("inner_hidden_size", c.inner_hidden_size);
   if (c.pers_mem_size < 0) fail("config: pers_mem_size must be >= 0 (got {})", c.pers_mem_size);
   if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
   if (c.hidden_size % c.nb_heads != 0)
     fail("config: hidden_size ({}) must be divisible by nb_heads ({})", c.hidden_size, c.nb_heads);
-  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
-  if (!(c.emb_dropout >= 0 && c.emb_dropout < 1)) fail("config: emb_dropout must be in [0, 1) (got {})", c.emb_dropout);
+  config_detail::require_fraction("dropout", c.dropout);
+  config_detail::require_fraction("emb_dropout", c.emb_dropout);
   if (c.adapt_span) {
-    positive("adapt_span_ramp", c.adapt_span_ramp);
+    config_detail::require_positive("adapt_span_ramp", c.adapt_span_ramp);
     if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
       fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
     if (!(c.adapt_span_loss >= 0 && std::isfinite(c.adapt_span_loss)))

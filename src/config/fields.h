@@ -171,6 +171,15 @@ bool set_override(T& t, const std::vector<Field<T>>& fields, const std::string& 
   fail_usage("unknown config key '{}' in override '{}'{}", key, o.item, did_you_mean(key, names));
 }
 
+// Checks every family's validate() shares: "config: NAME must be positive (got V)" and
+// "config: NAME must be in [0, 1) (got V)" (dropout rates and the like).
+inline void require_positive(const char* name, int64_t v) {
+  if (v <= 0) fail("config: {} must be positive (got {})", name, v);
+}
+inline void require_fraction(const char* name, double v) {
+  if (!(v >= 0 && v < 1)) fail("config: {} must be in [0, 1) (got {})", name, v);
+}
+
 // One line per key for `spanformer config keys`: "section.key  type  default  help".
 template <typename T>
 void describe(std::vector<ConfigKey>& out, const std::string& section, const T& defaults,

@@ -87,34 +87,31 @@ void apply_overrides(GptConfig& config, const std::vector<std::string>& override
 }
 
 void validate(const GptModelConfig& c) {
-  auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
-  };
-  positive("n_layer", c.n_layer);
-  positive("n_head", c.n_head);
-  positive("d_model", c.d_model);
-  positive("context", c.context);
+  config_detail::require_positive("n_layer", c.n_layer);
+  config_detail::require_positive("n_head", c.n_head);
+  config_detail::require_positive("d_model", c.d_model);
+  config_detail::require_positive("context", c.context);
   if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
   if (c.d_inner < 0) fail("config: d_inner must be >= 0 (0 = 4 d_model; got {})", c.d_inner);
   if (c.d_model % c.n_head != 0) fail("config: d_model ({}) must be a multiple of n_head ({})", c.d_model, c.n_head);
   if (c.positions == Positions::kSinusoidal && c.d_model % 2 != 0)
     fail("config: sinusoidal positions need an even d_model (got {})", c.d_model);
-  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
-  if (!(c.attn_dropout >= 0 && c.attn_dropout < 1)) fail("config: attn_dropout must be in [0, 1) (got {})", c.attn_dropout);
+  config_detail::require_fraction("dropout", c.dropout);
+  config_detail::require_fraction("attn_dropout", c.attn_dropout);
   if (!(c.init_std > 0)) fail("config: init_std must be positive (got {})", c.init_std);
   if (c.window < 1) fail("config: window must be >= 1 (got {})", c.window);
   if (c.attn_span < 0) fail("config: attn_span must be >= 0 (0 = context; got {})", c.attn_span);
   if (c.attn_span > c.context) fail("config: attn_span ({}) cannot exceed the context ({})", c.attn_span, c.context);
-  positive("adapt_span_ramp", c.adapt_span_ramp);
+  config_detail::require_positive("adapt_span_ramp", c.adapt_span_ramp);
   if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
     fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
   if (!(c.adapt_span_loss >= 0)) fail("config: adapt_span_loss must be >= 0 (got {})", c.adapt_span_loss);
   if (c.sparse_stride < 0) fail("config: sparse_stride must be >= 0 (0 = sqrt(context); got {})", c.sparse_stride);
   if (c.attention == attention::CausalKind::kSparseFixed && (c.sparse_summary < 1 || c.sparse_summary > c.stride_l()))
     fail("config: sparse_summary must be in [1, sparse_stride = {}] (got {})", c.stride_l(), c.sparse_summary);
-  positive("ff_chunks", c.ff_chunks);
-  positive("lsh_hashes", c.lsh_hashes);
-  positive("lsh_chunk", c.lsh_chunk);
+  config_detail::require_positive("ff_chunks", c.ff_chunks);
+  config_detail::require_positive("lsh_hashes", c.lsh_hashes);
+  config_detail::require_positive("lsh_chunk", c.lsh_chunk);
   if (c.lsh_buckets < 0 || c.lsh_buckets % 2 != 0)
     fail("config: lsh_buckets must be even and >= 2, or 0 (about context / lsh_chunk; got {})", c.lsh_buckets);
   if (c.eval_stride < 0 || c.eval_stride > c.context)

@@ -134,14 +134,11 @@ void apply_overrides(Seq2SeqConfig& config, const std::vector<std::string>& over
 }
 
 void validate(const Seq2SeqModelConfig& c) {
-  auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
-  };
-  positive("d_model", c.d_model);
-  positive("n_layer", c.n_layer);
-  positive("n_head", c.n_head);
-  positive("max_positions", c.max_positions);
-  positive("beam", c.beam);
+  config_detail::require_positive("d_model", c.d_model);
+  config_detail::require_positive("n_layer", c.n_layer);
+  config_detail::require_positive("n_head", c.n_head);
+  config_detail::require_positive("max_positions", c.max_positions);
+  config_detail::require_positive("beam", c.beam);
   if (c.vocab_size < 0 || c.target_vocab < 0 || c.target_vocab > c.vocab_size)
     fail("config: need 0 <= target_vocab <= vocab_size (got {} and {})", c.target_vocab, c.vocab_size);
   if (c.vocab_size > 0 && c.target_vocab <= data::kEosId)
@@ -157,7 +154,7 @@ void validate(const Seq2SeqModelConfig& c) {
     fail("config: d_model must be even for a bidirectional encoder (H/2 a direction; got {})", c.d_model);
   if (c.kind == Seq2SeqKind::kLuong && c.score != attention::ScoreKind::kDot && c.score != attention::ScoreKind::kGeneral)
     fail("config: luong attention scores with dot or general (got {})", attention::score_kind_name(c.score));
-  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
+  config_detail::require_fraction("dropout", c.dropout);
   if (!(c.label_smoothing >= 0 && c.label_smoothing < 1))
     fail("config: label_smoothing must be in [0, 1) (got {})", c.label_smoothing);
   if (!(c.length_penalty >= 0 && c.length_penalty <= 10))

@@ -75,21 +75,21 @@ TrainConfig gpt_train_defaults() {
 }
 
 void validate(const TrainConfig& t) {
-  if (t.batch_size <= 0) fail("config: batch_size must be positive (got {})", t.batch_size);
-  if (t.batch_split <= 0) fail("config: batch_split must be positive (got {})", t.batch_split);
+  config_detail::require_positive("batch_size", t.batch_size);
+  config_detail::require_positive("batch_split", t.batch_split);
   if (t.batch_size % t.batch_split != 0)
     fail("config: batch_size ({}) must be divisible by batch_split ({})", t.batch_size, t.batch_split);
   if (!(t.lr > 0 && std::isfinite(t.lr))) fail("config: lr must be positive (got {})", t.lr);
   if (!(t.lr_min >= 0 && t.lr_min <= t.lr)) fail("config: lr_min must be in [0, lr] (got {})", t.lr_min);
-  if (!(t.momentum >= 0 && t.momentum < 1)) fail("config: momentum must be in [0, 1) (got {})", t.momentum);
-  if (!(t.weight_decay >= 0 && t.weight_decay < 1)) fail("config: weight_decay must be in [0, 1) (got {})", t.weight_decay);
+  config_detail::require_fraction("momentum", t.momentum);
+  config_detail::require_fraction("weight_decay", t.weight_decay);
   if (t.weight_decay > 0 && t.optim != OptimKind::kAdam && t.optim != OptimKind::kAdamW)
     fail("config: weight_decay applies to adam and adamw only (optim is {})", optim_name(t.optim));
   if (!(t.adam_beta2 > 0 && t.adam_beta2 < 1)) fail("config: adam_beta2 must be in (0, 1) (got {})", t.adam_beta2);
   if (!(t.grad_clip >= 0)) fail("config: grad_clip must be >= 0 (got {})", t.grad_clip);
   if (t.lr_warmup < 0) fail("config: lr_warmup must be >= 0 (got {})", t.lr_warmup);
-  if (t.nb_steps <= 0) fail("config: nb_steps must be positive (got {})", t.nb_steps);
-  if (t.eval_interval <= 0) fail("config: eval_interval must be positive (got {})", t.eval_interval);
+  config_detail::require_positive("nb_steps", t.nb_steps);
+  config_detail::require_positive("eval_interval", t.eval_interval);
   if (t.eval_blocks < 0) fail("config: eval_blocks must be >= 0 (got {})", t.eval_blocks);
   if (t.checkpoint_interval < 0) fail("config: checkpoint_interval must be >= 0 (got {})", t.checkpoint_interval);
   if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
@@ -99,7 +99,7 @@ void validate(const TrainConfig& t) {
     fail("config: dist_backend must be auto, gloo or nccl (got '{}')", t.dist_backend);
   if (t.dist_bucket_kb < 0) fail("config: dist_bucket_kb must be >= 0 (got {})", t.dist_bucket_kb);
   if (!(t.dist_timeout > 0)) fail("config: dist_timeout must be positive (got {})", t.dist_timeout);
-  if (t.eval_batch_size <= 0) fail("config: eval_batch_size must be positive (got {})", t.eval_batch_size);
+  config_detail::require_positive("eval_batch_size", t.eval_batch_size);
 }
 
 std::vector<ConfigKey> adaptive_span_config_keys();  // config.cpp

@@ -74,23 +74,20 @@ void apply_overrides(VitConfig& config, const std::vector<std::string>& override
 }
 
 void validate(const VitModelConfig& c) {
-  auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
-  };
-  positive("image_size", c.image_size);
-  positive("channels", c.channels);
-  positive("patch", c.patch);
-  positive("n_layer", c.n_layer);
-  positive("n_head", c.n_head);
-  positive("d_model", c.d_model);
+  config_detail::require_positive("image_size", c.image_size);
+  config_detail::require_positive("channels", c.channels);
+  config_detail::require_positive("patch", c.patch);
+  config_detail::require_positive("n_layer", c.n_layer);
+  config_detail::require_positive("n_head", c.n_head);
+  config_detail::require_positive("d_model", c.d_model);
   if (c.classes < 0) fail("config: classes must be >= 0 (got {})", c.classes);
   if (c.d_inner < 0) fail("config: d_inner must be >= 0 (0 = 4 d_model; got {})", c.d_inner);
   if (c.image_size % c.patch != 0) fail("config: image_size ({}) must be a multiple of patch ({})", c.image_size, c.patch);
   if (c.d_model % c.n_head != 0) fail("config: d_model ({}) must be a multiple of n_head ({})", c.d_model, c.n_head);
-  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
-  if (!(c.attn_dropout >= 0 && c.attn_dropout < 1)) fail("config: attn_dropout must be in [0, 1) (got {})", c.attn_dropout);
+  config_detail::require_fraction("dropout", c.dropout);
+  config_detail::require_fraction("attn_dropout", c.attn_dropout);
   if (!(c.pixel_std > 0)) fail("config: pixel_std must be positive (got {})", c.pixel_std);
-  positive("valid_images", c.valid_images);
+  config_detail::require_positive("valid_images", c.valid_images);
   if (c.augment_shift < 0 || c.augment_shift >= c.image_size)
     fail("config: augment_shift must be in [0, image_size) (got {})", c.augment_shift);
   const double H = static_cast<double>(c.d_model), I = static_cast<double>(c.inner_dim());

@@ -141,27 +141,24 @@ void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides
 }
 
 void validate(const XlModelConfig& c) {
-  auto positive = [](const char* name, int64_t v) {
-    if (v <= 0) fail("config: {} must be positive (got {})", name, v);
-  };
-  positive("d_model", c.d_model);
-  positive("n_head", c.n_head);
-  positive("d_head", c.d_head);
-  positive("d_inner", c.d_inner);
-  positive("tgt_len", c.tgt_len);
+  config_detail::require_positive("d_model", c.d_model);
+  config_detail::require_positive("n_head", c.n_head);
+  config_detail::require_positive("d_head", c.d_head);
+  config_detail::require_positive("d_inner", c.d_inner);
+  config_detail::require_positive("tgt_len", c.tgt_len);
   if (c.vocab_size < 0) fail("config: vocab_size must be >= 0 (got {})", c.vocab_size);
   if (c.d_embed < 0) fail("config: d_embed must be >= 0 (got {})", c.d_embed);
   if (c.mem_len < 0) fail("config: mem_len must be >= 0 (got {})", c.mem_len);
   if (c.ext_len < 0) fail("config: ext_len must be >= 0 (got {})", c.ext_len);
   if (c.clamp_len < -1) fail("config: clamp_len must be >= 0 (0 or -1: no clamp; got {})", c.clamp_len);
-  if (!(c.dropout >= 0 && c.dropout < 1)) fail("config: dropout must be in [0, 1) (got {})", c.dropout);
-  if (!(c.dropatt >= 0 && c.dropatt < 1)) fail("config: dropatt must be in [0, 1) (got {})", c.dropatt);
+  config_detail::require_fraction("dropout", c.dropout);
+  config_detail::require_fraction("dropatt", c.dropatt);
   if (!(c.init_std > 0) || !(c.proj_init_std > 0)) fail("config: init_std and proj_init_std must be positive");
   if (c.search) {
-    positive("n_layer", c.n_layer);
+    config_detail::require_positive("n_layer", c.n_layer);
     if (!c.layers.empty()) fail("config: a super-network (search: true) has 2 x n_layer mixed blocks; leave 'layers' empty");
   } else if (c.layers.empty()) {
-    positive("n_layer", c.n_layer);
+    config_detail::require_positive("n_layer", c.n_layer);
   } else {
     for (size_t i = 0; i < c.layers.size(); ++i) {
       const char ch = c.layers[i];
@@ -189,7 +186,7 @@ void validate(const XlModelConfig& c) {
     }
   }
   if (c.adapt_span) {
-    positive("adapt_span_ramp", c.adapt_span_ramp);
+    config_detail::require_positive("adapt_span_ramp", c.adapt_span_ramp);
     if (c.attn_span < 0) fail("config: attn_span must be >= 0 (got {})", c.attn_span);
     if (!(c.adapt_span_init >= 0 && c.adapt_span_init <= 1))
       fail("config: adapt_span_init must be in [0, 1] (got {})", c.adapt_span_init);
