@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPT family through the engine's commands: every attention trains, resumes, evaluates (sliding
 # window), generates with the KV cache and benchmarks; spans of the adaptive-span model; safetensors
-# round trip; word-level data; the family's user mistakes (one line, non-zero exit).
+# round trip; the attention race script end to end; word-level data; the family's user mistakes (one
+# line, non-zero exit).
 set -euo pipefail
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
@@ -68,6 +69,19 @@ diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --steps 1 --warmup 0 | grep "with the KV cache" > /dev/null
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 5 --steps 1 --warmup 0 2> /dev/null \
   | grep "tokens 60 .. 64 after a prompt of 59" > /dev/null
+
+# The attention race runs end to end (a tiny model, the 100-step minimum) and refuses to overwrite.
+BUILD="$(dirname "$bin")" ATTENTIONS="window adaptive_span" OVERRIDES="${small[*]}" bash "$src/bench/attention_race.sh" "$tmp/data" 0.01 "$tmp/race" \
+  > "$tmp/race.out" 2>&1
+grep -q "^| adaptive_span | " "$tmp/race.out" && test -s "$tmp/race/adaptive_span/spans.png"
+/usr/bin/python3 - "$tmp/race/results.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["attention"] for r in rows] == ["window", "adaptive_span"], rows
+assert all(r["steps"] == 100 and 0 < r["test_bpc"] < 8 for r in rows), rows
+PY
+if BUILD="$(dirname "$bin")" ATTENTIONS=window bash "$src/bench/attention_race.sh" "$tmp/data" 0.01 "$tmp/race" 2> "$tmp/err"; then echo "FAIL: race overwrote"; exit 1; fi
+grep -q "exists" "$tmp/err"
 
 # Word-level data (WikiText-2 lines) train the same way, reported in perplexity.
 wt2="$src/../shared/data/wikitext-2"
