@@ -314,10 +314,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   auto kpos = tile0 - band + 1 + positions(0, c, q).view({1, 1, c});                 // (nt, 1, c)
   auto real = ((kpos >= 0) & (kpos < C)) | ((qpos >= C) & (kpos == qpos));         // (nt, t, c)
   auto m = causal_weights(spec, qpos, kpos, q.scalar_type()) * real.to(q.scalar_type());  // (K or 1, nt, t, c)
-  auto s = at::matmul(qt, windows(k)) / std::sqrt(static_cast<double>(D));           // (B, K, nt, t, c)
-  auto a = masked_softmax(s, m);
-  if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
-  auto out = at::matmul(a, windows(v).transpose(-1, -2));                            // (B, K, nt, t, D)
+  auto out = attend(qt, windows(k).transpose(-1, -2), windows(v).transpose(-1, -2), m, spec);  // (B, K, nt, t, D)
   return out.reshape({B, K, nt * t, D}).narrow(2, 0, N);                             // (B, K, N, D)
 }
 
