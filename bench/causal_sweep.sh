@@ -2,13 +2,13 @@
 # Time and peak memory of one forward + backward of each causal attention pattern against T (B 1, K 8,
 # D 64), one process per point, and the fitted exponent alpha of time ~ T^alpha over the measured T.
 #   bash bench/causal_sweep.sh [build dir] [T ...]     (default: build, T = 1024 2048 4096 8192)
-#   PATTERNS="dense flash" bash bench/causal_sweep.sh  (a subset of the patterns)
+#   PATTERNS="dense flash" bash bench/causal_sweep.sh  (a subset of the patterns; IMPLS="fused" one impl)
 # A point that runs out of memory or time is printed as such and left out of the fit.
 set -u
 build="${1:-build}"; shift || true
 lengths=("$@"); [ ${#lengths[@]} -eq 0 ] && lengths=(1024 2048 4096 8192)
 for pattern in ${PATTERNS:-dense flash window adaptive_span sparse_strided sparse_fixed lsh}; do
-  impls="plain fused"
+  impls="${IMPLS:-plain fused}"
   [ "$pattern" = flash ] && impls=fused  # flash's plain composition is dense's
   for impl in $impls; do
     out=()

@@ -111,7 +111,12 @@ at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const 
       if (spec.combine == SparseCombine::kMerged) return both.unsqueeze(0);
       if (spec.combine == SparseCombine::kAlternating) return (spec.layer % 2 == 0 ? m1 : m2).unsqueeze(0);
       const int64_t K = spec.heads, first = (K + 1) / 2;  // per head: heads [0, first) use A1, the rest A2
-      return at::cat({m1.unsqueeze(0).expand({first, -1, -1}), m2.unsqueeze(0).expand({K - first, -1, -1})}, 0);
+      auto heads = [](const at::Tensor& x, int64_t n) {   // (...) -> (n, ...)
+        std::vector<int64_t> size{n};
+        size.insert(size.end(), x.sizes().begin(), x.sizes().end());
+        return x.unsqueeze(0).expand(size);
+      };
+      return at::cat({heads(m1, first), heads(m2, K - first)}, 0);
     }
   }
   return {};
@@ -156,64 +161,89 @@ double band_fraction(int64_t N, int64_t C, int64_t band) {
   return read / (static_cast<double>(N) * static_cast<double>(C));
 }
 
-// Sparse patterns: for queries [i0, i0 + n) at key positions p = C - N + i, the keys any head of the
-// layer may read, one row per query, padded to the tile's longest row with the query itself (and a
-// validity mask, so padding weighs 0). Rows list each key once.
-struct Gathered {
-  at::Tensor index, valid;  // (n, width) int64 key positions, (n, width) bool
+// Sparse patterns block by block (the layout of Child et al. 2019, section 5.5: the sequence as rows of
+// l). Key positions form a grid, row r = positions r l .. r l + l - 1, column = position mod l. A query
+// in row r (positions o .. C - 1, o = C - N) can only weigh keys in two disjoint sets:
+//   near  strided: rows r - 1 and r (every key at distance < l, the query itself included)
+//         fixed:   row r (its own block)
+//   far   strided: the query's own column in rows 0 .. r - 2 (distances l, 2 l, ... beyond the near rows)
+//         fixed:   the summary columns l - c .. l - 1 of rows 0 .. r - 1 (the earlier blocks' summaries)
+// Together they hold A1 u A2 u {self} for every combination, so one masked softmax over their
+// concatenation, with m from causal_weights (the one home of the rule) and 0 on grid padding, is the
+// reference formula on every key that can weigh. Every query row of a batched matmul reads the same
+// blocks: near rows through one strided window, the strided columns as a transposed grid (l causal
+// attentions of length C / l), the summaries as one (R c)-key block. Keys per query: 2 l + C / l
+// (strided), l + c C / l (fixed); other blocks are never touched.
+struct SparseBlocks {
+  int64_t l, R, r0, Rq, near, far;  // stride; key rows; first query row and query rows; keys per query
 };
-Gathered sparse_rows(const CausalSpec& spec, int64_t K, int64_t offset, int64_t i0, int64_t n) {
-  bool use1 = false, use2 = false;
-  for (int64_t h = 0; h < K; ++h) {
-    const int c = components_of(spec, h, K);
-    use1 |= (c & 1) != 0;
-    use2 |= (c & 2) != 0;
-  }
-  const int64_t l = spec.stride;
-  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(n));
-  size_t width = 1;
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t p = offset + i0 + r;
-    auto& row = rows[static_cast<size_t>(r)];
-    row.push_back(p);
-    if (spec.kind == CausalKind::kSparseStrided) {
-      if (use1)
-        for (int64_t j = std::max<int64_t>(0, p - l + 1); j < p; ++j) row.push_back(j);
-      if (use2)
-        for (int64_t j = p - l; j >= 0; j -= l) row.push_back(j);
+SparseBlocks sparse_blocks_of(const CausalSpec& spec, int64_t N, int64_t C) {
+  SparseBlocks g{};
+  g.l = spec.stride;
+  g.R = (C + g.l - 1) / g.l;
+  g.r0 = (C - N) / g.l;
+  g.Rq = g.R - g.r0;
+  const bool strided = spec.kind == CausalKind::kSparseStrided;
+  g.near = strided ? 2 * g.l : g.l;
+  bool far = false;  // does any head use A2 (the far keys)?
+  const int64_t K = std::max<int64_t>(1, spec.heads);
+  for (int64_t h = 0; h < K; ++h) far |= (components_of(spec, h, K) & 2) != 0;
+  g.far = !far ? 0 : strided ? g.R : g.R * spec.summary;
+  return g;
+}
+
+at::Tensor sparse_attention_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CausalSpec& spec) {
+  const int64_t B = q.size(0), K = q.size(1), N = q.size(2), C = k.size(2), D = q.size(3), o = C - N;
+  const auto g = sparse_blocks_of(spec, N, C);
+  const int64_t l = g.l, R = g.R, r0 = g.r0, Rq = g.Rq;
+  const bool strided = spec.kind == CausalKind::kSparseStrided;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  // One zero row before position 0 (the strided near window of row 0) and zeros after C.
+  auto grid = [&](const at::Tensor& x) {  // (B, K, C, D) -> (B, K, R + 1, l, D)
+    return at::constant_pad_nd(x, {0, 0, l, R * l - C}).view({B, K, R + 1, l, D});
+  };
+  auto kg = grid(k), vg = grid(v);                                                            // (B, K, R + 1, l, D)
+  auto qg = at::constant_pad_nd(q, {0, 0, o - r0 * l, R * l - C}).view({B, K, Rq, l, D});   // (B, K, Rq, l, D)
+  auto row = positions(r0, Rq, q).view({Rq, 1, 1});                                         // (Rq, 1, 1)
+  auto qpos = row * l + positions(0, l, q).view({1, l, 1});                                  // (Rq, l, 1)
+  auto near_rows = [&](const at::Tensor& x) {  // grid rows r (strided: r - 1 and r) -> (B, K, Rq, near, D)
+    auto own = x.narrow(2, r0 + 1, Rq);
+    return strided ? at::cat({x.narrow(2, r0, Rq), own}, 3) : own;
+  };
+  auto kn = near_rows(kg), vn = near_rows(vg);                                          // (B, K, Rq, near, D)
+  auto npos = row * l - (strided ? l : 0) + positions(0, g.near, q).view({1, 1, g.near});  // (Rq, 1, near)
+  auto nreal = ((npos >= 0) & (npos < C)) | ((qpos >= C) & (npos == qpos));  // a padded query reads itself
+  auto s = at::matmul(qg, kn.transpose(-1, -2)).mul(scale);                                   // (B, K, Rq, l, near)
+  auto m = causal_weights(spec, qpos, npos, q.scalar_type()) * nreal.to(q.scalar_type());     // (K or 1, Rq, l, near)
+  at::Tensor kf, vf;  // far keys: strided (B, K, l, R, D), the grid's columns; fixed (B, K, R c, D)
+  if (g.far > 0) {
+    at::Tensor fpos, freal;
+    if (strided) {
+      kf = kg.narrow(2, 1, R).transpose(2, 3);
+      vf = vg.narrow(2, 1, R).transpose(2, 3);
+      fpos = positions(0, R, q).view({1, 1, R}) * l + positions(0, l, q).view({1, l, 1});  // (1, l, R)
+      freal = (fpos < (row - 1) * l) & (fpos < C);                                          // rows <= r - 2
+      s = at::cat({s, at::matmul(qg.transpose(2, 3), kf.transpose(-1, -2)).mul(scale).transpose(2, 3)}, -1);
     } else {
-      if (use1)
-        for (int64_t j = p / l * l; j < p; ++j) row.push_back(j);
-      if (use2)
-        for (int64_t b = 0; b * l <= p; ++b)
-          for (int64_t j = b * l + l - spec.summary; j < std::min(b * l + l, p + 1); ++j) row.push_back(j);
+      const int64_t c = spec.summary;
+      kf = kg.narrow(2, 1, R).narrow(3, l - c, c).reshape({B, K, R * c, D});
+      vf = vg.narrow(2, 1, R).narrow(3, l - c, c).reshape({B, K, R * c, D});
+      fpos = (positions(0, R, q).view({R, 1}) * l + (l - c) + positions(0, c, q).view({1, c})).view({1, 1, R * c});
+      freal = (fpos < row * l) & (fpos < C);                                                // rows <= r - 1
+      s = at::cat({s, at::matmul(qg.reshape({B, K, Rq * l, D}), kf.transpose(-1, -2)).mul(scale).view({B, K, Rq, l, R * c})}, -1);
     }
-    std::sort(row.begin(), row.end());
-    row.erase(std::unique(row.begin(), row.end()), row.end());
-    width = std::max(width, row.size());
+    m = at::cat({m, causal_weights(spec, qpos, fpos, q.scalar_type()) * freal.to(q.scalar_type())}, -1);  // (K or 1, Rq, l, near + far)
   }
-  auto index = at::empty({n, static_cast<int64_t>(width)}, at::kLong);
-  auto valid = at::zeros({n, static_cast<int64_t>(width)}, at::kBool);
-  auto ia = index.accessor<int64_t, 2>();
-  auto va = valid.accessor<bool, 2>();
-  for (int64_t r = 0; r < n; ++r) {
-    const auto& row = rows[static_cast<size_t>(r)];
-    for (size_t c = 0; c < width; ++c) {
-      ia[r][static_cast<int64_t>(c)] = c < row.size() ? row[c] : offset + i0 + r;
-      va[r][static_cast<int64_t>(c)] = c < row.size();
-    }
+  auto a = masked_softmax(s, m);                                                              // (B, K, Rq, l, near + far)
+  if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
+  auto out = at::matmul(a.narrow(-1, 0, g.near), vn);                                         // (B, K, Rq, l, D)
+  if (g.far > 0) {
+    auto af = a.narrow(-1, g.near, g.far);                                                    // (B, K, Rq, l, far)
+    out = out + (strided ? at::matmul(af.transpose(2, 3), vf).transpose(2, 3)
+                         : at::matmul(af.reshape({B, K, Rq * l, g.far}), vf).view({B, K, Rq, l, D}));
   }
-  return {index, valid};
+  return out.reshape({B, K, Rq * l, D}).narrow(2, o - r0 * l, N);                            // (B, K, N, D)
 }
-
-// The longest row of sparse_rows over all queries (host arithmetic only), as a fraction of C.
-double sparse_fraction(const CausalSpec& spec, int64_t C) {
-  const int64_t l = spec.stride, last = C - 1;
-  const double width = static_cast<double>(l) + static_cast<double>(last / l + 1) * static_cast<double>(
-                                                      spec.kind == CausalKind::kSparseFixed ? spec.summary : 1);
-  return std::min(1.0, width / static_cast<double>(C));
-}
-
 }  // namespace
 
 at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -261,28 +291,27 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return impl == AttnImpl::kPlain ? ops::lsh_attention_reference(q, v, rotations, o)
                                     : ops::lsh_attention(q, v, rotations, o);
   }
-  std::vector<at::Tensor> tiles;  // (B, K, n, D) each
-  if (is_sparse(spec.kind)) {
-    if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && sparse_fraction(spec, C) > 0.75))
+  if (is_sparse(spec.kind)) {  // query-key pairs the blocks read against the N x C of the plain composition
+    const auto g = sparse_blocks_of(spec, N, C);
+    const double blocks = static_cast<double>(g.Rq * g.l) * static_cast<double>(g.near + g.far);  // per batch row and head
+    if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && blocks > 0.75 * static_cast<double>(N) * static_cast<double>(C)))
       return causal_attention_reference(q, k, v, spec);
-    const int64_t B = q.size(0), D = q.size(3);
-    for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
-      const int64_t n = std::min(kQueryTile, N - i0);
-      auto g = sparse_rows(spec, K, C - N, i0, n);  // (n, w)
-      const int64_t w = g.index.size(1);
-      auto index = g.index.to(q.device());
-      auto kg = k.index_select(2, index.view({-1})).view({B, K, n, w, D});  // (B, K, n, w, D)
-      auto vg = v.index_select(2, index.view({-1})).view({B, K, n, w, D});
-      auto qt = q.narrow(2, i0, n).unsqueeze(3);                               // (B, K, n, 1, D)
-      auto s = at::matmul(qt, kg.transpose(-1, -2)).squeeze(3) / std::sqrt(static_cast<double>(D));  // (B, K, n, w)
-      auto m = causal_weights(spec, positions(C - N + i0, n, q).unsqueeze(1), index, q.scalar_type()) *
-               g.valid.to(q.device()).to(q.scalar_type());  // (K or 1, n, w)
-      auto a = masked_softmax(s, m);
-      if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
-      tiles.push_back(at::matmul(a.unsqueeze(3), vg).squeeze(3));  // (B, K, n, D)
+    // Long inputs: query rows in (up to) four groups, each reading the keys up to its own last query
+    // only, so the far blocks above a group's rows are never touched: 5/8 of the far keys one pass
+    // reads, about half its memory (docs/benchmarks.md); short ones in one pass (fewer, larger ops).
+    const int64_t groups = spec.sparse_groups > 0 ? spec.sparse_groups : blocks >= (1 << 21) ? 4 : 1;
+    if (groups == 1) return sparse_attention_blocks(q, k, v, spec);
+    const int64_t o = C - N, l = spec.stride, per = ((C - 1) / l - o / l + groups) / groups;  // rows per group
+    std::vector<at::Tensor> parts;                                                  // (B, K, n, D) each
+    for (int64_t first = o; first < C;) {
+      const int64_t end = std::min(C, (first / l + per) * l);  // the group's queries: positions [first, end)
+      parts.push_back(sparse_attention_blocks(q.narrow(2, first - o, end - first), k.narrow(2, 0, end),
+                                              v.narrow(2, 0, end), spec));
+      first = end;
     }
-    return tiles.size() == 1 ? tiles[0] : at::cat(tiles, 2);
+    return parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // (B, K, N, D)
   }
+  std::vector<at::Tensor> tiles;  // (B, K, n, D) each
   const int64_t band = causal_band(spec, C);
   if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && band_fraction(N, C, band) > 0.75))
     return causal_attention_reference(q, k, v, spec);

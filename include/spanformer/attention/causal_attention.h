@@ -48,10 +48,13 @@
 //          never touched, and backward stores tile-sized scores only (O(N S) instead of O(N C)). A
 //          narrow band (S <= C / 4) takes every tile at once from one strided window of k and v
 //          (each tile's own slice would give its backward a gradient the size of k: quadratic);
-//          Sparse patterns: each query tile gathers, row by row, the keys any of the layer's heads may
-//          read (O(l + C / l) per query for strided, O(l + c C / l) for fixed, against C), so compute
-//          and memory grow as N (l + C / l): N^1.5 with l ~ sqrt(N);
-//   auto   fused where the tiles skip a quarter of the query-key pairs or more, else plain;
+//          Sparse patterns block-sparsely: positions as rows of l; a query row reads its near rows
+//          (strided: the row before and its own; fixed: its own block) and its far blocks (strided:
+//          its column of the earlier rows, read as l causal attentions over C / l rows; fixed: the
+//          summary columns of the earlier blocks), one masked softmax over both, other blocks never
+//          touched: 2 l + C / l keys per query (strided), l + c C / l (fixed), against C, so compute
+//          and memory grow as N^1.5 with l ~ sqrt(N);
+//   auto   fused where the tiles (or blocks) skip a quarter of the query-key pairs or more, else plain;
 //          flash: the flash op for fused and auto.
 #pragma once
 #include <ATen/ATen.h>
@@ -82,6 +85,7 @@ struct CausalSpec {
   int64_t window = 0;                          // w (window)
   const nn::AdaptiveSpanImpl* span = nullptr;  // the heads' spans (adaptive_span)
   int64_t stride = 0, summary = 0;             // l and c (sparse patterns)
+  int64_t sparse_groups = 0;                   // sparse, fused: query-row groups (0: 4 from 2^21 pairs per head, else 1)
   SparseCombine combine = SparseCombine::kMerged;
   int64_t layer = 0, heads = 0;                // the layer's index and K (alternating, per_head)
   int64_t lsh_rounds = 1, lsh_buckets = 2, lsh_chunk = 64;  // lsh: R, nb, m

@@ -1,6 +1,8 @@
-// Parameters of the CUDA adaptive-span attention kernels: plain pointers, sizes and strides, so the
-// .cu file needs no LibTorch headers. Layouts (contiguous): q, out (B, K, M, D); k, v (B, K, W + M, D);
+// Parameters of the CUDA kernels: plain pointers and sizes, so the .cu files need no LibTorch headers.
+// Adaptive span (span_attention_kernels.cu), contiguous: q, out (B, K, M, D); k, v (B, K, W + M, D);
 // key_pe (D, L); span_ratio (K) float; visited (K) int; row statistics (B, K, M) float.
+// Flash (flash_attention_kernels.cu), contiguous: q, out, grad_out (B, K, N, D); k, v (B, K, C, D);
+// lse, delta (B, K, N) float; gradients float, dq like q, dk and dv like k.
 #pragma once
 #include <cstdint>
 
@@ -41,5 +43,29 @@ struct SpanAttentionParams {
 // Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256.
 cudaError_t span_attention_forward(const SpanAttentionParams& params, cudaStream_t stream);
 cudaError_t span_attention_backward(const SpanAttentionParams& params, cudaStream_t stream);
+
+struct FlashParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;                // forward output, `dtype`
+  float* lse;               // forward output: log sum_j exp(s_ij) per row
+  const void* grad_out;     // backward input, `dtype`
+  const float* delta;       // backward input: dout_i . out_i per row
+  float* grad_q;            // backward outputs, every element written
+  float* grad_k;
+  float* grad_v;
+  int64_t B, K, N, C, D;
+  int64_t band;             // keys per query, itself included: 1 .. C (C = dense causal)
+  float dropout;            // applied when training
+  bool training;
+  uint64_t seed;
+  DType dtype;
+};
+
+// Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
+bool flash_supported(int64_t D);
+cudaError_t flash_attention_forward(const FlashParams& params, cudaStream_t stream);
+cudaError_t flash_attention_backward(const FlashParams& params, cudaStream_t stream);
 
 }  // namespace spanformer::ops::cuda
