@@ -1,9 +1,10 @@
 // One forward + backward of one causal attention pattern (attention/causal_attention.h) at one length,
 // as a separate process per point so that its peak RSS is that point's: the sweep in
 // bench/causal_sweep.sh runs it over patterns and T and fits time ~ T^alpha.
-//   ./build/bench/bench_causal PATTERN T [IMPL] [REPEATS] [FLASH_TILE]
+//   ./build/bench/bench_causal PATTERN T [IMPL] [REPEATS] [FLASH_TILE] [SPAN_GROUPS]
 //   PATTERN: dense | flash | window | adaptive_span | sparse_strided | sparse_fixed | lsh;
-//   IMPL: plain | fused | auto
+//   IMPL: plain | fused | auto; SPAN_GROUPS (adaptive span, fused): 0 the cheapest cut of the heads
+//   by band (default), 1 every head in one group reaching the largest span
 // Shapes as issue 12 asks: B 1, K 8, D 64, float32; window 256; adaptive span with the bimodal layout
 // (3 of 4 heads z in [16, 256], 1 of 4 in [2048, T]); sparse l = round(sqrt(T)), c = 8, merged; lsh
 // 2 rounds, chunk 64, T / 64 buckets, shared query/keys (k = q).
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
     spec.summary = std::min<int64_t>(8, spec.stride);
     spec.heads = K;
     if (argc > 5) spec.flash_tile = std::stoll(argv[5]);
+    if (argc > 6) spec.span_groups = std::stoll(argv[6]);
     spec.lsh_rounds = 2;
     spec.lsh_chunk = 64;
     spec.lsh_buckets = std::max<int64_t>(2, T / 64 / 2 * 2);

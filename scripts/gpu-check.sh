@@ -89,6 +89,7 @@ EOF
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
     step compare_bf16 240 $PY bench/python/gpu_compare.py --dtype bf16 --out "$FIG"
     step compare_fp32_small 120 $PY bench/python/gpu_compare.py --dtype fp32 --B 2 --L 2048 --out "$FIG"
+    step flash_bf16 150 $PY bench/python/gpu_flash.py --dtype bf16 --T 1024 4096 --out "$FIG"
     ;;
   train)
     # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command).

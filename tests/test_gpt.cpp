@@ -181,10 +181,19 @@ TEST(GptAttention, EveryPatternMatchesTheLoopOracleAndFusedEqualsPlain) {
       auto gp = torch::autograd::grad({(plain * weight).sum()}, inputs);
       auto gf = torch::autograd::grad({(fused * weight).sum()}, inputs);
       for (size_t i = 0; i < inputs.size(); ++i) EXPECT_LT(max_diff(gp[i], gf[i]), 1e-11) << "gradient " << i;
+      // Groups: sparse patterns split long inputs' query rows (three here; these shapes take one pass);
+      // adaptive span splits the heads by band (two and three groups; these spans give one or two).
+      std::vector<attention::CausalSpec> grouped_specs;
       if (c.kind == CausalKind::kSparseStrided || c.kind == CausalKind::kSparseFixed) {
-        // These shapes take one pass; long inputs split the query rows in groups: three here.
-        auto grouped_spec = spec;
-        grouped_spec.sparse_groups = 3;
+        grouped_specs.push_back(spec);
+        grouped_specs.back().sparse_groups = 3;
+      }
+      for (int64_t groups : {2, 3})
+        if (c.kind == CausalKind::kAdaptiveSpan) {
+          grouped_specs.push_back(spec);
+          grouped_specs.back().span_groups = groups;
+        }
+      for (const auto& grouped_spec : grouped_specs) {
         auto grouped = attention::causal_attention(q, k, v, grouped_spec, AttnImpl::kFused);
         EXPECT_LT(max_diff(grouped, oracle), 1e-12);
         auto gg = torch::autograd::grad({(grouped * weight).sum()}, inputs);

@@ -28,10 +28,13 @@ namespace {
 
 using tu::max_diff;
 
-// Loops over the header's definitions: bucket = argmax([x A; -x A]); A_r(i) = itself and the m most recent
-// earlier positions of its bucket; self only when alone; rounds combined by logsumexp.
-at::Tensor loop_lsh(const at::Tensor& q, const at::Tensor& v, const at::Tensor& rot, int64_t m) {
-  const int64_t B = q.size(0), K = q.size(1), N = q.size(2), D = q.size(3), R = rot.size(1), half = rot.size(3);
+// Loops over the header's definitions: bucket = argmax([x A; -x A]) (factorised: digit by digit, each
+// factor's columns of A in turn, the first factor most significant); A_r(i) = itself and the m most
+// recent earlier positions of its bucket; self only when alone; rounds combined by logsumexp.
+at::Tensor loop_lsh(const at::Tensor& q, const at::Tensor& v, const at::Tensor& rot, int64_t m,
+                    std::vector<int64_t> factors = {}) {
+  const int64_t B = q.size(0), K = q.size(1), N = q.size(2), D = q.size(3), R = rot.size(1);
+  if (factors.empty()) factors = {2 * rot.size(3)};
   auto out = at::zeros_like(q);
   auto qa = q.accessor<double, 4>(), va = v.accessor<double, 4>(), ra = rot.accessor<double, 4>();
   auto oa = out.accessor<double, 4>();
@@ -45,14 +48,21 @@ at::Tensor loop_lsh(const at::Tensor& q, const at::Tensor& v, const at::Tensor& 
       }
       std::vector<std::vector<double>> lse(R, std::vector<double>(N)), o(R * N, std::vector<double>(D, 0.0));
       for (int64_t r = 0; r < R; ++r) {
-        std::vector<int64_t> bucket(N);
+        std::vector<int64_t> bucket(N, 0);
         for (int64_t i = 0; i < N; ++i) {
-          double best = -1e300;
-          for (int64_t c = 0; c < 2 * half; ++c) {
-            double x = 0;
-            for (int64_t e = 0; e < D; ++e) x += qa[b][h][i][e] * ra[h][r][e][c % half];
-            if (c >= half) x = -x;
-            if (x > best) best = x, bucket[i] = c;
+          int64_t first = 0;  // the factor's first column of A
+          for (int64_t f : factors) {
+            const int64_t half = f / 2;
+            double best = -1e300;
+            int64_t digit = 0;
+            for (int64_t c = 0; c < 2 * half; ++c) {
+              double x = 0;
+              for (int64_t e = 0; e < D; ++e) x += qa[b][h][i][e] * ra[h][r][e][first + c % half];
+              if (c >= half) x = -x;
+              if (x > best) best = x, digit = c;
+            }
+            bucket[i] = bucket[i] * f + digit;
+            first += half;
           }
         }
         for (int64_t i = 0; i < N; ++i) {
@@ -103,8 +113,9 @@ TEST(LshAttention, MatchesTheLoopOracleAndThePlainComposition) {
   struct Case {
     int64_t N, chunk, rounds, buckets;
   };
+  // 72 buckets are factorised (6 x 12): two digits per round.
   for (const auto& c : std::vector<Case>{{1, 4, 1, 2}, {5, 4, 2, 2}, {37, 4, 1, 4}, {37, 8, 3, 4}, {64, 8, 2, 8},
-                                         {130, 16, 2, 8}, {50, 64, 2, 2}}) {
+                                         {130, 16, 2, 8}, {50, 64, 2, 2}, {90, 4, 2, 72}}) {
     SCOPED_TRACE(fmt::format("N {} chunk {} rounds {} buckets {}", c.N, c.chunk, c.rounds, c.buckets));
     torch::manual_seed(c.N + 7 * c.chunk);
     auto q = torch::randn({2, 3, c.N, 6}, torch::kDouble).requires_grad_();
@@ -112,7 +123,8 @@ TEST(LshAttention, MatchesTheLoopOracleAndThePlainComposition) {
     auto rot = ops::lsh_rotations(3, c.rounds, 6, c.buckets, q.options());
     ops::LshOptions o;
     o.chunk = c.chunk;
-    auto oracle = loop_lsh(q.detach(), v.detach(), rot, c.chunk);
+    o.buckets = c.buckets;
+    auto oracle = loop_lsh(q.detach(), v.detach(), rot, c.chunk, ops::lsh_factors(c.buckets));
     auto fast = ops::lsh_attention(q, v, rot, o), plain = ops::lsh_attention_reference(q, v, rot, o);
     EXPECT_LT(max_diff(fast, oracle), 1e-12);
     EXPECT_LT(max_diff(plain, oracle), 1e-12);
@@ -164,6 +176,32 @@ TEST(LshAttention, BucketsAreTheArgmaxOfTheRotation) {
       EXPECT_TRUE(torch::equal(b.select(1, h).select(1, r), torch::cat({x, -x}, -1).argmax(-1)));
     }
   EXPECT_NE(tu::error_of([&] { ops::lsh_rotations(2, 1, 4, 3, q.options()); }).find("even"), std::string::npos);
+}
+
+// Beyond 64 buckets the hash is factorised (b1 the even divisor nearest below sqrt(nb) leaving b2
+// even); the bucket is the first factor's argmax times b2 plus the second's, over their own columns.
+TEST(LshAttention, ManyBucketsAreFactorised) {
+  EXPECT_EQ(ops::lsh_factors(8), std::vector<int64_t>({8}));
+  EXPECT_EQ(ops::lsh_factors(64), std::vector<int64_t>({64}));
+  EXPECT_EQ(ops::lsh_factors(72), std::vector<int64_t>({6, 12}));
+  EXPECT_EQ(ops::lsh_factors(512), std::vector<int64_t>({16, 32}));
+  EXPECT_EQ(ops::lsh_factors(130), std::vector<int64_t>({130}));  // 2 x 65: no two even factors
+  torch::manual_seed(8);
+  auto q = torch::randn({2, 2, 400, 4}, torch::kDouble);
+  auto rot = ops::lsh_rotations(2, 3, 4, 72, q.options());  // 3 + 6 columns
+  ASSERT_EQ(rot.size(3), 9);
+  auto b = ops::lsh_buckets(q, rot, 72);  // (B, K, R, N)
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t r = 0; r < 3; ++r) {
+      auto x = torch::matmul(q.select(1, h), rot[h][r]);  // (B, N, 9)
+      auto hi = x.narrow(-1, 0, 3), lo = x.narrow(-1, 3, 6);
+      auto expected = torch::cat({hi, -hi}, -1).argmax(-1) * 12 + torch::cat({lo, -lo}, -1).argmax(-1);
+      EXPECT_TRUE(torch::equal(b.select(1, h).select(1, r), expected));
+    }
+  EXPECT_GE(b.min().item<int64_t>(), 0);
+  EXPECT_LT(b.max().item<int64_t>(), 72);
+  EXPECT_GT(std::get<0>(at::_unique(b)).numel(), 36);  // both digits vary: most of the 72 buckets are used
+  EXPECT_NE(tu::error_of([&] { ops::lsh_buckets(q, rot, 64); }).find("columns"), std::string::npos);
 }
 
 // Reversible layers: the recomputing backward against autograd through the same composition, for

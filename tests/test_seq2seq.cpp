@@ -275,7 +275,14 @@ torch::Tensor reference_rnn(models::RnnSeq2SeqImpl& m, const std::vector<int64_t
       auto q = torch::mv(p["w_q.weight"], s[L - 1]);                                             // (H)
       auto k = torch::matmul(memory, p["w_k.weight"].t());                                       // (n, H)
       auto a = softmax_plain(torch::mv(torch::tanh(k + q), p["w_v.weight"].reshape({-1})));      // (n)
-      h = gru_step(*m.decoder, torch::cat({e, torch::mv(memory.t(), a)}), s);
+      auto ctx = torch::mv(memory.t(), a);                                                       // (H)
+      auto previous = s[L - 1].clone();                                                          // s_{t-1}
+      h = gru_step(*m.decoder, torch::cat({e, ctx}), s);
+      if (c.deep_output) {  // t~ = U s_{t-1} + V e + C c + b, then the larger of each pair (2j, 2j+1)
+        auto t = torch::mv(m.deep->weight, torch::cat({previous, e, ctx})) + m.deep->bias;  // (2H)
+        h = torch::zeros({H}, torch::kDouble);
+        for (int64_t j = 0; j < H; ++j) h[j] = torch::max(t[2 * j], t[2 * j + 1]);
+      }
     } else {
       h = gru_step(*m.decoder, c.input_feeding ? torch::cat({e, feed}) : e, s);
       auto scores = c.score == attention::ScoreKind::kDot ? torch::mv(memory, h)
@@ -436,6 +443,13 @@ TEST(Seq2SeqModels, EveryKindMatchesItsEquations) {
   for (auto kind : {Seq2SeqKind::kGru, Seq2SeqKind::kBahdanau, Seq2SeqKind::kLuong}) {
     c = tiny(kind);
     c.bidirectional = true;
+    expect_model_matches_reference(c);
+  }
+  // Bahdanau's deep output (maxout over s_{t-1}, y_{t-1} and c_t), with one and two tables.
+  for (bool shared : {false, true}) {
+    c = tiny(Seq2SeqKind::kBahdanau);
+    c.deep_output = true;
+    c.share_embeddings = shared;
     expect_model_matches_reference(c);
   }
 }

@@ -26,7 +26,8 @@ import os
 import sys
 
 import torch
-import triton.testing
+
+from gpu_table import add_row, bench, finish
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import spanformer  # noqa: E402  (loads the operator library)
@@ -46,10 +47,6 @@ def make_inputs(B, K, M, D, L, spans, dtype, seed):
     pe = torch.randn(D, L, generator=g, **opts)
     ratio = torch.tensor([z / L for z in spans], device="cuda", dtype=dtype)
     return q, k, v, pe, ratio
-
-
-def bench(fn, warmup=25, rep=200):
-    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
 def flex_fn(B, K, M, D, L, spans, ramp):
@@ -99,23 +96,16 @@ def main():
             rows.append(("flex", lambda: flex(q, k, v)))
             rows.append(("sdpa_dense", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)))
             for label, fn in rows:
-                try:
+                def row():
                     out = fn()
                     torch.cuda.synchronize()
                     ms = bench(fn)
-                    diff = (out.float() - ref.float()).abs().max().item() if label == "kernel" else float("nan")
-                    diff_text = f"{diff:.3g}" if label == "kernel" else "other function"
-                    lines.append(f"| {pattern} | {label} | {ms:.3f} | {useful / ms / 1e9:.1f} | {diff_text} |")
-                except Exception as e:  # one failing line must not lose the others
-                    lines.append(f"| {pattern} | {label} | failed: {str(e).splitlines()[0][:120]} | | |")
-                print(lines[-1], flush=True)
+                    diff_text = f"{(out.float() - ref.float()).abs().max().item():.3g}" if label == "kernel" else "other function"
+                    return f"| {pattern} | {label} | {ms:.3f} | {useful / ms / 1e9:.1f} | {diff_text} |"
+                add_row(lines, row, f"| {pattern} | {label} |", 3)
         del q, k, v, pe, ratio, ref
         torch.cuda.empty_cache()
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
+    finish(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     import spanformer                      # loads libspanformer_torch_ops.so
     out = torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span)
     out = spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32)
+    out = spanformer.flash_attention(q, k, v, band=0)   # causal attention, tiled (CUDA: its kernels)
 
     m = spanformer.load("runs/demo")       # a run directory or checkpoint file, any family
     m.evaluate("test")                     # the record `spanformer eval --json` prints, as a dict
@@ -40,6 +41,13 @@ def adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32.0, d
     """q (B,K,M,D); k, v (B,K,W+M,D); key_pe (D,L); span_ratio (K) -> (B,K,M,D). Differentiable."""
     return torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout,
                                                         training, seed)
+
+
+def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_kernel=True):
+    """Causal attention: q (B,K,N,D); k, v (B,K,C,D), C >= N, query i at key position C - N + i, reading
+    the last `band` keys (0: all earlier keys) -> (B,K,N,D). Differentiable; no N x C tensor is kept.
+    Semantics: include/spanformer/ops/flash_attention.h."""
+    return torch.ops.spanformer.flash_attention(q, k, v, band, dropout, training, seed, cuda_kernel)
 
 
 class Model:

@@ -85,7 +85,8 @@ int64_t causal_band(const CausalSpec& spec, int64_t keys) {
   }
 }
 
-at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const at::Tensor& kpos, at::ScalarType dtype) {
+at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const at::Tensor& kpos, at::ScalarType dtype,
+                          const at::Tensor& heads) {
   auto distance = (qpos - kpos + 1).to(dtype);  // (n, c)
   auto causal = kpos <= qpos;                    // (n, c)
   switch (spec.kind) {
@@ -94,7 +95,8 @@ at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const 
     case CausalKind::kFlash: return causal.to(dtype).unsqueeze(0);
     case CausalKind::kWindow: return (causal & (qpos - kpos < spec.window)).to(dtype).unsqueeze(0);
     case CausalKind::kAdaptiveSpan:  // (K, n, c); L is a hard limit as in the paper (distances 1..L)
-      return spec.span->mask_at(distance) * (causal & (qpos - kpos < spec.span->options().attn_span())).to(dtype);
+      return (heads.defined() ? spec.span->mask_at(distance, heads) : spec.span->mask_at(distance)) *
+             (causal & (qpos - kpos < spec.span->options().attn_span())).to(dtype);
     case CausalKind::kSparseStrided:
     case CausalKind::kSparseFixed: {
       const int64_t l = spec.stride;
@@ -111,12 +113,13 @@ at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const 
       if (spec.combine == SparseCombine::kMerged) return both.unsqueeze(0);
       if (spec.combine == SparseCombine::kAlternating) return (spec.layer % 2 == 0 ? m1 : m2).unsqueeze(0);
       const int64_t K = spec.heads, first = (K + 1) / 2;  // per head: heads [0, first) use A1, the rest A2
-      auto heads = [](const at::Tensor& x, int64_t n) {   // (...) -> (n, ...)
+      auto rows = [](const at::Tensor& x, int64_t n) {   // (...) -> (n, ...)
         std::vector<int64_t> size{n};
         size.insert(size.end(), x.sizes().begin(), x.sizes().end());
         return x.unsqueeze(0).expand(size);
       };
-      return at::cat({heads(m1, first), heads(m2, K - first)}, 0);
+      auto per_head = at::cat({rows(m1, first), rows(m2, K - first)}, 0);  // (K, ...)
+      return heads.defined() ? per_head.index_select(0, heads) : per_head;
     }
   }
   return {};
@@ -159,6 +162,59 @@ double band_fraction(int64_t N, int64_t C, int64_t band) {
     read += static_cast<double>(n) * static_cast<double>(last + 1 - std::max<int64_t>(0, C - N + i0 - band + 1));
   }
   return read / (static_cast<double>(N) * static_cast<double>(C));
+}
+
+// The heads of a layer in groups that share one band of keys: one group (every head, the largest band)
+// for every pattern but adaptive span, whose heads may reach very different distances (a few heads near
+// L, the others a few dozen keys: docs/benchmarks.md). There heads sorted by S_h are cut into the
+// contiguous groups that minimise the keys the tiles read per query, sum over groups of |G| (t + S_G)
+// with t the query tile, plus a fixed 4 t per group for its gathers and launches; spec.span_groups > 0
+// asks for that many groups (tests: every split is held to the same reference).
+struct HeadGroup {
+  std::vector<int64_t> heads;  // ascending S_h
+  int64_t band;                // the group's largest S_h
+};
+
+std::vector<HeadGroup> head_groups(const CausalSpec& spec, int64_t N, int64_t C, int64_t K) {
+  if (spec.kind != CausalKind::kAdaptiveSpan) {
+    HeadGroup all{{}, causal_band(spec, C)};
+    for (int64_t h = 0; h < K; ++h) all.heads.push_back(h);
+    return {all};
+  }
+  const size_t n = static_cast<size_t>(K);
+  std::vector<int64_t> S = spec.span->visited(spec.span->options().attn_span()), order(n);  // order: heads by S_h
+  for (size_t h = 0; h < n; ++h) {
+    S[h] = std::clamp<int64_t>(S[h], 1, C);
+    order[h] = static_cast<int64_t>(h);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return S[size_t(a)] < S[size_t(b)]; });
+  auto band_of = [&](size_t j) { return S[size_t(order[j - 1])]; };  // the largest S_h of sorted heads [., j)
+  const double t = static_cast<double>(std::min(kQueryTile, N));
+  auto cost = [&](size_t i, size_t j) {  // sorted heads [i, j) as one group
+    return static_cast<double>(j - i) * std::min(static_cast<double>(C), t + static_cast<double>(band_of(j))) + 4 * t;
+  };
+  // best[g][j]: the cheapest cut of the first j sorted heads into g groups; from[g][j]: its last cut.
+  std::vector<std::vector<double>> best(n + 1, std::vector<double>(n + 1, std::numeric_limits<double>::infinity()));
+  std::vector<std::vector<size_t>> from(n + 1, std::vector<size_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (size_t g = 1; g <= n; ++g)
+    for (size_t j = g; j <= n; ++j)
+      for (size_t i = g - 1; i < j; ++i)
+        if (best[g - 1][i] + cost(i, j) < best[g][j]) {
+          best[g][j] = best[g - 1][i] + cost(i, j);
+          from[g][j] = i;
+        }
+  size_t groups = spec.span_groups > 0 ? std::min(n, size_t(spec.span_groups)) : 1;
+  if (spec.span_groups <= 0)
+    for (size_t g = 2; g <= n; ++g)
+      if (best[g][n] < best[groups][n]) groups = g;
+  std::vector<HeadGroup> result(groups);
+  for (size_t g = groups, j = n; g >= 1; --g) {
+    const size_t i = from[g][j];
+    result[g - 1] = HeadGroup{std::vector<int64_t>(order.begin() + long(i), order.begin() + long(j)), band_of(j)};
+    j = i;
+  }
+  return result;
 }
 
 // Sparse patterns block by block (the layout of Child et al. 2019, section 5.5: the sequence as rows of
@@ -253,6 +309,48 @@ at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, 
   return attend(q, k, v, m, spec);  // m (K or 1, N, C)
 }
 
+namespace {
+
+// The banded tiles for one band: the heads of q, k, v (B, K', ., D) are `heads` of the layer (undefined:
+// all of them), whose rows of the pattern's weights they take.
+at::Tensor banded_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CausalSpec& spec,
+                            int64_t band, const at::Tensor& heads) {
+  const int64_t N = q.size(2), C = k.size(2), K = q.size(1);
+  std::vector<at::Tensor> tiles;  // (B, K, n, D) each
+  if (4 * band > C) {  // a wide band (a head reaching most of the keys): tiles one by one, each from key 0 up
+    for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
+      const int64_t n = std::min(kQueryTile, N - i0);
+      const int64_t last = C - N + i0 + n - 1, k0 = std::max<int64_t>(0, C - N + i0 - band + 1), c = last + 1 - k0;
+      auto m = causal_weights(spec, positions(C - N + i0, n, q).unsqueeze(1), positions(k0, c, q).unsqueeze(0),
+                              q.scalar_type(), heads);  // (K or 1, n, c)
+      tiles.push_back(attend(q.narrow(2, i0, n), k.narrow(2, k0, c), v.narrow(2, k0, c), m, spec));
+    }
+    return tiles.size() == 1 ? tiles[0] : at::cat(tiles, 2);  // (B, K, N, D)
+  }
+  // A narrow band: all query tiles at once. Tile i (queries o + i t .. o + i t + t - 1, o = C - N) reads the c = t + band - 1
+  // keys from o + i t - band + 1, one strided window of k and v each (unfold), so forward and backward
+  // stay linear in N (one slice per tile gives each tile's backward a gradient the size of k: T / 64
+  // full-size gradients, which made the window's backward quadratic beyond 8k tokens).
+  // Keys outside [0, C) are zero padding with weight 0; padded queries (past N) read their own padded
+  // key, so no row is empty, and are cut off at the end.
+  const int64_t B = q.size(0), D = q.size(3), t = std::min(kQueryTile, N), nt = (N + t - 1) / t, c = t + band - 1;
+  const int64_t o = C - N, left = std::max<int64_t>(0, band - 1 - o), right = nt * t - N;
+  const int64_t start = o - band + 1 + left;  // first key of tile 0 in the padded keys
+  auto windows = [&](const at::Tensor& x) {  // (B, K, C, D) -> (B, K, nt, D, c)
+    return at::constant_pad_nd(x, {0, 0, left, right}).narrow(2, start, (nt - 1) * t + c).unfold(2, c, t);
+  };
+  auto qt = at::constant_pad_nd(q, {0, 0, 0, right}).reshape({B, K, nt, t, D});  // (B, K, nt, t, D)
+  auto tile0 = positions(0, nt, q).mul(t).view({nt, 1, 1}) + o;                      // (nt, 1, 1)
+  auto qpos = tile0 + positions(0, t, q).view({1, t, 1});                            // (nt, t, 1)
+  auto kpos = tile0 - band + 1 + positions(0, c, q).view({1, 1, c});                 // (nt, 1, c)
+  auto real = ((kpos >= 0) & (kpos < C)) | ((qpos >= C) & (kpos == qpos));         // (nt, t, c)
+  auto m = causal_weights(spec, qpos, kpos, q.scalar_type(), heads) * real.to(q.scalar_type());  // (K or 1, nt, t, c)
+  auto out = attend(qt, windows(k).transpose(-1, -2), windows(v).transpose(-1, -2), m, spec);  // (B, K, nt, t, D)
+  return out.reshape({B, K, nt * t, D}).narrow(2, 0, N);                             // (B, K, N, D)
+}
+
+}  // namespace
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CausalSpec& spec,
                             AttnImpl impl) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.sizes() != v.sizes() || q.size(0) != k.size(0) ||
@@ -278,6 +376,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     o.tile = spec.flash_tile;
     o.dropout = spec.dropout;
     o.training = spec.training;
+    o.cuda_kernel = impl == AttnImpl::kFused;  // on CUDA: the hand-written kernels (auto: ATen tiles, see the op)
     if (o.training && o.dropout > 0) o.seed = ops::draw_dropout_seed();
     return impl == AttnImpl::kPlain ? ops::flash_attention_reference(q, k, v, o) : ops::flash_attention(q, k, v, o);
   }
@@ -285,6 +384,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     if (!k.is_same(q) || C != N) fail("causal attention: lsh needs shared query/keys (k = q) and no KV cache");
     ops::LshOptions o;
     o.chunk = spec.lsh_chunk;
+    o.buckets = spec.lsh_buckets;
     o.dropout = spec.dropout;
     o.training = spec.training;
     auto rotations = ops::lsh_rotations(K, spec.lsh_rounds, q.size(3), spec.lsh_buckets, q.options());  // (K, R, D, nb / 2)
@@ -311,40 +411,24 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     }
     return parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // (B, K, N, D)
   }
-  std::vector<at::Tensor> tiles;  // (B, K, n, D) each
-  const int64_t band = causal_band(spec, C);
-  if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && band_fraction(N, C, band) > 0.75))
+  const auto groups = head_groups(spec, N, C, K);
+  double read = 0;  // query-key pairs the tiles read, as a fraction of the plain composition's N x C per head
+  for (const auto& g : groups) read += static_cast<double>(g.heads.size()) * band_fraction(N, C, g.band);
+  if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && read > 0.75 * static_cast<double>(K)))
     return causal_attention_reference(q, k, v, spec);
-  if (4 * band > C) {  // a wide band (a head reaching most of the keys): tiles one by one, each from key 0 up
-    for (int64_t i0 = 0; i0 < N; i0 += kQueryTile) {
-      const int64_t n = std::min(kQueryTile, N - i0);
-      const int64_t last = C - N + i0 + n - 1, k0 = std::max<int64_t>(0, C - N + i0 - band + 1), c = last + 1 - k0;
-      auto m = causal_weights(spec, positions(C - N + i0, n, q).unsqueeze(1), positions(k0, c, q).unsqueeze(0),
-                              q.scalar_type());  // (K or 1, n, c)
-      tiles.push_back(attend(q.narrow(2, i0, n), k.narrow(2, k0, c), v.narrow(2, k0, c), m, spec));
-    }
-    return tiles.size() == 1 ? tiles[0] : at::cat(tiles, 2);  // (B, K, N, D)
+  if (groups.size() == 1) return banded_attention(q, k, v, spec, groups[0].band, at::Tensor());
+  // Heads in groups by band (adaptive span): each group's tiles reach its own largest span only.
+  std::vector<at::Tensor> outs;  // (B, |G|, N, D) each
+  std::vector<int64_t> order;    // head of each output row, in the order of outs
+  for (const auto& g : groups) {
+    auto index = at::tensor(g.heads, q.options().dtype(at::kLong));
+    outs.push_back(banded_attention(q.index_select(1, index), k.index_select(1, index), v.index_select(1, index), spec,
+                                    g.band, index));
+    order.insert(order.end(), g.heads.begin(), g.heads.end());
   }
-  // A narrow band: all query tiles at once. Tile i (queries o + i t .. o + i t + t - 1, o = C - N) reads the c = t + band - 1
-  // keys from o + i t - band + 1, one strided window of k and v each (unfold), so forward and backward
-  // stay linear in N (one slice per tile gives each tile's backward a gradient the size of k: T / 64
-  // full-size gradients, which made the window's backward quadratic beyond 8k tokens).
-  // Keys outside [0, C) are zero padding with weight 0; padded queries (past N) read their own padded
-  // key, so no row is empty, and are cut off at the end.
-  const int64_t B = q.size(0), D = q.size(3), t = std::min(kQueryTile, N), nt = (N + t - 1) / t, c = t + band - 1;
-  const int64_t o = C - N, left = std::max<int64_t>(0, band - 1 - o), right = nt * t - N;
-  const int64_t start = o - band + 1 + left;  // first key of tile 0 in the padded keys
-  auto windows = [&](const at::Tensor& x) {  // (B, K, C, D) -> (B, K, nt, D, c)
-    return at::constant_pad_nd(x, {0, 0, left, right}).narrow(2, start, (nt - 1) * t + c).unfold(2, c, t);
-  };
-  auto qt = at::constant_pad_nd(q, {0, 0, 0, right}).reshape({B, K, nt, t, D});  // (B, K, nt, t, D)
-  auto tile0 = positions(0, nt, q).mul(t).view({nt, 1, 1}) + o;                      // (nt, 1, 1)
-  auto qpos = tile0 + positions(0, t, q).view({1, t, 1});                            // (nt, t, 1)
-  auto kpos = tile0 - band + 1 + positions(0, c, q).view({1, 1, c});                 // (nt, 1, c)
-  auto real = ((kpos >= 0) & (kpos < C)) | ((qpos >= C) & (kpos == qpos));         // (nt, t, c)
-  auto m = causal_weights(spec, qpos, kpos, q.scalar_type()) * real.to(q.scalar_type());  // (K or 1, nt, t, c)
-  auto out = attend(qt, windows(k).transpose(-1, -2), windows(v).transpose(-1, -2), m, spec);  // (B, K, nt, t, D)
-  return out.reshape({B, K, nt * t, D}).narrow(2, 0, N);                             // (B, K, N, D)
+  std::vector<int64_t> inverse(order.size());
+  for (size_t r = 0; r < order.size(); ++r) inverse[static_cast<size_t>(order[r])] = static_cast<int64_t>(r);
+  return at::cat(outs, 1).index_select(1, at::tensor(inverse, q.options().dtype(at::kLong)));  // (B, K, N, D)
 }
 
 }  // namespace spanformer::attention

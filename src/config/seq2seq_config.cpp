@@ -29,6 +29,8 @@ const std::vector<Field<Seq2SeqModelConfig>>& seq2seq_model_fields() {
       field("input_feeding", &C::input_feeding, "luong: the previous attentional vector joins the input"),
       field("bidirectional", &C::bidirectional,
             "recurrent kinds: a bidirectional encoder (H/2 a direction, concatenated; Bahdanau et al. 2015)"),
+      field("deep_output", &C::deep_output,
+            "bahdanau: the paper's output, maxout over U s_{t-1} + V E y_{t-1} + C c_t (false: W_out s_t)"),
       field("pre_norm", &C::pre_norm, "transformer: LayerNorm before each sublayer (false: post-norm, the paper's)"),
       field("share_embeddings", &C::share_embeddings, "one table for source, target and output"),
       field("max_positions", &C::max_positions, "transformer: longest sequence (sinusoidal table, no weights)"),
@@ -149,6 +151,7 @@ void validate(const Seq2SeqModelConfig& c) {
     fail("config: d_model ({}) must be a multiple of n_head ({})", c.d_model, c.n_head);
   if (c.kind == Seq2SeqKind::kTransformer && c.d_model % 2 != 0)
     fail("config: d_model must be even for sinusoidal positions (got {})", c.d_model);
+  if (c.deep_output && c.kind != Seq2SeqKind::kBahdanau) fail("config: deep_output is for the bahdanau kind (got {})", seq2seq_kind_name(c.kind));
   if (c.bidirectional && !c.recurrent()) fail("config: bidirectional is for the recurrent kinds (the Transformer's encoder sees both ways)");
   if (c.bidirectional && c.d_model % 2 != 0)
     fail("config: d_model must be even for a bidirectional encoder (H/2 a direction; got {})", c.d_model);

@@ -47,6 +47,7 @@ RnnSeq2SeqImpl::RnnSeq2SeqImpl(const Seq2SeqModelConfig& c) : config_(c) {
     o.kind = attention::ScoreKind::kAdditive;
     o.query_size = o.key_size = o.hidden = H;
     attn = register_module("attn", attention::AttentionScoring(o));
+    if (c.deep_output) deep = register_module("deep", torch::nn::Linear(3 * H, 2 * H));
   } else if (c.kind == Seq2SeqKind::kLuong) {
     attention::ScoringOptions o;
     o.kind = c.score;
@@ -87,11 +88,13 @@ torch::Tensor RnnSeq2SeqImpl::decode_step(const torch::Tensor& e, torch::Tensor&
                                           const torch::Tensor& memory, const torch::Tensor& src_len, torch::Tensor* weights) {
   const auto kind = config_.kind;
   torch::Tensor input = e;  // (B, H) or (B, 2H)
+  torch::Tensor deep_in;    // bahdanau with deep_output: [s_{t-1}; e; c_t] (B, 3H)
   if (kind == Seq2SeqKind::kGru) {
     input = torch::cat({e, feed}, 1);
   } else if (kind == Seq2SeqKind::kBahdanau) {
     auto [c, a] = attn->forward(s[-1].unsqueeze(1), memory, memory, src_len);  // (B, 1, H), (B, 1, S)
     input = torch::cat({e, c.squeeze(1)}, 1);
+    if (deep) deep_in = torch::cat({s[-1], e, c.squeeze(1)}, 1);
     if (weights) *weights = a.squeeze(1);
   } else if (config_.input_feeding) {
     input = torch::cat({e, feed}, 1);
@@ -105,6 +108,7 @@ torch::Tensor RnnSeq2SeqImpl::decode_step(const torch::Tensor& e, torch::Tensor&
     feed = h;
     if (weights) *weights = a.squeeze(1);
   }
+  if (deep_in.defined()) h = std::get<0>(deep->forward(deep_in).unflatten(1, {-1, 2}).max(2));  // maxout: (B, 2H) -> (B, H)
   if (kind == Seq2SeqKind::kGru && weights) *weights = torch::zeros({e.size(0), memory.size(1)}, e.options());
   return output_logits(drop->forward(h));  // (B, Vt)
 }

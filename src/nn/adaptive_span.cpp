@@ -14,14 +14,24 @@ AdaptiveSpanImpl::AdaptiveSpanImpl(AdaptiveSpanOptions options) : options_(std::
   sync_host();
 }
 
-torch::Tensor AdaptiveSpanImpl::mask_at(const torch::Tensor& distance, int64_t head) const {
-  // Computed in the parameter's dtype like the reference: (z - (d - 1)) / R + 1, clamped to [0, 1].
-  auto z = span_ratio * static_cast<double>(options_.attn_span());  // (K)
-  if (head >= 0) return ((z[head] - (distance - 1)) / static_cast<double>(options_.ramp()) + 1.0).clamp(0.0, 1.0);
+namespace {
+// Computed in the parameter's dtype like the reference: (z - (d - 1)) / R + 1, clamped to [0, 1].
+// z (K') spans in tokens, distance (S) -> (K', S).
+torch::Tensor soft_mask(const torch::Tensor& z, const torch::Tensor& distance, double ramp) {
   std::vector<int64_t> shape{-1};
   for (int64_t i = 0; i < distance.dim(); ++i) shape.push_back(1);
-  auto m = (z.view(shape) - (distance - 1).unsqueeze(0)) / static_cast<double>(options_.ramp()) + 1.0;  // (K, S)
-  return m.clamp(0.0, 1.0);
+  return ((z.view(shape) - (distance - 1).unsqueeze(0)) / ramp + 1.0).clamp(0.0, 1.0);
+}
+}  // namespace
+
+torch::Tensor AdaptiveSpanImpl::mask_at(const torch::Tensor& distance, int64_t head) const {
+  auto z = span_ratio * static_cast<double>(options_.attn_span());  // (K)
+  if (head >= 0) return soft_mask(z.narrow(0, head, 1), distance, options_.ramp()).squeeze(0);
+  return soft_mask(z, distance, options_.ramp());
+}
+
+torch::Tensor AdaptiveSpanImpl::mask_at(const torch::Tensor& distance, const torch::Tensor& heads) const {
+  return soft_mask(span_ratio.index_select(0, heads) * static_cast<double>(options_.attn_span()), distance, options_.ramp());
 }
 
 torch::Tensor AdaptiveSpanImpl::mask(int64_t width) const {

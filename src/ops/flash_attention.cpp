@@ -16,6 +16,12 @@
 #include "dropout_hash.h"
 
 namespace spanformer::ops {
+
+#ifdef SPANFORMER_WITH_CUDA
+bool flash_attention_cuda_supported(const at::Tensor& q);  // src/ops/cuda/flash_attention_cuda.cpp
+at::Tensor flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o);
+#endif
+
 namespace {
 
 struct Dims {
@@ -176,6 +182,9 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   check(q, k, v, o);
   if (o.band == 0 || o.band > k.size(2)) o.band = k.size(2);
   if (o.training && o.dropout > 0 && o.seed == 0) o.seed = draw_dropout_seed();
+#ifdef SPANFORMER_WITH_CUDA
+  if (o.cuda_kernel && q.is_cuda() && flash_attention_cuda_supported(q)) return flash_attention_cuda(q, k, v, o);
+#endif
   return FlashFunction::apply(q, k, v, o.band, o.dropout, o.training, static_cast<int64_t>(o.seed), o.tile);
 }
 

@@ -33,9 +33,9 @@ at::Tensor unit(const at::Tensor& q) { return q / q.norm(2, -1, /*keepdim=*/true
 struct Order {
   at::Tensor buckets, perm, rank;  // (B, K, R, N) int64 each; perm[t] = position at sorted place t
 };
-Order sort_rounds(const at::Tensor& q, const at::Tensor& rot) {
+Order sort_rounds(const at::Tensor& q, const at::Tensor& rot, int64_t buckets) {
   Order o;
-  o.buckets = lsh_buckets(q, rot);
+  o.buckets = lsh_buckets(q, rot, buckets);
   const int64_t N = q.size(2);
   auto key = o.buckets * N + at::arange(N, o.buckets.options());  // (B, K, R, N), distinct per round
   o.perm = key.argsort(/*dim=*/static_cast<int64_t>(-1));
@@ -60,20 +60,42 @@ at::Tensor combine_rounds(const at::Tensor& o, const at::Tensor& lse) {
 
 }  // namespace
 
-at::Tensor lsh_rotations(int64_t heads, int64_t rounds, int64_t head_dim, int64_t buckets, const at::TensorOptions& options) {
+std::vector<int64_t> lsh_factors(int64_t buckets) {
   if (buckets < 2 || buckets % 2 != 0) fail("lsh attention: buckets must be even and >= 2 (got {})", buckets);
-  return at::randn({heads, rounds, head_dim, buckets / 2}, options);
+  if (buckets > 64)
+    for (int64_t b1 = static_cast<int64_t>(std::sqrt(static_cast<double>(buckets))) / 2 * 2; b1 >= 2; b1 -= 2)
+      if (buckets % b1 == 0 && (buckets / b1) % 2 == 0) return {b1, buckets / b1};
+  return {buckets};
 }
 
-at::Tensor lsh_buckets(const at::Tensor& q, const at::Tensor& rot) {
+at::Tensor lsh_rotations(int64_t heads, int64_t rounds, int64_t head_dim, int64_t buckets, const at::TensorOptions& options) {
+  int64_t columns = 0;
+  for (int64_t b : lsh_factors(buckets)) columns += b / 2;
+  return at::randn({heads, rounds, head_dim, columns}, options);
+}
+
+at::Tensor lsh_buckets(const at::Tensor& q, const at::Tensor& rot, int64_t buckets) {
   at::NoGradGuard no_grad;
-  auto x = at::einsum("bknd,krdh->bkrnh", {q.detach(), rot});  // (B, K, R, N, nb / 2)
-  return at::cat({x, -x}, -1).argmax(-1);                       // (B, K, R, N)
+  const auto factors = buckets > 0 ? lsh_factors(buckets) : std::vector<int64_t>{2 * rot.size(3)};
+  int64_t columns = 0;
+  for (int64_t b : factors) columns += b / 2;
+  if (rot.size(3) != columns)
+    fail("lsh attention: {} buckets need rotations with {} columns (got {})", buckets, columns, rot.size(3));
+  auto x = at::einsum("bknd,krdh->bkrnh", {q.detach(), rot});  // (B, K, R, N, columns)
+  at::Tensor result;                                            // (B, K, R, N)
+  int64_t first = 0;
+  for (int64_t b : factors) {  // b_r = ((b_r1) b2 + b_r2) ...: the first factor most significant
+    auto part = x.narrow(-1, first, b / 2);
+    auto digit = at::cat({part, -part}, -1).argmax(-1);
+    result = result.defined() ? result * b + digit : digit;
+    first += b / 2;
+  }
+  return result;
 }
 
 at::Tensor lsh_attention_reference(const at::Tensor& q, const at::Tensor& v, const at::Tensor& rot, const LshOptions& o) {
   check(q, v, rot, o);
-  const auto order = sort_rounds(q, rot);
+  const auto order = sort_rounds(q, rot, o.buckets);
   auto s = at::matmul(q, unit(q).transpose(-1, -2)).unsqueeze(2) / std::sqrt(static_cast<double>(q.size(3)));  // (B, K, 1, N, N)
   auto scores = mask_scores(s, order.buckets.unsqueeze(-1), order.buckets.unsqueeze(-2), order.rank.unsqueeze(-1),
                             order.rank.unsqueeze(-2), o.chunk);  // (B, K, R, N, N)
@@ -87,7 +109,7 @@ at::Tensor lsh_attention(const at::Tensor& q, const at::Tensor& v, const at::Ten
   check(q, v, rot, o);
   const int64_t B = q.size(0), K = q.size(1), N = q.size(2), D = q.size(3), R = rot.size(1), m = o.chunk;
   const int64_t nc = (N + m - 1) / m, Np = nc * m;
-  const auto order = sort_rounds(q, rot);
+  const auto order = sort_rounds(q, rot, o.buckets);
   auto lopts = order.perm.options();
   // Sorted places [N, Np) hold a dummy position N (zero vectors, bucket -1) so that chunks are full.
   auto perm = at::cat({order.perm, at::full({B, K, R, Np - N}, N, lopts)}, -1);                 // (B, K, R, Np)

@@ -47,7 +47,10 @@
 //          largest band of its heads, so tiles above the diagonal and keys beyond every head's span are
 //          never touched, and backward stores tile-sized scores only (O(N S) instead of O(N C)). A
 //          narrow band (S <= C / 4) takes every tile at once from one strided window of k and v
-//          (each tile's own slice would give its backward a gradient the size of k: quadratic);
+//          (each tile's own slice would give its backward a gradient the size of k: quadratic).
+//          Adaptive span cuts the heads, sorted by S_h, into groups with a band each (the cut that
+//          reads the fewest keys, a fixed cost per group counted), so a layer with a few heads near L
+//          and the rest short reads S_h keys per head, not the layer's largest span for every head;
 //          Sparse patterns block-sparsely: positions as rows of l; a query row reads its near rows
 //          (strided: the row before and its own; fixed: its own block) and its far blocks (strided:
 //          its column of the earlier rows, read as l causal attentions over C / l rows; fixed: the
@@ -55,7 +58,8 @@
 //          touched: 2 l + C / l keys per query (strided), l + c C / l (fixed), against C, so compute
 //          and memory grow as N^1.5 with l ~ sqrt(N);
 //   auto   fused where the tiles (or blocks) skip a quarter of the query-key pairs or more, else plain;
-//          flash: the flash op for fused and auto.
+//          flash: the flash op for fused and auto (on CUDA, fused takes its hand-written kernels and
+//          auto its ATen tiles, until the kernels are measured faster: ops/flash_attention.h).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -86,6 +90,7 @@ struct CausalSpec {
   const nn::AdaptiveSpanImpl* span = nullptr;  // the heads' spans (adaptive_span)
   int64_t stride = 0, summary = 0;             // l and c (sparse patterns)
   int64_t sparse_groups = 0;                   // sparse, fused: query-row groups (0: 4 from 2^21 pairs per head, else 1)
+  int64_t span_groups = 0;                     // adaptive span, fused: head groups by band (0: the cheapest cut)
   SparseCombine combine = SparseCombine::kMerged;
   int64_t layer = 0, heads = 0;                // the layer's index and K (alternating, per_head)
   int64_t lsh_rounds = 1, lsh_buckets = 2, lsh_chunk = 64;  // lsh: R, nb, m
@@ -98,8 +103,10 @@ struct CausalSpec {
 int64_t causal_band(const CausalSpec& spec, int64_t keys);
 
 // m_h at query positions qpos (n, 1) and key positions kpos (1 or n, c), int64 -> (K or 1, n, c) in
-// `dtype` (the one home of every pattern).
-at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const at::Tensor& kpos, at::ScalarType dtype);
+// `dtype` (the one home of every pattern). With `heads` (int64 indices): the rows of those heads only
+// (K' = |heads|; patterns shared by every head keep their one row).
+at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const at::Tensor& kpos, at::ScalarType dtype,
+                          const at::Tensor& heads = {});
 
 // q (B, K, N, D); k, v (B, K, C, D), C >= N. Returns (B, K, N, D). Validates once, then dispatches.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CausalSpec& spec,

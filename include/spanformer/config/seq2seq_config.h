@@ -43,6 +43,7 @@ struct Seq2SeqModelConfig {
   attention::ScoreKind score = attention::ScoreKind::kGeneral;  // Luong: dot | general
   bool input_feeding = true;      // Luong: the previous attentional vector joins the decoder's input
   bool bidirectional = false;     // recurrent: the encoder reads the source both ways (H/2 a direction)
+  bool deep_output = false;       // Bahdanau: the paper's maxout output over s_{t-1}, y_{t-1} and c_t
   bool pre_norm = false;          // Transformer: LayerNorm before each sublayer (post-norm: the paper's)
   bool share_embeddings = false;  // one table for source, target and output (Press & Wolf 2017)
   int64_t max_positions = 256;    // Transformer: sinusoidal positions table length (no weights)

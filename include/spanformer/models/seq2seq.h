@@ -11,6 +11,10 @@
 //   gru         s_t = GRU_dec([drop(E_t y_{t-1}); o_S^top], s_{t-1})       the source summarised once
 //   bahdanau    c_t = sum_j a_tj o_j,  a_t = softmax_j(w^T tanh(W_q s_{t-1}^top + W_k o_j))  (masked)
 //               s_t = GRU_dec([drop(E_t y_{t-1}); c_t], s_{t-1})           logits = W_out drop(s_t^top)
+//               deep_output (by flag; the paper's output, its appendix A.2.2): a maxout layer over the
+//               previous state, the previous word and the context,
+//               t~_t = U s_{t-1}^top + V drop(E_t y_{t-1}) + C c_t + b  (2H),  t_tj = max(t~_t,2j, t~_t,2j+1),
+//               logits = W_out drop(t_t)
 //   luong       s_t = GRU_dec([drop(E_t y_{t-1}); h~_{t-1}], s_{t-1})      (input feeding; h~_0 = 0)
 //               a_t = softmax_j(score(s_t^top, o_j)), score dot or general (s^T W o)
 //               h~_t = tanh(W_c [c_t; s_t^top]),  logits = W_out drop(h~_t)
@@ -83,6 +87,7 @@ class RnnSeq2SeqImpl : public torch::nn::Module, public Seq2SeqModel {
   torch::nn::GRU encoder{nullptr}, decoder{nullptr};
   attention::AttentionScoring attn{nullptr};  // bahdanau | luong
   torch::nn::Linear combine{nullptr};         // luong: W_c (2H -> H)
+  torch::nn::Linear deep{nullptr};            // bahdanau with deep_output: [U V C] (3H -> 2H, + b)
   torch::nn::Linear out{nullptr};             // W_out (H -> Vt), null when shared
   torch::Tensor out_bias;                     // (Vt) when shared
   torch::nn::Dropout drop{nullptr};

@@ -42,6 +42,8 @@ class AdaptiveSpanImpl : public torch::nn::Module {
   // The one home of the formula.
   // With head >= 0: that head's mask only, shape S.
   torch::Tensor mask_at(const torch::Tensor& distance, int64_t head = -1) const;
+  // The masks of heads `heads` (int64 indices) only: (|heads|, S).
+  torch::Tensor mask_at(const torch::Tensor& distance, const torch::Tensor& heads) const;
   // Soft mask over the last `width` distances: (K, 1, width), column j = distance width - j.
   torch::Tensor mask(int64_t width) const;
 

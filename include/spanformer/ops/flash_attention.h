@@ -28,6 +28,10 @@
 // X = B K. Tiles are batched over X: each step is one batched product over all heads (ATen's kernels,
 // vectorised and threaded), tile x tile scores at a time. Any device ATen runs on; tests hold the CPU path
 // to the reference in double precision (values and gradients, with and without dropout, N < C, bands).
+// On CUDA, `cuda_kernel` selects the hand-written kernels instead (src/ops/cuda/flash_attention_kernels.cu,
+// float32 / bfloat16 / float16, D <= 256; versions in docs/kernels.md), the same formulas and dropout
+// hash: the GPT family's `attn_impl = fused`; `auto` keeps the ATen tiles until the kernels are measured
+// faster on a GPU. Double precision and other widths always take the ATen tiles.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -41,6 +45,7 @@ struct FlashOptions {
   bool training = false;
   uint64_t seed = 0;       // dropout hash seed (flash_attention draws one when 0 and dropout is on)
   int64_t tile = 256;      // queries and keys per tile (docs/benchmarks.md: 256 beat 64 and 128 on CPU)
+  bool cuda_kernel = false;  // CUDA inputs: the hand-written kernels (tile unused) instead of ATen tiles
 };
 
 // q (B, K, N, D); k, v (B, K, C, D) with C >= N >= 1, one dtype and device. Returns (B, K, N, D),

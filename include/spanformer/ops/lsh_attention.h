@@ -6,6 +6,12 @@
 // large exactly when q_i and q_j point the same way, and the hash of q and of k agree.
 // Hash (angular LSH, sec. 2 eq. 3): for round r with a random rotation A_r (D, nb / 2), A ~ N(0, 1),
 //     b_r(x) = argmax([x A_r ; -x A_r])   in {0 .. nb - 1}   (nb buckets, even)
+// Many buckets are factorised, as the paper's reference implementation (trax) does when n_buckets is
+// a list: beyond 64 buckets, nb = b1 b2 (both even, b1 the even divisor nearest below sqrt(nb) that
+// leaves b2 even; lsh_factors) and two independent rotations A_r1 (D, b1 / 2), A_r2 (D, b2 / 2) give
+//     b_r(x) = b_r1(x) b2 + b_r2(x)
+// so hashing costs N D (b1 + b2) / 2 instead of N D nb / 2, which with nb ~ N / m was quadratic in N
+// (at 32k positions and 512 buckets it took longer than the attention itself: docs/benchmarks.md).
 // Per round: sort positions by (bucket, position), cut the sorted order into chunks of m, let each chunk
 // attend to itself and the chunk before it. In a causal model that chunk rule alone would let a later
 // token's bucket move the chunk boundaries seen by an earlier query (a leak of future information), so
@@ -30,20 +36,28 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace spanformer::ops {
 
 struct LshOptions {
   int64_t chunk = 64;     // m
+  int64_t buckets = 0;    // nb (0: 2 x the rotations' columns, one factor)
   double dropout = 0.0;   // on the attention weights, when training
   bool training = false;
 };
 
-// Random rotations for K heads and R rounds: (K, R, D, nb / 2) ~ N(0, 1) from the default generator.
+// The factors of nb buckets: {nb} up to 64 buckets (or when nb is not a product of two even numbers),
+// else {b1, b2} as above. Rotations hold sum(b_i / 2) columns.
+std::vector<int64_t> lsh_factors(int64_t buckets);
+
+// Random rotations for K heads and R rounds: (K, R, D, sum over factors b_i / 2) ~ N(0, 1) from the
+// default generator.
 at::Tensor lsh_rotations(int64_t heads, int64_t rounds, int64_t head_dim, int64_t buckets, const at::TensorOptions& options);
 
-// b_r of every position: q (B, K, N, D), rotations (K, R, D, nb / 2) -> (B, K, R, N) int64.
-at::Tensor lsh_buckets(const at::Tensor& q, const at::Tensor& rotations);
+// b_r of every position: q (B, K, N, D), rotations from lsh_rotations(.., buckets, ..) -> (B, K, R, N)
+// int64 in [0, buckets). buckets 0: 2 x the rotations' columns (one factor).
+at::Tensor lsh_buckets(const at::Tensor& q, const at::Tensor& rotations, int64_t buckets = 0);
 
 // q, v (B, K, N, D); rotations from lsh_rotations. Returns (B, K, N, D). Validates once.
 at::Tensor lsh_attention(const at::Tensor& q, const at::Tensor& v, const at::Tensor& rotations, const LshOptions& o);

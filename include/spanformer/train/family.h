@@ -163,9 +163,10 @@ class Family {
   virtual DataRestart data_restart() const = 0;
 
   // ---- training ---------------------------------------------------------------------------------
-  // Recurrent state of `streams` local streams (B / processes).
-  virtual void init_state(int64_t streams) = 0;
-  virtual void reset_train_state() = 0;  // at a data restart
+  // Recurrent state of `streams` local streams (B / processes); families without one (GPT's
+  // independent contexts, example families) keep these four no-ops.
+  virtual void init_state(int64_t streams) { (void)streams; }
+  virtual void reset_train_state() {}  // at a data restart
   // One optimizer step on inputs/targets (b, context + M). Returns the mean NLL (0-dim, nats).
   virtual torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) = 0;
   // Validation at an interval end on this process's streams [first, first + count) of `valid`
@@ -175,8 +176,12 @@ class Family {
                           int64_t& valid_pos) = 0;
   // Recurrent state into / out of a checkpoint; `gather` turns a (local, ...) tensor into the
   // (B, ...) one of all processes (identity in one process).
-  virtual void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) = 0;
-  virtual void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) = 0;
+  virtual void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) {
+    (void)out, (void)gather;
+  }
+  virtual void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) {
+    (void)in, (void)batch, (void)first, (void)count;
+  }
   // ---- example families (DataRestart::kExamples) -------------------------------------------------
   // Reads the data set (train.data) and keeps it; fills the model's data-given sizes (classes).
   virtual ExampleData open_examples(const std::string& path) { unsupported("example data"); }

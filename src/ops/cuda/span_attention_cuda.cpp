@@ -5,20 +5,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/autograd.h>
 
+#include "glue.h"
 #include "params.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 
 namespace spanformer::ops {
 namespace {
-
-cuda::DType dtype_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return cuda::DType::kFloat32;
-    case at::kBFloat16: return cuda::DType::kBFloat16;
-    case at::kHalf: return cuda::DType::kFloat16;
-    default: TORCH_CHECK(false, "adaptive_span_attention on CUDA supports float32, bfloat16 and float16");
-  }
-}
 
 cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& key_pe, const at::Tensor& ratio, const at::Tensor& visited,
@@ -40,7 +32,7 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.dropout = static_cast<float>(o.dropout);
   p.training = o.training;
   p.seed = o.seed;
-  p.dtype = dtype_of(q);
+  p.dtype = cuda::dtype_of(q, "adaptive_span_attention");
   return p;
 }
 
@@ -61,14 +53,12 @@ class SpanAttentionCudaFunction : public torch::autograd::Function<SpanAttention
     p.row_max = stats[0].data_ptr<float>();
     p.row_z = stats[1].data_ptr<float>();
     p.row_n = stats[2].data_ptr<float>();
-    auto err = cuda::span_attention_forward(p, c10::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, "adaptive_span_attention CUDA forward: ", cudaGetErrorString(err));
+    cuda::check_launch(cuda::span_attention_forward(p, c10::cuda::getCurrentCUDAStream()),
+                       "adaptive_span_attention CUDA forward");
     ctx->save_for_backward({q, k, v, pe, ratio_in, out, stats, visited_t});
     ctx->saved_data["attn_span"] = attn_span;
     ctx->saved_data["ramp"] = ramp;
-    ctx->saved_data["dropout"] = dropout;
-    ctx->saved_data["training"] = training;
-    ctx->saved_data["seed"] = seed;
+    cuda::DropoutSettings{dropout, training, seed}.save(ctx);
     return out;
   }
 
@@ -76,9 +66,9 @@ class SpanAttentionCudaFunction : public torch::autograd::Function<SpanAttention
                                                torch::autograd::tensor_list grads) {
     auto s = ctx->get_saved_variables();
     const auto &q = s[0], &k = s[1], &v = s[2], &pe = s[3], &ratio_in = s[4], &out = s[5], &stats = s[6], &visited_t = s[7];
-    SpanAttentionOptions o{ctx->saved_data["attn_span"].toInt(), ctx->saved_data["ramp"].toDouble(),
-                           ctx->saved_data["dropout"].toDouble(), ctx->saved_data["training"].toBool(),
-                           static_cast<uint64_t>(ctx->saved_data["seed"].toInt()), {}};
+    const auto drop = cuda::DropoutSettings::load(ctx);
+    SpanAttentionOptions o{ctx->saved_data["attn_span"].toInt(), ctx->saved_data["ramp"].toDouble(), drop.dropout,
+                           drop.training, static_cast<uint64_t>(drop.seed), {}};
     auto ratio = ratio_in.detach().to(at::kFloat).contiguous();
     auto grad_out = grads[0].to(q.scalar_type()).contiguous();
     auto f32 = q.options().dtype(at::kFloat);
@@ -95,8 +85,8 @@ class SpanAttentionCudaFunction : public torch::autograd::Function<SpanAttention
     p.grad_v = dv.data_ptr<float>();
     p.grad_key_pe = dpe.data_ptr<float>();
     p.grad_span_ratio = dratio.data_ptr<float>();
-    auto err = cuda::span_attention_backward(p, c10::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, "adaptive_span_attention CUDA backward: ", cudaGetErrorString(err));
+    cuda::check_launch(cuda::span_attention_backward(p, c10::cuda::getCurrentCUDAStream()),
+                       "adaptive_span_attention CUDA backward");
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dpe.to(pe.scalar_type()),
             dratio.to(ratio_in.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};

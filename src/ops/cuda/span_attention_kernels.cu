@@ -10,30 +10,14 @@
 // (ds_d = -p_d G2 / sqrt(D) beyond the span) and accumulates dk, dv, dkey_pe and dspan_ratio with
 // fp32 atomics. Not yet run on a GPU: no device was lent to this work; the next version is the tiled
 // tensor-core kernel (docs/kernels.md).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "../dropout_hash.h"
+#include "device.cuh"
 #include "params.h"
 
 namespace spanformer::ops::cuda {
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kMaxPerLane = 8;  // D <= 256
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 
 // Same counter-based stream as the CPU path and the reference.
 __device__ __forceinline__ bool keep(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t d, float p) {

@@ -71,11 +71,6 @@ class AdaptiveSpanFamily : public ConfiguredFamily<Config> {
   models::TransformerSeq& model() { return model_; }
   const Config& config() const { return config_; }
 
-  void make_optimizers() override {
-    optimizer_ = make_optimizer(*model_, config_.train);
-  }
-  void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
-  void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
   void load_weights(const Checkpoint& in) override {
     Family::load_weights(in);
     model_->sync_spans();
@@ -188,7 +183,6 @@ class AdaptiveSpanFamily : public ConfiguredFamily<Config> {
   }
 
   models::TransformerSeq model_{nullptr};
-  std::unique_ptr<Optimizer> optimizer_;
   std::vector<torch::Tensor> train_caches_, valid_caches_;
 };
 
@@ -271,9 +265,7 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
 
 std::unique_ptr<Family> make_adaptive_span_family(const nlohmann::json& config, const std::string& origin,
                                                   const std::vector<std::string>& overrides) {
-  Config c = config_from_json(config, origin);
-  apply_overrides(c, overrides);
-  return std::make_unique<AdaptiveSpanFamily>(std::move(c));
+  return configured_family<AdaptiveSpanFamily>(config_from_json(config, origin), overrides);
 }
 
 }  // namespace spanformer::train

@@ -10,13 +10,19 @@
 
 namespace spanformer::train {
 
+// The main optimizer's options from the shared train section.
+OptimizerOptions optimizer_options(const TrainConfig& train);
+// That optimizer over every named parameter of a model.
+std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const TrainConfig& train);
+
 namespace detail {
 template <typename C>
 void validate_config(const C& config) { validate(config); }  // spanformer::validate, found through C
 }  // namespace detail
 
 // What every family does with its config C: holds it, writes it (to_json), validates it, and hands the
-// runner its shared train section.
+// runner its shared train section; and the one optimizer over every parameter that most families keep
+// (saved under "optim."; a family with more overrides the three optimizer methods).
 template <typename C>
 class ConfiguredFamily : public Family {
  public:
@@ -24,10 +30,21 @@ class ConfiguredFamily : public Family {
   nlohmann::json config_json() const override { return to_json(config_); }
   TrainConfig& train() override { return config_.train; }
   void validate() const override { detail::validate_config(config_); }
+  void make_optimizers() override { optimizer_ = make_optimizer(module(), config_.train); }
+  void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
+  void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
 
  protected:
   C config_;
+  std::unique_ptr<Optimizer> optimizer_;
 };
+
+// A family F from its config (already read) with the command line's overrides applied.
+template <typename F, typename C>
+std::unique_ptr<Family> configured_family(C config, const std::vector<std::string>& overrides) {
+  apply_overrides(config, overrides);
+  return std::make_unique<F>(std::move(config));
+}
 
 std::unique_ptr<Family> make_adaptive_span_family(const nlohmann::json& config, const std::string& origin,
                                                   const std::vector<std::string>& overrides);
@@ -86,11 +103,6 @@ void sample_tokens(const data::Vocab& vocab, const SampleRequest& request, int64
 // head of --layer, or the one --layer/--head.
 void draw_text_attention(const data::Vocab& vocab, const AttentionRequest& request, int64_t block,
                          const std::function<torch::Tensor(const torch::Tensor&)>& forward, torch::Device device);
-
-// The main optimizer's options from the shared train section.
-OptimizerOptions optimizer_options(const TrainConfig& train);
-// That optimizer over every named parameter of a model.
-std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const TrainConfig& train);
 
 // Log fields of learned spans (mean and max per layer) and the progress line's span means.
 void log_spans(const std::vector<std::vector<double>>& spans, nlohmann::json& record, std::string& text);

@@ -68,11 +68,6 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
   }
   torch::nn::Module& module() override { return *model_; }
 
-  void make_optimizers() override {
-    optimizer_ = make_optimizer(*model_, config_.train);
-  }
-  void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
-  void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
   void load_weights(const Checkpoint& in) override {
     Family::load_weights(in);
     model_->clamp_spans();  // the host copies of the spans, which the attention's band reads
@@ -80,8 +75,6 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
 
   int64_t block_length() const override { return config_.model.context; }
   DataRestart data_restart() const override { return DataRestart::kRandomContexts; }
-  void init_state(int64_t) override {}
-  void reset_train_state() override {}
 
   torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) override {
     model_->train();
@@ -119,8 +112,6 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
     return sum / static_cast<double>(config_.train.eval_blocks);
   }
 
-  void save_state(CheckpointWriter&, const std::function<torch::Tensor(const torch::Tensor&)>&) override {}
-  void load_state(const Checkpoint&, int64_t, int64_t, int64_t) override {}
 
   void log_extras(int64_t, nlohmann::json& record, std::string& text) override { log_spans(model_->spans(), record, text); }
 
@@ -199,7 +190,6 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
   torch::Device device() const { return model_->wte->weight.device(); }
 
   GptModel model_{nullptr};
-  std::unique_ptr<Optimizer> optimizer_;
 };
 
 void GptFamily::bench(const BenchRequest& r) {
@@ -286,9 +276,7 @@ void GptFamily::bench(const BenchRequest& r) {
 
 std::unique_ptr<Family> make_gpt_family(const nlohmann::json& config, const std::string& origin,
                                         const std::vector<std::string>& overrides) {
-  GptConfig c = gpt_config_from_json(config, origin);
-  apply_overrides(c, overrides);
-  return std::make_unique<GptFamily>(std::move(c));
+  return configured_family<GptFamily>(gpt_config_from_json(config, origin), overrides);
 }
 
 }  // namespace spanformer::train

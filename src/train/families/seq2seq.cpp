@@ -61,16 +61,9 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
 
   void build() override { net_ = models::make_seq2seq(config_.model); }
   torch::nn::Module& module() override { return *net_.module; }
-  void make_optimizers() override { optimizer_ = make_optimizer(*net_.module, config_.train); }
-  void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
-  void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
 
   int64_t block_length() const override { return 1; }  // one pair per example
   DataRestart data_restart() const override { return DataRestart::kExamples; }
-  void init_state(int64_t) override {}
-  void reset_train_state() override {}
-  void save_state(CheckpointWriter&, const std::function<torch::Tensor(const torch::Tensor&)>&) override {}
-  void load_state(const Checkpoint&, int64_t, int64_t, int64_t) override {}
 
   ExampleData open_examples(const std::string& path) override {
     data_ = std::make_unique<data::PairSet>(data::load_pairs(path, config_.data));
@@ -369,7 +362,6 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
   }
 
   models::Seq2SeqNet net_;
-  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<data::PairSet> data_;
   data::Vocab vocab_;
   double interval_tokens_ = 0;
@@ -380,9 +372,7 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
 
 std::unique_ptr<Family> make_seq2seq_family(const nlohmann::json& config, const std::string& origin,
                                             const std::vector<std::string>& overrides) {
-  Seq2SeqConfig c = seq2seq_config_from_json(config, origin);
-  apply_overrides(c, overrides);
-  return std::make_unique<Seq2SeqFamily>(std::move(c));
+  return configured_family<Seq2SeqFamily>(seq2seq_config_from_json(config, origin), overrides);
 }
 
 }  // namespace spanformer::train

@@ -43,16 +43,9 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
 
   void build() override { model_ = VitModel(config_.model); }
   torch::nn::Module& module() override { return *model_; }
-  void make_optimizers() override { optimizer_ = make_optimizer(*model_, config_.train); }
-  void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
-  void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }
 
   int64_t block_length() const override { return 1; }  // one image per example
   DataRestart data_restart() const override { return DataRestart::kExamples; }
-  void init_state(int64_t) override {}
-  void reset_train_state() override {}
-  void save_state(CheckpointWriter&, const std::function<torch::Tensor(const torch::Tensor&)>&) override {}
-  void load_state(const Checkpoint&, int64_t, int64_t, int64_t) override {}
 
   ExampleData open_examples(const std::string& path) override {
     data_ = std::make_unique<data::ImageSet>(data::load_image_set(path, config_.model.valid_images));
@@ -225,7 +218,6 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
   }
 
   VitModel model_{nullptr};
-  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<data::ImageSet> data_;
 };
 
@@ -233,9 +225,7 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
 
 std::unique_ptr<Family> make_vit_family(const nlohmann::json& config, const std::string& origin,
                                         const std::vector<std::string>& overrides) {
-  VitConfig c = vit_config_from_json(config, origin);
-  apply_overrides(c, overrides);
-  return std::make_unique<VitFamily>(std::move(c));
+  return configured_family<VitFamily>(vit_config_from_json(config, origin), overrides);
 }
 
 }  // namespace spanformer::train

@@ -228,7 +228,7 @@ class XlFamily : public ConfiguredFamily<XlConfig> {
   }
 
   XlModel model_{nullptr};
-  std::unique_ptr<Optimizer> optimizer_, arch_;
+  std::unique_ptr<Optimizer> arch_;  // the architecture weights' optimizer (search); optimizer_: the rest
   std::vector<torch::Tensor> mems_;
   int64_t streams_ = 0;
   double last_tau_ = 1.0;
@@ -318,9 +318,7 @@ void XlFamily::bench(const BenchRequest& r) {
 
 std::unique_ptr<Family> make_xl_family(const nlohmann::json& config, const std::string& origin,
                                        const std::vector<std::string>& overrides) {
-  XlConfig c = xl_config_from_json(config, origin);
-  apply_overrides(c, overrides);
-  return std::make_unique<XlFamily>(std::move(c));
+  return configured_family<XlFamily>(xl_config_from_json(config, origin), overrides);
 }
 
 }  // namespace spanformer::train
