@@ -96,9 +96,11 @@ EOF
     for run in "enwik8_small:" "bench_span8k:--span-dist bimodal"; do
       config=configs/${run%%:*}.json
       for impl in plain fused; do
-        step "bench ${run%%:*} $impl" 150 "$BUILD/spanformer" --device cuda bench -c "$config" --steps 10 --warmup 3 \
-          ${run#*:} --attn_impl="$impl"
-        grep -E "^bench:" "$LOG" | tail -2 | sed "s|^|${run%%:*} $impl: |" | tee -a "$FIG"
+        for amp in off bf16; do  # train.amp: fp32, and the forward under bf16 autocast
+          step "bench ${run%%:*} $impl amp $amp" 150 "$BUILD/spanformer" --device cuda bench -c "$config" --steps 10 \
+            --warmup 3 ${run#*:} --attn_impl="$impl" --amp="$amp"
+          grep -E "^bench:" "$LOG" | tail -2 | sed "s|^|${run%%:*} $impl amp $amp: |" | tee -a "$FIG"
+        done
       done
     done
     ;;

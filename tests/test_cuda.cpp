@@ -328,3 +328,42 @@ TEST(GptCuda, TrainingStepsMatchTheCpu) {
     });
   }
 }
+
+// train.amp = bf16 on CUDA through the runner (tests/util.h, expect_bf16_run): a small GPT with flash
+// attention on both paths (fused: the CUDA kernels reading bf16) and the adaptive-span model, within 3%
+// of the float32 run's losses, float32 weights in the checkpoint.
+TEST(MixedPrecisionCuda, Bf16RunsStayCloseToFloat32) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  tu::TempDir tmp;
+  tu::prepare_dickens_slice(tmp.path(), 30000);
+  for (auto impl : {attention::AttnImpl::kPlain, attention::AttnImpl::kFused}) {
+    SCOPED_TRACE(attention::attn_impl_name(impl));
+    GptConfig c = tu::tiny_gpt(attention::CausalKind::kFlash, 64);
+    c.model.vocab_size = 0;
+    c.model.d_model = 64;  // heads of 32
+    c.model.attn_impl = impl;
+    c.train.data = tmp.path();
+    c.train.device = "cuda";
+    c.train.batch_size = 8;
+    c.train.nb_steps = 30;
+    c.train.lr = 3e-3;
+    c.train.lr_warmup = 5;
+    c.train.eval_interval = 15;
+    c.train.eval_blocks = 2;
+    tu::expect_bf16_run(to_json(c), tmp.file(std::string("gpt_") + attention::attn_impl_name(impl)), -1, 0.03);
+  }
+  Config a;
+  a.model.nb_layers = 2;
+  a.model.hidden_size = 64;
+  a.model.inner_hidden_size = 128;
+  a.model.nb_heads = 2;
+  a.model.attn_span = 64;
+  a.model.block_size = 32;
+  a.train.data = tmp.path();
+  a.train.device = "cuda";
+  a.train.batch_size = 8;
+  a.train.nb_steps = 30;
+  a.train.eval_interval = 15;
+  a.train.eval_blocks = 2;
+  tu::expect_bf16_run(to_json(a), tmp.file("adaptive_span"), -1, 0.03);
+}

@@ -418,6 +418,23 @@ TEST(GptConfig, NonsenseValuesAreRefusedNamingTheKey) {
   EXPECT_EQ(bad({}), "");
 }
 
+// A small GPT of one attention training on `data` (bytes): dropout on, random contexts.
+GptConfig training_gpt(attention::CausalKind kind, const std::string& data, int64_t steps, int64_t interval) {
+  GptConfig c = tiny_gpt(kind, 32);
+  c.model.vocab_size = 0;
+  c.model.d_model = 32;
+  c.model.dropout = 0.1;
+  c.train.data = data;
+  c.train.batch_size = 8;
+  c.train.nb_steps = steps;
+  c.train.lr_warmup = 5;
+  c.train.lr = 3e-3;
+  c.train.eval_interval = interval;
+  c.train.eval_blocks = 2;
+  c.train.threads = 2;
+  return c;
+}
+
 // Every attention trains on the engine: the loss falls on real text, and a stopped + resumed run
 // (dropout on, random contexts) ends bit for bit where an uninterrupted one does.
 TEST(GptTraining, EveryAttentionLearnsAndResumesBitForBit) {
@@ -425,23 +442,23 @@ TEST(GptTraining, EveryAttentionLearnsAndResumesBitForBit) {
   tu::prepare_dickens_slice(tmp.path(), 30000);
   for (auto kind : kAllKinds) {
     SCOPED_TRACE(attention::causal_kind_name(kind));
-    GptConfig c = tiny_gpt(kind, 32);
-    c.model.vocab_size = 0;
-    c.model.d_model = 32;
-    c.model.dropout = 0.1;
-    c.train.data = tmp.path();
-    c.train.batch_size = 8;
-    c.train.nb_steps = 100;
-    c.train.lr_warmup = 5;
-    c.train.lr = 3e-3;
-    c.train.eval_interval = 50;
-    c.train.eval_blocks = 2;
-    c.train.threads = 2;
+    const GptConfig c = training_gpt(kind, tmp.path(), 100, 50);
     const std::string name = attention::causal_kind_name(kind);
     auto full = tu::run_family(to_json(c), tmp.file(name + "_a"));
     EXPECT_LT(full.last_valid, 4.7) << "bits per byte after 100 steps";  // uniform over ~80 bytes: 6.3, unigram ~4.4
     tu::run_family(to_json(c), tmp.file(name + "_b"), false, 37);
     tu::run_family(to_json(c), tmp.file(name + "_b"), true);
     tu::expect_same_checkpoint(tmp.file(name + "_a/checkpoint.pt"), tmp.file(name + "_b/checkpoint.pt"));
+  }
+}
+
+// train.amp = bf16 (tests/util.h) with every attention.
+TEST(GptTraining, MixedPrecisionBf16TrainsEveryAttentionAndResumesBitForBit) {
+  tu::TempDir tmp;
+  tu::prepare_dickens_slice(tmp.path(), 30000);
+  for (auto kind : kAllKinds) {
+    SCOPED_TRACE(attention::causal_kind_name(kind));
+    tu::expect_bf16_run(to_json(training_gpt(kind, tmp.path(), 30, 15)),
+                        tmp.file(attention::causal_kind_name(kind)), 17, 0.03);
   }
 }

@@ -541,6 +541,19 @@ nlohmann::json tiny_run(const std::string& data) {
   return to_json(c);
 }
 
+// train.amp = bf16 (tests/util.h): the Transformer and a recurrent kind with attention.
+TEST(Seq2SeqTraining, MixedPrecisionBf16TrainsAndResumesBitForBit) {
+  for (auto kind : {Seq2SeqKind::kTransformer, Seq2SeqKind::kBahdanau}) {
+    SCOPED_TRACE(seq2seq_kind_name(kind));
+    tu::TempDir dir;
+    const std::string data = dir.path() + "/pairs.txt";
+    tu::write_text(data, pairs_text(400, 7));
+    auto config = tiny_run(data);
+    config["model"]["kind"] = seq2seq_kind_name(kind);
+    tu::expect_bf16_run(config, dir.path(), 5, 0.03);
+  }
+}
+
 // Under both tokenizers (the subword model is learned again by the resumed run: it must be the same).
 TEST(Seq2SeqTraining, ResumedRunEndsWhereAnUninterruptedOneDoes) {
   for (auto tokenizer : {data::Tokenizer::kWords, data::Tokenizer::kSentencePiece}) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "spanformer/util/torch_compat.h"
 #include "spanformer/train/checkpoint.h"
 #include "spanformer/train/adaptive_span.h"
 #include "spanformer/train/runner.h"
@@ -162,6 +163,37 @@ TEST(Training, ResumeContinuesBitForBit) {
   for (size_t i = 0; i < log.size(); ++i) {
     EXPECT_EQ(log[i]["step"], 10 * (i + 1));
     EXPECT_EQ(log[i]["valid_bpc"], read_log(tmp.file("a/log.jsonl"))[i]["valid_bpc"]);
+  }
+}
+
+// The guard train.amp uses: matrix products in bf16 inside, float32 again after, nested guards too.
+TEST(Training, AutocastGuardCastsMatrixProductsAndRestores) {
+  auto a = torch::randn({4, 4});
+  {
+    compat::AutocastGuard outer(c10::DeviceType::CPU, at::kBFloat16);
+    EXPECT_EQ(torch::mm(a, a).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(compat::autocast_dtype(c10::DeviceType::CPU), at::kBFloat16);
+    {
+      compat::AutocastGuard inner(c10::DeviceType::CPU, at::kBFloat16);
+      EXPECT_EQ(torch::mm(a, a).scalar_type(), at::kBFloat16);
+    }
+    EXPECT_EQ(torch::mm(a, a).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(torch::mm(a, a).scalar_type(), at::kFloat);
+  EXPECT_FALSE(compat::autocast_dtype(c10::DeviceType::CPU).has_value());
+}
+
+// train.amp = bf16 with the span-aware attention on both of its paths (tests/util.h, expect_bf16_run).
+TEST(Training, MixedPrecisionBf16TrainsAndResumesBitForBit) {
+  for (auto impl : {attention::AttnImpl::kPlain, attention::AttnImpl::kFused}) {
+    SCOPED_TRACE(attention::attn_impl_name(impl));
+    tu::TempDir tmp;
+    tu::prepare_dickens_slice(tmp.path(), 12000);
+    Config config = tiny(tmp.path());
+    config.model.attn_impl = impl;
+    config.train.nb_steps = 30;
+    config.train.eval_interval = 15;
+    tu::expect_bf16_run(to_json(config), tmp.path(), 17, 0.03);
   }
 }
 

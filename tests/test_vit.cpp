@@ -163,6 +163,17 @@ TEST(VitModel, AttentionRolloutMatchesItsClosedForm) {
   EXPECT_LT((one.flatten() - a.mean(1)[0][0].narrow(0, 1, N - 1) / 2).abs().max().item<double>(), 1e-15);
 }
 
+// train.amp = bf16 (tests/util.h): patch convolution, encoder, classifier.
+TEST(VitTraining, MixedPrecisionBf16TrainsAndResumesBitForBit) {
+  if (!std::filesystem::exists(kFashion)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  tu::TempDir tmp;
+  write_fashion_slice(tmp.path(), 600, 100);
+  VitConfig c = tiny_vit(tmp.path());
+  c.train.nb_steps = 20;
+  c.train.eval_interval = 10;
+  tu::expect_bf16_run(to_json(c), tmp.path(), 13, 0.03);
+}
+
 TEST(VitTraining, LearnsFashionMnistAndResumesBitForBit) {
   if (!std::filesystem::exists(kFashion)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   tu::TempDir tmp;

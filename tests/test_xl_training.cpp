@@ -158,8 +158,8 @@ XlConfig run_config(const std::string& data, bool search) {
   return c;
 }
 
-TEST(XlTraining, ResumedRunContinuesBitForBitAndTheLossFalls) {
-  tu::TempDir dir;
+// A periodic word text prepared into dir/data (train; valid = test = its first 400 bytes).
+void prepare_periodic_words(const tu::TempDir& dir) {
   data::WordPrepareOptions o;
   std::string text;
   for (int i = 0; i < 60; ++i) text += "the cat sat on the mat and the dog sat on the log\n";
@@ -167,6 +167,18 @@ TEST(XlTraining, ResumedRunContinuesBitForBitAndTheLossFalls) {
   o.valid = write_text(dir, "valid", text.substr(0, 400));
   o.test = o.valid;
   data::prepare_words(o, dir.file("data"));
+}
+
+// train.amp = bf16 (tests/util.h): relative attention with memories, the adaptive softmax in fp32.
+TEST(XlTraining, MixedPrecisionBf16TrainsAndResumesBitForBit) {
+  tu::TempDir dir;
+  prepare_periodic_words(dir);
+  tu::expect_bf16_run(to_json(run_config(dir.file("data"), false)), dir.path(), 3, 0.03);
+}
+
+TEST(XlTraining, ResumedRunContinuesBitForBitAndTheLossFalls) {
+  tu::TempDir dir;
+  prepare_periodic_words(dir);
   auto run = [](const XlConfig& c, const std::string& out, bool resume, int64_t stop_after) {
     return tu::run_family(to_json(c), out, resume, stop_after);
   };

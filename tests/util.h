@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -132,6 +133,35 @@ inline spanformer::train::RunResult run_family(const nlohmann::json& config, con
   o.progress = false;
   o.stop_after = stop_after;
   return spanformer::train::run_training(*family, o);
+}
+
+// Mixed precision on the engine (train.amp = bf16, set here on `config`): the run's losses differ from
+// the float32 run's (autocast acted) but stay within `tolerance` relative of them, its checkpoint keeps
+// float32 weights (the master copy), and stopped at `stop_after` and resumed it ends bit for bit where
+// the uninterrupted bf16 run ends (stop_after < 0: not checked, for devices whose kernels sum in a
+// varying order).
+inline void expect_bf16_run(nlohmann::json config, const std::string& dir, int64_t stop_after, double tolerance) {
+  const auto fp32 = run_family(config, dir + "/fp32");
+  config["train"]["amp"] = "bf16";
+  const auto bf16 = run_family(config, dir + "/bf16");
+  for (auto [a, b, what] : {std::tuple{fp32.last_train, bf16.last_train, "train"}, std::tuple{fp32.last_valid, bf16.last_valid, "valid"}}) {
+    std::printf("measured: %s %s float32 %.6f, bf16 %.6f (%+.2f%%)\n", what, fp32.unit.c_str(), a, b, 100 * (b - a) / a);
+    EXPECT_NE(a, b) << what << ": the bf16 run computed exactly the float32 run's figure";
+    EXPECT_NEAR(b, a, tolerance * std::abs(a)) << what << " (" << fp32.unit << ")";
+  }
+  spanformer::train::Checkpoint checkpoint(dir + "/bf16/checkpoint.pt");
+  const auto manifest = nlohmann::json::parse(checkpoint.text("manifest"));
+  int weights = 0;
+  for (const auto& item : manifest.items())
+    if (item.key().rfind("model.", 0) == 0) {
+      EXPECT_EQ(checkpoint.tensor(item.key()).scalar_type(), at::kFloat) << item.key();
+      ++weights;
+    }
+  EXPECT_GT(weights, 0);
+  if (stop_after < 0) return;
+  run_family(config, dir + "/split", false, stop_after);
+  run_family(config, dir + "/split", true);
+  expect_same_checkpoint(dir + "/bf16/checkpoint.pt", dir + "/split/checkpoint.pt");
 }
 
 inline void prepare_dickens_slice(const std::string& dir, int64_t bytes) {

@@ -87,16 +87,18 @@ int64_t causal_band(const CausalSpec& spec, int64_t keys) {
 
 at::Tensor causal_weights(const CausalSpec& spec, const at::Tensor& qpos, const at::Tensor& kpos, at::ScalarType dtype,
                           const at::Tensor& heads) {
-  auto distance = (qpos - kpos + 1).to(dtype);  // (n, c)
   auto causal = kpos <= qpos;                    // (n, c)
   switch (spec.kind) {
     case CausalKind::kLsh: fail("causal attention: lsh has no fixed pattern of weights");
     case CausalKind::kDense:
     case CausalKind::kFlash: return causal.to(dtype).unsqueeze(0);
     case CausalKind::kWindow: return (causal & (qpos - kpos < spec.window)).to(dtype).unsqueeze(0);
-    case CausalKind::kAdaptiveSpan:  // (K, n, c); L is a hard limit as in the paper (distances 1..L)
-      return (heads.defined() ? spec.span->mask_at(distance, heads) : spec.span->mask_at(distance)) *
-             (causal & (qpos - kpos < spec.span->options().attn_span())).to(dtype);
+    case CausalKind::kAdaptiveSpan: {  // (K, n, c); L is a hard limit as in the paper (distances 1..L)
+      // In the spans' dtype (float32 under mixed precision: bf16 holds integers exactly only up to 256).
+      auto d = (qpos - kpos + 1).to(spec.span->span_ratio.scalar_type());
+      auto m = heads.defined() ? spec.span->mask_at(d, heads) : spec.span->mask_at(d);
+      return (m * (causal & (qpos - kpos < spec.span->options().attn_span())).to(m.scalar_type())).to(dtype);
+    }
     case CausalKind::kSparseStrided:
     case CausalKind::kSparseFixed: {
       const int64_t l = spec.stride;

@@ -40,6 +40,14 @@ Schedule parse_schedule(const std::string& name) {
   fail("scheduler must be constant, cosine or inverse_sqrt (got '{}')", name);
 }
 
+const char* amp_name(Amp amp) { return amp == Amp::kBf16 ? "bf16" : "off"; }
+
+Amp parse_amp(const std::string& name) {
+  if (name == "off") return Amp::kOff;
+  if (name == "bf16") return Amp::kBf16;
+  fail("amp must be off or bf16 (got '{}')", name);
+}
+
 TrainConfig xl_train_defaults() {
   TrainConfig t;
   t.batch_size = 22;
@@ -151,6 +159,8 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("threads", &C::threads, "0 = all cores"),
       field("eval_batch_size", &C::eval_batch_size, "streams of the full evaluation"),
       field("device", &C::device, "cpu | cuda | cuda:N"),
+      enum_field("amp", &C::amp, parse_amp, amp_name,
+                 "off | bf16: training forward under bf16 autocast; weights, optimizer and loss in fp32"),
       field("dist_timeout", &C::dist_timeout, "seconds a rank waits for the others (multi-process runs)"),
       field("dist_backend", &C::dist_backend, "auto (gloo on CPU, nccl on CUDA) | gloo | nccl"),
       field("dist_bucket_kb", &C::dist_bucket_kb, "gradient buckets all-reduced during backward (0 = one bucket after it)"),

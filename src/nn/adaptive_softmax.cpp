@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/precision.h"
 
 namespace spanformer::nn {
 namespace {
@@ -120,7 +121,7 @@ std::pair<torch::Tensor, torch::Tensor> AdaptiveLogSoftmaxImpl::layer(int64_t i)
 torch::Tensor AdaptiveLogSoftmaxImpl::logits(const torch::Tensor& hidden, int64_t i) const {
   auto h = projs[i].defined() ? torch::matmul(hidden, projs[i]) : hidden;  // (N, P) -> (N, E_i)
   auto [w, b] = layer(i);
-  return torch::addmm(b, h, w.t());                                        // (N, V_i (+ n))
+  return widen_reduced(torch::addmm(b, h, w.t()));                         // (N, V_i (+ n)); fp32 under autocast
 }
 
 torch::Tensor AdaptiveLogSoftmaxImpl::nll(const torch::Tensor& hidden, const torch::Tensor& target) const {

@@ -1,5 +1,6 @@
 // Entry point of the adaptive-span attention op: argument checks once, then the CPU kernel (fused,
 // hand-written backward), the CUDA kernel, or the reference composition for other devices.
+#include "op_autocast.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 
 #include <ATen/ATen.h>
@@ -63,10 +64,14 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(span_ratio.dim() == 1 && span_ratio.size(0) == K, "adaptive_span_attention: span_ratio must be (K)");
   TORCH_CHECK(o.ramp > 0, "adaptive_span_attention: ramp must be positive");
   TORCH_CHECK(o.dropout >= 0 && o.dropout < 1, "adaptive_span_attention: dropout must be in [0, 1)");
-  for (const auto* t : {&k, &v, &key_pe, &span_ratio}) {
+  for (const auto* t : {&k, &v, &key_pe}) {
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
                 "adaptive_span_attention: all inputs must share dtype and device");
   }
+  // The spans may stay float32 beside bf16 / fp16 inputs (mixed precision): z = ratio L needs its bits.
+  TORCH_CHECK(span_ratio.device() == q.device() &&
+                  (span_ratio.scalar_type() == q.scalar_type() || span_ratio.scalar_type() == at::kFloat),
+              "adaptive_span_attention: all inputs must share dtype and device");
 }
 
 // Autograd wrapper of the CPU kernel: saves the inputs and, when a gradient is needed, the softmax p
@@ -108,9 +113,11 @@ class SpanAttentionCpuFunction : public torch::autograd::Function<SpanAttentionC
 
 }  // namespace
 
-at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& key_pe, const at::Tensor& span_ratio,
+at::Tensor adaptive_span_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                   const at::Tensor& key_pe_in, const at::Tensor& span_ratio,
                                    const SpanAttentionOptions& options) {
+  const OpAutocast cast(q_in);  // train.amp: the op's own compute dtype (op_autocast.h); the spans stay as they are
+  const auto q = cast(q_in), k = cast(k_in), v = cast(v_in), key_pe = cast(key_pe_in);
   check_arguments(q, k, v, key_pe, span_ratio, options);
   const bool grad_needed = q.requires_grad() || k.requires_grad() || v.requires_grad() || key_pe.requires_grad() ||
                            span_ratio.requires_grad();
@@ -130,15 +137,17 @@ at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, con
   return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, options);
 }
 
-at::Tensor adaptive_span_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             const at::Tensor& key_pe, const at::Tensor& span_ratio,
+at::Tensor adaptive_span_attention_reference(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                             const at::Tensor& key_pe_in, const at::Tensor& span_ratio,
                                              const SpanAttentionOptions& o) {
+  const OpAutocast cast(q_in);
+  const auto q = cast(q_in), k = cast(k_in), v = cast(v_in), key_pe = cast(key_pe_in);
   check_arguments(q, k, v, key_pe, span_ratio, o);
   const int64_t B = q.size(0), K = q.size(1), M = q.size(2), D = q.size(3), W = k.size(2) - M, L = o.attn_span;
   auto scores = unskew(at::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, W)
   scores = (scores + at::matmul(q, key_pe.narrow(1, L - W, W))) / std::sqrt(double(D));
   auto p = at::softmax(scores, -1);                                                 // (B, K, M, W)
-  auto distance_minus_one = at::arange(W - 1, -1, -1, q.options());                 // (W), column c = distance W - c
+  auto distance_minus_one = at::arange(W - 1, -1, -1, span_ratio.options());        // (W), column c = distance W - c (the spans' dtype: exact integers)
   auto m = ((span_ratio * double(L)).view({K, 1, 1}) - distance_minus_one) / o.ramp + 1.0;
   auto w = p * m.clamp(0.0, 1.0);                                                   // (B, K, M, W)
   auto a = w / (w.sum(-1, /*keepdim=*/true) + 1e-8);
@@ -151,7 +160,7 @@ at::Tensor adaptive_span_attention_reference(const at::Tensor& q, const at::Tens
           for (int64_t c = 0; c < W; ++c) acc[b][h][i][c] = dropout_keep(o.seed, b, h, i, W - c, o.dropout) ? 1.0 : 0.0;
     a = a * keep.to(q.options()) / (1.0 - o.dropout);
   }
-  return at::matmul(skew(a), v);                                                    // (B, K, M, D)
+  return at::matmul(skew(a.to(v.scalar_type())), v);                               // (B, K, M, D)
 }
 
 }  // namespace spanformer::ops

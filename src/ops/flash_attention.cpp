@@ -14,6 +14,7 @@
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/util/error.h"
 #include "dropout_hash.h"
+#include "op_autocast.h"
 
 namespace spanformer::ops {
 
@@ -178,7 +179,9 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 
 }  // namespace
 
-at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions o) {
+at::Tensor flash_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, FlashOptions o) {
+  const OpAutocast cast(q_in);  // train.amp: the op's own compute dtype (op_autocast.h)
+  const auto q = cast(q_in), k = cast(k_in), v = cast(v_in);
   check(q, k, v, o);
   if (o.band == 0 || o.band > k.size(2)) o.band = k.size(2);
   if (o.training && o.dropout > 0 && o.seed == 0) o.seed = draw_dropout_seed();
@@ -188,8 +191,10 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return FlashFunction::apply(q, k, v, o.band, o.dropout, o.training, static_cast<int64_t>(o.seed), o.tile);
 }
 
-at::Tensor flash_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+at::Tensor flash_attention_reference(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                      const FlashOptions& options) {
+  const OpAutocast cast(q_in);
+  const auto q = cast(q_in), k = cast(k_in), v = cast(v_in);
   check(q, k, v, options);
   FlashOptions o = options;
   if (o.band == 0 || o.band > k.size(2)) o.band = k.size(2);

@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "op_autocast.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer::ops {
@@ -93,7 +94,10 @@ at::Tensor lsh_buckets(const at::Tensor& q, const at::Tensor& rot, int64_t bucke
   return result;
 }
 
-at::Tensor lsh_attention_reference(const at::Tensor& q, const at::Tensor& v, const at::Tensor& rot, const LshOptions& o) {
+at::Tensor lsh_attention_reference(const at::Tensor& q_in, const at::Tensor& v_in, const at::Tensor& rot_in,
+                                   const LshOptions& o) {
+  const OpAutocast cast(q_in);  // train.amp: the op's own compute dtype (op_autocast.h)
+  const auto q = cast(q_in), v = cast(v_in), rot = cast(rot_in);
   check(q, v, rot, o);
   const auto order = sort_rounds(q, rot, o.buckets);
   auto s = at::matmul(q, unit(q).transpose(-1, -2)).unsqueeze(2) / std::sqrt(static_cast<double>(q.size(3)));  // (B, K, 1, N, N)
@@ -105,7 +109,9 @@ at::Tensor lsh_attention_reference(const at::Tensor& q, const at::Tensor& v, con
   return combine_rounds(at::matmul(a, v.unsqueeze(2)), lse);    // (B, K, N, D)
 }
 
-at::Tensor lsh_attention(const at::Tensor& q, const at::Tensor& v, const at::Tensor& rot, const LshOptions& o) {
+at::Tensor lsh_attention(const at::Tensor& q_in, const at::Tensor& v_in, const at::Tensor& rot_in, const LshOptions& o) {
+  const OpAutocast cast(q_in);
+  const auto q = cast(q_in), v = cast(v_in), rot = cast(rot_in);
   check(q, v, rot, o);
   const int64_t B = q.size(0), K = q.size(1), N = q.size(2), D = q.size(3), R = rot.size(1), m = o.chunk;
   const int64_t nc = (N + m - 1) / m, Np = nc * m;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <tuple>
 #include <random>
 #include <sstream>
 
@@ -21,7 +23,9 @@
 #include "spanformer/models/sampling.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/precision.h"
 #include "spanformer/util/runtime.h"
+#include "spanformer/util/torch_compat.h"
 #include "spanformer/version.h"
 #include "spanformer/viz/heatmap.h"
 
@@ -185,9 +189,16 @@ torch::Tensor accumulate_gradients(int64_t streams, int64_t split, std::vector<t
   for (int64_t s = 0; s < split; ++s) {
     std::vector<torch::Tensor> part_state;
     for (auto& t : state) part_state.push_back(t.narrow(0, s * part, part));  // (B/split, T, H)
-    auto [nll, loss] = group_loss(s * part, part, part_state);
+    torch::Tensor nll, loss;
+    {  // train.amp: the forward under autocast, the backward (and everything after) outside it
+      std::optional<compat::AutocastGuard> autocast;
+      if (ctx.amp == Amp::kBf16) autocast.emplace(ctx.device_type, at::kBFloat16);
+      std::tie(nll, loss) = group_loss(s * part, part, part_state);
+    }
+    for (size_t l = 0; l < state.size(); ++l)  // carried state keeps its dtype (autocast may narrow it)
+      if (part_state[l].scalar_type() != state[l].scalar_type()) part_state[l] = part_state[l].to(state[l].scalar_type());
     if (s == split - 1) ctx.before_last_backward();
-    (loss / static_cast<double>(split)).backward();
+    (widen_reduced(loss) / static_cast<double>(split)).backward();
     auto mean = nll.detach().to(torch::kFloat) / static_cast<double>(split);
     loss_sum = loss_sum.defined() ? loss_sum + mean : mean;
     for (size_t l = 0; l < state.size(); ++l) next[l].push_back(part_state[l]);

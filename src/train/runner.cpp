@@ -251,6 +251,8 @@ RunResult run_training(Family& family, const RunOptions& options) {
     ctx.lr = learning_rate(tc, ctx.step);
     ctx.group = group;
     ctx.reducer = reducer.get();
+    ctx.amp = tc.amp;
+    ctx.device_type = device.type();
     torch::Tensor x, y;  // (b, e + M)
     if (examples) {
       // Batch j of epoch e (drop-last epochs): a permutation drawn from (seed, e) alone.

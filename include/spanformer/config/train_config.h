@@ -19,11 +19,17 @@ namespace spanformer {
 
 enum class OptimKind { kAdagrad, kSgd, kAdam, kAdamW };
 enum class Schedule { kConstant, kCosine, kInverseSqrt };
+// Mixed precision (train/family.h, accumulate_gradients): the forward of each training step under
+// autocast to bfloat16 (matrix products in bf16), the weights, their gradients, the optimizer and the
+// loss in float32. No fp16: it would need loss scaling, which bf16's float32 range makes unnecessary.
+enum class Amp { kOff, kBf16 };
 
 const char* optim_name(OptimKind kind);
 OptimKind parse_optim(const std::string& name);  // one-line error naming the choices
 const char* schedule_name(Schedule schedule);
 Schedule parse_schedule(const std::string& name);
+const char* amp_name(Amp amp);
+Amp parse_amp(const std::string& name);
 
 struct TrainConfig {
   std::string data;                // prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)
@@ -46,6 +52,7 @@ struct TrainConfig {
   int64_t threads = 0;             // 0 = all cores
   int64_t eval_batch_size = 8;     // streams of the full evaluation
   std::string device = "cpu";      // cpu | cuda | cuda:N
+  Amp amp = Amp::kOff;             // off | bf16: training forward under bf16 autocast, fp32 weights and loss
   double dist_timeout = 300;       // seconds a rank waits for the others (multi-process runs)
   std::string dist_backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
   int64_t dist_bucket_kb = 1024;   // gradient buckets all-reduced during backward (0 = one bucket after it)

@@ -37,6 +37,8 @@ struct StepContext {
   double lr = 0;           // learning rate of this update (config/train_config.h)
   dist::Group* group = nullptr;
   dist::GradientReducer* reducer = nullptr;
+  Amp amp = Amp::kOff;                                // train.amp: the forward under autocast
+  c10::DeviceType device_type = c10::DeviceType::CPU;  // the device autocast applies to
   // The family calls this just before the backward pass that completes the gradients, and
   // reduce_gradients() after it: the gradients are then the mean over every process's streams.
   void before_last_backward() const;

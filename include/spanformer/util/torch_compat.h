@@ -6,9 +6,11 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <optional>
 #include <string>
 
 // c10d's Gloo backend: Debian's LibTorch ships gloo's headers; PyTorch's wheels (LibTorch 2.x on the GPU
@@ -47,5 +49,60 @@ inline void set_generator_state(c10::DeviceType type, const at::Tensor& state) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
+
+// The dtype autocast casts to on this device type when a region is active there; nullopt otherwise.
+inline std::optional<at::ScalarType> autocast_dtype(c10::DeviceType type) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  if (!at::autocast::is_autocast_enabled(type)) return std::nullopt;
+  return at::autocast::get_autocast_dtype(type);
+#else
+  if (type == c10::DeviceType::CPU)
+    return at::autocast::is_cpu_enabled() ? std::optional<at::ScalarType>(at::autocast::get_autocast_cpu_dtype()) : std::nullopt;
+  if (type == c10::DeviceType::CUDA)
+    return at::autocast::is_enabled() ? std::optional<at::ScalarType>(at::autocast::get_autocast_gpu_dtype()) : std::nullopt;
+  return std::nullopt;
+#endif
+}
+
+// Autocast of one device type (CPU or CUDA) to `dtype` while the guard lives, as Python's
+// torch.autocast(device_type, dtype) does; the previous state comes back at the end and the cast cache is
+// cleared when the outermost guard ends. LibTorch 2.4 made the state per device type.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType type, at::ScalarType dtype) : type_(type) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    enabled_ = at::autocast::is_autocast_enabled(type);
+    dtype_ = at::autocast::get_autocast_dtype(type);
+    at::autocast::set_autocast_enabled(type, true);
+    at::autocast::set_autocast_dtype(type, dtype);
+#else
+    TORCH_CHECK(type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA, "autocast: CPU or CUDA only");
+    const bool cpu = type == c10::DeviceType::CPU;
+    enabled_ = cpu ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+    dtype_ = cpu ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+    cpu ? at::autocast::set_cpu_enabled(true) : at::autocast::set_enabled(true);
+    cpu ? at::autocast::set_autocast_cpu_dtype(dtype) : at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(type_, enabled_);
+    at::autocast::set_autocast_dtype(type_, dtype_);
+#else
+    const bool cpu = type_ == c10::DeviceType::CPU;
+    cpu ? at::autocast::set_cpu_enabled(enabled_) : at::autocast::set_enabled(enabled_);
+    cpu ? at::autocast::set_autocast_cpu_dtype(dtype_) : at::autocast::set_autocast_gpu_dtype(dtype_);
+#endif
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType type_;
+  bool enabled_ = false;
+  at::ScalarType dtype_ = at::kFloat;
+};
 
 }  // namespace spanformer::compat

@@ -6,6 +6,7 @@
 // gradients are averaged over processes, the optimizer steps, spans are clamped to [0, 1].
 // Validation: eval_blocks blocks of the valid streams, continuing the stream and its caches from one
 // interval to the next (the reference's rule). Evaluation: train/evaluate.h.
+#include "spanformer/util/precision.h"
 #include "spanformer/train/adaptive_span.h"
 
 #include "families.h"
@@ -34,7 +35,7 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
   optimizer.zero_grad();
   auto loss = accumulate_gradients(x.size(0), batch_split, caches, ctx, model->parameters(),
                                    [&](int64_t first, int64_t count, std::vector<torch::Tensor>& part) {
-                                     auto logits = model->logits(model->forward(x.narrow(0, first, count), part));  // (b, M, V)
+                                     auto logits = widen_reduced(model->logits(model->forward(x.narrow(0, first, count), part)));  // (b, M, V)
                                      auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                                                           y.narrow(0, first, count).reshape({-1}));
                                      return std::pair{nll, nll + model->span_loss()};
@@ -224,8 +225,7 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
   make_optimizers();
   const int64_t B = config_.train.batch_size, M = config_.model.block_size, V = config_.model.vocab_size;
   init_state(B);
-  StepContext ctx;
-  ctx.lr = 1e-9;
+  const StepContext ctx = bench_context(config_.train, r.device);
   const double per_step = time_steps(r, [&] {
     auto x = torch::randint(V, {B, M}, torch::kLong).to(device());
     auto y = torch::randint(V, {B, M}, torch::kLong).to(device());

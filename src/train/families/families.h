@@ -61,6 +61,16 @@ std::unique_ptr<Family> make_seq2seq_family(const nlohmann::json& config, const 
 // (unknown words become <unk> when the vocabulary has it, else are skipped). Never empty: <eos> or id 0.
 std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& prompt);
 
+// The step context of `spanformer bench`'s training steps: a negligible learning rate, and train.amp on
+// the request's device as the runner would set it.
+inline StepContext bench_context(const TrainConfig& train, torch::Device device) {
+  StepContext ctx;
+  ctx.lr = 1e-9;
+  ctx.amp = train.amp;
+  ctx.device_type = device.type();
+  return ctx;
+}
+
 // Runs warmup + steps calls of `step`, printing each one's time on stderr; returns the mean seconds
 // of the timed ones.
 double time_steps(const BenchRequest& request, const std::function<void()>& step);

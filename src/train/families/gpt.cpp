@@ -19,6 +19,7 @@
 
 #include <fmt/ranges.h>
 
+#include "spanformer/util/precision.h"
 #include "spanformer/config/gpt_config.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/models/gpt.h"
@@ -82,7 +83,7 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
     std::vector<torch::Tensor> no_state;
     auto loss = accumulate_gradients(x.size(0), config_.train.batch_split, no_state, ctx, model_->parameters(),
                                      [&](int64_t first, int64_t count, std::vector<torch::Tensor>&) {
-                                       auto logits = model_->logits(model_->forward(x.narrow(0, first, count)));  // (b, T, V)
+                                       auto logits = widen_reduced(model_->logits(model_->forward(x.narrow(0, first, count))));  // (b, T, V)
                                        auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                                                             y.narrow(0, first, count).reshape({-1}));
                                        return std::pair{nll, nll + model_->span_loss()};
@@ -244,8 +245,7 @@ void GptFamily::bench(const BenchRequest& r) {
                   {"attention", attention::causal_kind_name(c.attention)}});
     return;
   }
-  StepContext ctx;
-  ctx.lr = 1e-9;
+  const StepContext ctx = bench_context(config_.train, r.device);
   per_step = time_steps(r, [&] {
     auto x = torch::randint(V, {B, T}, torch::kLong).to(r.device);
     auto y = torch::randint(V, {B, T}, torch::kLong).to(r.device);

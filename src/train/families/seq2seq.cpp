@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "spanformer/util/precision.h"
 #include "spanformer/config/seq2seq_config.h"
 #include "spanformer/data/pairs.h"
 #include "spanformer/metrics/bleu.h"
@@ -126,7 +127,7 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
         [&](int64_t first, int64_t count, std::vector<torch::Tensor>&) {
           auto src = x.narrow(0, first, count), tgt = y.narrow(0, first, count);  // (b, S), (b, T + 1)
           auto logits = net_.model->translate_logits(src, lengths_of(src), tgt.narrow(1, 0, tgt.size(1) - 1));  // (b, T, Vt)
-          auto flat = logits.reshape({-1, Vt});
+          auto flat = widen_reduced(logits).reshape({-1, Vt});
           auto gold = tgt.narrow(1, 1, tgt.size(1) - 1).reshape({-1});  // (b T)
           auto smoothed = at::cross_entropy_loss(flat, gold, {}, at::Reduction::Mean, data::kPadId, config_.model.label_smoothing);
           torch::Tensor nll;
@@ -303,8 +304,7 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
     net_.module->to(r.device);
     make_optimizers();
     const int64_t B = config_.train.batch_size, N = config_.data.max_length;
-    StepContext ctx;
-    ctx.lr = 1e-9;
+    const StepContext ctx = bench_context(config_.train, r.device);
     const double per_step = time_steps(r, [&] {
       auto x = torch::randint(4, c.vocab_size, {B, N}, torch::kLong).to(r.device);
       auto y = torch::randint(4, c.target_vocab, {B, N + 2}, torch::kLong).to(r.device);

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "spanformer/util/precision.h"
 #include "spanformer/config/vit_config.h"
 #include "spanformer/data/idx.h"
 #include "spanformer/models/vit.h"
@@ -81,7 +82,7 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
     std::vector<torch::Tensor> no_state;
     auto loss = accumulate_gradients(x.size(0), config_.train.batch_split, no_state, ctx, model_->parameters(),
                                      [&](int64_t first, int64_t count, std::vector<torch::Tensor>&) {
-                                       auto logits = model_->forward(x.narrow(0, first, count));  // (b, C)
+                                       auto logits = widen_reduced(model_->forward(x.narrow(0, first, count)));  // (b, C)
                                        auto nll = torch::cross_entropy_loss(logits, y.narrow(0, first, count));
                                        return std::pair{nll, nll};
                                      });
@@ -181,8 +182,7 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
     model_->to(r.device);
     make_optimizers();
     const int64_t B = config_.train.batch_size;
-    StepContext ctx;
-    ctx.lr = 1e-9;
+    const StepContext ctx = bench_context(config_.train, r.device);
     const double per_step = time_steps(r, [&] {
       auto x = torch::randint(256, {B, c.image_size, c.image_size}, torch::kLong).to(torch::kUInt8).to(r.device);
       auto y = torch::randint(c.classes, {B}, torch::kLong).to(r.device);

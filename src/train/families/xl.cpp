@@ -268,8 +268,7 @@ void XlFamily::bench(const BenchRequest& r) {
     make_optimizers();
     const int64_t B = config_.train.batch_size, M = c.tgt_len;
     init_state(B);
-    StepContext ctx;
-    ctx.lr = 1e-9;
+    const StepContext ctx = bench_context(config_.train, r.device);
     const double per_step = time_steps(r, [&] {
       auto x = zipf_tokens(V, {B, M}, device()), y = zipf_tokens(V, {B, M}, device());
       step(x, y, ctx, arch_.get(), 1.0).item<double>();
