@@ -25,7 +25,8 @@ packages=(
   libsentencepiece-dev    # subword tokenisation of the translation pairs (seq2seq, by flag)
 )
 # Tests (Python checks use /usr/bin/python3; headless Chromium renders the run report), benchmarks.
-$tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch chromium)
+# libboost-context-dev: fibers for the CPU model of CUDA that runs the CUDA kernels in the tests.
+$tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch chromium libboost-context-dev)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

@@ -1,9 +1,6 @@
-// CUDA paths against the references (label cuda; skipped where no GPU is visible).
-//
-// Tolerances are relative to the error of the same-precision reference computed on the same device:
-// the double-precision reference composition on the CPU is the truth, and a CUDA result may be at most
-// a small multiple of the plain float32 (or bfloat16) composition's own distance from it. A kernel that
-// drops a term, reads the wrong key or leaves an output unwritten misses by orders of magnitude.
+// CUDA paths against the references (label cuda; skipped where no GPU is visible). The kernels' cases
+// and their measure (tests/kernel_cases.h) are shared with test_cuda_emulated.cpp, which runs the same
+// kernels on the CPU model of CUDA in every CI run; model-level CUDA runs are held to the CPU in double.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -23,6 +20,7 @@
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
 #include "gpt_util.h"
+#include "kernel_cases.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -31,82 +29,13 @@ namespace {
 
 using tu::max_diff;
 
-struct CudaOpCase {
-  int64_t B, K, M, W, D, L;
-  std::vector<double> spans;  // z per head, tokens
-  double dropout;
-};
-
-// The op's inputs (q, k, v, key_pe, span_ratio) in double on the CPU, fresh random values per case.
-std::vector<at::Tensor> op_inputs(const CudaOpCase& c, uint64_t seed) {
-  at::manual_seed(seed);
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  std::vector<double> ratios;
-  for (double z : c.spans) ratios.push_back(z / static_cast<double>(c.L));
-  return {at::randn({c.B, c.K, c.M, c.D}, o), at::randn({c.B, c.K, c.W + c.M, c.D}, o),
-          at::randn({c.B, c.K, c.W + c.M, c.D}, o), at::randn({c.D, c.L}, o), at::tensor(ratios, o)};
+// The op's CUDA path (the kernels for float32 / bfloat16 inputs).
+at::Tensor span_kernel(const tu::Inputs& in, const ops::SpanAttentionOptions& o) {
+  return ops::adaptive_span_attention(in[0], in[1], in[2], in[3], in[4], o);
 }
 
-ops::SpanAttentionOptions op_options(const CudaOpCase& c) {
-  ops::SpanAttentionOptions o;
-  o.attn_span = c.L;
-  o.ramp = 8;
-  o.dropout = c.dropout;
-  o.training = c.dropout > 0;
-  o.seed = 4321;
-  return o;
-}
-
-// Output and the gradients of sum(out * weights) with respect to every input.
-std::vector<at::Tensor> run_op(bool fused, const std::vector<at::Tensor>& inputs, const at::Tensor& weights,
-                               at::ScalarType dtype, at::Device device, const ops::SpanAttentionOptions& o) {
-  std::vector<at::Tensor> in;
-  for (const auto& t : inputs) in.push_back(t.to(device, dtype).requires_grad_(true));
-  {  // Poison the caching allocator's next blocks: an output element the kernel never writes shows as NaN.
-    auto poison = at::full({in[0].numel() * 4}, NAN, in[0].options().requires_grad(false));
-  }
-  auto out = fused ? ops::adaptive_span_attention(in[0], in[1], in[2], in[3], in[4], o)
-                   : ops::adaptive_span_attention_reference(in[0], in[1], in[2], in[3], in[4], o);
-  auto grads = torch::autograd::grad({(out.to(at::kDouble) * weights.to(device)).sum()}, in);
-  std::vector<at::Tensor> result = {out.detach()};
-  for (auto& g : grads) result.push_back(g);
-  return result;
-}
-
-// Output and gradients of one implementation (fused: the CUDA kernels; else the plain composition)
-// in one dtype on one device.
-using Run = std::function<std::vector<at::Tensor>(bool fused, at::ScalarType dtype, at::Device device)>;
-
-// Each output of the kernels on CUDA within `factor` times the same-dtype composition's own distance
-// from the double-precision CPU reference (relative to the largest magnitude of the reference).
-void expect_within_reference_error(const Run& run, const std::vector<std::string>& names, const std::string& label,
-                                   at::ScalarType dtype, double factor) {
-  const auto cuda = at::Device(at::kCUDA);
-  const auto truth = run(false, at::kDouble, at::kCPU);
-  const auto ref = run(false, dtype, cuda);
-  const auto fused = run(true, dtype, cuda);
-  for (size_t i = 0; i < truth.size(); ++i) {
-    ASSERT_FALSE(fused[i].isnan().any().item<bool>()) << names[i] << ": NaN (an unwritten element?)";
-    const double scale = std::max(1e-3, truth[i].abs().max().item<double>());
-    const double ref_error = max_diff(ref[i], truth[i]) / scale, fused_error = max_diff(fused[i], truth[i]) / scale;
-    // The floor: a few units in the last place of the dtype, where the reference happens to be exact.
-    const double floor = dtype == at::kFloat ? 1e-6 : 1e-2;
-    std::printf("measured: %s %-10s %s: kernel %.3g, plain composition %.3g\n", dtype == at::kFloat ? "fp32" : "bf16",
-                names[i].c_str(), label.c_str(), fused_error, ref_error);
-    EXPECT_LE(fused_error, factor * std::max(ref_error, floor))
-        << names[i] << ": kernel " << fused_error << ", plain composition " << ref_error << " (relative to max "
-        << scale << ")";
-  }
-}
-
-void expect_span_within_reference_error(const CudaOpCase& c, at::ScalarType dtype, double factor) {
-  const auto inputs = op_inputs(c, 11 + static_cast<uint64_t>(c.M));
-  const auto o = op_options(c);
-  const auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
-  const auto label = fmt::format("B{} K{} M{} W{} D{} dropout {}", c.B, c.K, c.M, c.W, c.D, c.dropout);
-  expect_within_reference_error(
-      [&](bool fused, at::ScalarType t, at::Device d) { return run_op(fused, inputs, weights, t, d, o); },
-      {"out", "q", "k", "v", "key_pe", "span_ratio"}, label, dtype, factor);
+at::Tensor flash_kernel(const tu::Inputs& in, const ops::FlashOptions& o) {
+  return ops::flash_attention(in[0], in[1], in[2], o);
 }
 
 // Losses and gradients (double, on the CPU) of a few training steps.
@@ -152,44 +81,41 @@ void expect_cuda_training_within_float32_error(
   }
 }
 
-// Spans away from the mask's kinks (z - (d - 1) = 0 or -R for an integer distance d): there a ratio
-// rounded to float32 or bfloat16 moves one distance in or out of the ramp, and the span gradient with it.
-const std::vector<CudaOpCase> kCases = {
-    {2, 2, 70, 40, 64, 100, {3.5, 90.0}, 0.0},          // M not a multiple of anything; spans short and long
-    {1, 3, 130, 64, 32, 64, {0.0, 20.25, 64.0}, 0.0},  // span 0, the whole window, D 32
-    {2, 2, 33, 30, 128, 30, {12.4, 2.3}, 0.0},          // D 128, window = L
-    {1, 2, 40, 48, 256, 48, {46.6, 5.3}, 0.0},          // D 256, the largest the kernel takes
-    {1, 2, 66, 20, 32, 40, {10.4, 30.0}, 0.3},          // dropout (same hash stream on every device)
-};
-
 }  // namespace
 
 TEST(SpanAttentionCuda, Float32WithinTheFloat32ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& c : kCases) {
-    SCOPED_TRACE(::testing::Message() << "B" << c.B << " K" << c.K << " M" << c.M << " W" << c.W << " D" << c.D);
+  for (const auto& c : tu::span_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
     // fp32 atomics accumulate the key-side gradients in another order than the composition's products.
-    expect_span_within_reference_error(c, at::kFloat, 4.0);
+    tu::expect_span_within_reference_error(c, at::kFloat, 4.0, at::Device(at::kCUDA), span_kernel);
   }
 }
 
 TEST(SpanAttentionCuda, BFloat16WithinTheBFloat16ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& c : kCases) {
-    SCOPED_TRACE(::testing::Message() << "B" << c.B << " K" << c.K << " M" << c.M << " W" << c.W << " D" << c.D);
+  for (const auto& c : tu::span_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
     // The kernel reads bf16 and accumulates in fp32; the composition rounds its scores and softmax to
     // bf16 as well, so the kernel is expected below it; 2x leaves room for the final rounding.
-    expect_span_within_reference_error(c, at::kBFloat16, 2.0);
+    tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), span_kernel);
   }
 }
 
 TEST(SpanAttentionCuda, DoubleFallsBackToTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const CudaOpCase c{1, 2, 20, 16, 32, 16, {4.0, 16.0}, 0.0};
-  const auto inputs = op_inputs(c, 3);
-  const auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
-  const auto truth = run_op(false, inputs, weights, at::kDouble, at::kCPU, op_options(c));
-  const auto gpu = run_op(true, inputs, weights, at::kDouble, at::Device(at::kCUDA), op_options(c));
+  const tu::SpanCase c{1, 2, 20, 16, 32, 16, {4.0, 16.0}, 0.0};
+  at::manual_seed(3);
+  auto o64 = at::TensorOptions().dtype(at::kDouble);
+  const tu::Inputs inputs = {at::randn({c.B, c.K, c.M, c.D}, o64), at::randn({c.B, c.K, c.W + c.M, c.D}, o64),
+                             at::randn({c.B, c.K, c.W + c.M, c.D}, o64), at::randn({c.D, c.L}, o64),
+                             at::tensor({4.0 / 16, 1.0}, o64)};
+  const auto weights = at::randn({c.B, c.K, c.M, c.D}, o64);
+  auto run = [&](at::Device d) {
+    const auto in = tu::inputs_on(inputs, at::kDouble, d);
+    return tu::output_and_gradients(span_kernel(in, tu::span_options(c)), in, weights);
+  };
+  const auto truth = run(at::kCPU), gpu = run(at::Device(at::kCUDA));
   for (size_t i = 0; i < truth.size(); ++i) EXPECT_LT(max_diff(gpu[i], truth[i]), 1e-10) << "output " << i;
 }
 
@@ -233,63 +159,18 @@ TEST(ModelCuda, TrainingStepsMatchTheCpu) {
   });
 }
 
-namespace {
-
-// Flash attention: q (B, K, N, D), k and v (B, K, C, D), the keys' band (0 = dense) and dropout.
-struct FlashCudaCase {
-  int64_t B, K, N, C, D, band;
-  double dropout;
-};
-
-const std::vector<FlashCudaCase> kFlashCases = {
-    {2, 3, 70, 70, 64, 0, 0.0},      // N not a multiple of the 8-row blocks or the 32-key tiles
-    {1, 2, 37, 100, 32, 0, 0.0},     // a KV cache: 63 earlier keys
-    {2, 2, 130, 130, 128, 17, 0.0},  // a sliding window of 17 keys
-    {1, 2, 40, 40, 256, 0, 0.0},     // D 256, the largest the kernels take
-    {1, 2, 66, 66, 48, 0, 0.3},      // dropout (the same hash stream as the CPU); D not a multiple of 32
-    {1, 1, 1, 50, 64, 0, 0.0},       // one query over a cache (generation)
-};
-
-void expect_flash_within_reference_error(const FlashCudaCase& c, at::ScalarType dtype, double factor) {
-  at::manual_seed(17 + static_cast<uint64_t>(c.N));
-  auto o64 = at::TensorOptions().dtype(at::kDouble);
-  const std::vector<at::Tensor> inputs = {at::randn({c.B, c.K, c.N, c.D}, o64), at::randn({c.B, c.K, c.C, c.D}, o64),
-                                          at::randn({c.B, c.K, c.C, c.D}, o64)};
-  const auto weights = at::randn({c.B, c.K, c.N, c.D}, o64);
-  ops::FlashOptions o;
-  o.band = c.band;
-  o.dropout = c.dropout;
-  o.training = c.dropout > 0;
-  o.seed = 4321;
-  o.cuda_kernel = true;
-  auto run = [&](bool fused, at::ScalarType t, at::Device d) {
-    std::vector<at::Tensor> in;
-    for (const auto& x : inputs) in.push_back(x.to(d, t).requires_grad_(true));
-    {  // Poison the caching allocator's next blocks: an element the kernels never write shows as NaN.
-      auto poison = at::full({in[1].numel() * 4}, NAN, in[1].options().requires_grad(false));
-    }
-    auto out = fused ? ops::flash_attention(in[0], in[1], in[2], o) : ops::flash_attention_reference(in[0], in[1], in[2], o);
-    auto grads = torch::autograd::grad({(out.to(at::kDouble) * weights.to(d)).sum()}, in);
-    std::vector<at::Tensor> result = {out.detach()};
-    for (auto& g : grads) result.push_back(g);
-    return result;
-  };
-  const auto label = fmt::format("B{} K{} N{} C{} D{} band {} dropout {}", c.B, c.K, c.N, c.C, c.D, c.band, c.dropout);
-  expect_within_reference_error(run, {"out", "q", "k", "v"}, label, dtype, factor);
-}
-
-}  // namespace
-
 TEST(FlashCuda, Float32WithinTheFloat32ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   // The kernels sum scores and values in another order than the composition's products: 4x.
-  for (const auto& c : kFlashCases) expect_flash_within_reference_error(c, at::kFloat, 4.0);
+  for (const auto& c : tu::flash_cases())
+    tu::expect_flash_within_reference_error(c, at::kFloat, 4.0, at::Device(at::kCUDA), flash_kernel);
 }
 
 TEST(FlashCuda, BFloat16WithinTheBFloat16ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   // bf16 inputs, fp32 arithmetic in the kernels; the composition rounds scores and weights to bf16.
-  for (const auto& c : kFlashCases) expect_flash_within_reference_error(c, at::kBFloat16, 2.0);
+  for (const auto& c : tu::flash_cases())
+    tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
 // A small GPT trained for three steps with plain SGD, every attention with a fixed pattern and both

@@ -1,8 +1,20 @@
 // Device helpers shared by the CUDA kernels: element conversions (every kernel computes in fp32 and
-// reads/writes float32, bfloat16 or float16) and warp reductions.
+// reads/writes float32, bfloat16 or float16), warp reductions, and the two spellings that differ between
+// nvcc and the CPU model of CUDA the tests run the kernels on (emulator.h): a launch and the dynamic
+// shared memory array.
 #pragma once
+#ifdef SPANFORMER_CUDA_EMULATE
+#include "emulator_device.h"
+#define SPANFORMER_LAUNCH(kernel, grid, block, shared, stream) \
+  ::spanformer::cuda_emulator::launch_of(kernel, grid, block, shared)
+#define SPANFORMER_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::spanformer::cuda_emulator::dynamic_shared())
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+// kernel<<<grid, block, shared, stream>>>(args...)
+#define SPANFORMER_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
+#define SPANFORMER_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 namespace spanformer::ops::cuda {
 

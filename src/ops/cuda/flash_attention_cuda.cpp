@@ -2,7 +2,6 @@
 // LibTorch): an autograd function that fills FlashParams and launches on the current stream. Saves q, k,
 // v, out and the fp32 logsumexp per row; gradients come back in fp32 and are cast to the inputs' dtype.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/autograd.h>
 
 #include "glue.h"
@@ -42,7 +41,7 @@ class FlashCudaFunction : public torch::autograd::Function<FlashCudaFunction> {
     auto p = make_params(q, k, v, band, drop);
     p.out = out.data_ptr();
     p.lse = lse.data_ptr<float>();
-    cuda::check_launch(cuda::flash_attention_forward(p, c10::cuda::getCurrentCUDAStream()), "flash attention CUDA forward");
+    cuda::check_launch(cuda::flash_attention_forward(p, cuda::current_stream()), "flash attention CUDA forward");
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["band"] = band;
     drop.save(ctx);
@@ -65,7 +64,7 @@ class FlashCudaFunction : public torch::autograd::Function<FlashCudaFunction> {
     p.grad_q = dq.data_ptr<float>();
     p.grad_k = dk.data_ptr<float>();
     p.grad_v = dv.data_ptr<float>();
-    cuda::check_launch(cuda::flash_attention_backward(p, c10::cuda::getCurrentCUDAStream()), "flash attention CUDA backward");
+    cuda::check_launch(cuda::flash_attention_backward(p, cuda::current_stream()), "flash attention CUDA backward");
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }

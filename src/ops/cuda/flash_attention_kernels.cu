@@ -108,7 +108,7 @@ __device__ void over_key_tiles(const FlashParams& p, const RowBlock& r, Body bod
 
 template <typename T>
 __global__ void forward_kernel(FlashParams p) {
-  extern __shared__ float smem[];
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
   const RowBlock r = row_block<T>(p, smem);
   const int lane = r.lane, pitch = r.pitch;
   const float* q = r.qs + r.warp * r.D;
@@ -151,7 +151,7 @@ __global__ void forward_kernel(FlashParams p) {
 
 template <typename T>
 __global__ void dq_kernel(FlashParams p) {
-  extern __shared__ float smem[];
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
   const RowBlock r = row_block<T>(p, smem);
   const int lane = r.lane, pitch = r.pitch;
   float* gs = r.extra;  // (kRowsPerBlock, D): dout
@@ -191,7 +191,7 @@ __global__ void dq_kernel(FlashParams p) {
 // One warp per block: keys [j0, j0 + n) of head x; lane t owns key j0 + t.
 template <typename T>
 __global__ void dkdv_kernel(FlashParams p) {
-  extern __shared__ float smem[];
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
   const int D = static_cast<int>(p.D), pitch = D + 1, lane = threadIdx.x;
   const float scale = rsqrtf(static_cast<float>(D));
   const int64_t tiles = (p.C + kKeys - 1) / kKeys;
@@ -251,7 +251,7 @@ cudaError_t launch(const FlashParams& p, int64_t blocks, int threads, size_t flo
       const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
       if (err != cudaSuccess) return err;
     }
-    kernel<<<static_cast<unsigned>(blocks), threads, bytes, stream>>>(p);
+    SPANFORMER_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, bytes, stream)(p);
     return cudaGetLastError();
   };
   switch (p.dtype) {

@@ -6,6 +6,9 @@
 #include <torch/autograd.h>
 
 #include "params.h"
+#ifndef SPANFORMER_CUDA_EMULATE
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace spanformer::ops::cuda {
 
@@ -16,6 +19,15 @@ inline DType dtype_of(const at::Tensor& t, const char* op) {
     case at::kHalf: return DType::kFloat16;
     default: TORCH_CHECK(false, op, " on CUDA supports float32, bfloat16 and float16");
   }
+}
+
+// The stream the kernels launch on: LibTorch's current CUDA stream (none in the CPU model of CUDA).
+inline cudaStream_t current_stream() {
+#ifdef SPANFORMER_CUDA_EMULATE
+  return nullptr;
+#else
+  return c10::cuda::getCurrentCUDAStream();
+#endif
 }
 
 inline void check_launch(cudaError_t err, const char* what) {

@@ -6,7 +6,11 @@
 #pragma once
 #include <cstdint>
 
+#ifdef SPANFORMER_CUDA_EMULATE
+#include "emulator.h"  // the CPU model of CUDA the CPU tests run these kernels on
+#else
 #include <cuda_runtime.h>
+#endif
 
 namespace spanformer::ops::cuda {
 

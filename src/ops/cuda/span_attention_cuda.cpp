@@ -2,7 +2,6 @@
 // autograd function that fills SpanAttentionParams and launches on the current stream. Gradients are
 // accumulated in fp32 and cast back to the inputs' dtype.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/autograd.h>
 
 #include "glue.h"
@@ -53,7 +52,7 @@ class SpanAttentionCudaFunction : public torch::autograd::Function<SpanAttention
     p.row_max = stats[0].data_ptr<float>();
     p.row_z = stats[1].data_ptr<float>();
     p.row_n = stats[2].data_ptr<float>();
-    cuda::check_launch(cuda::span_attention_forward(p, c10::cuda::getCurrentCUDAStream()),
+    cuda::check_launch(cuda::span_attention_forward(p, cuda::current_stream()),
                        "adaptive_span_attention CUDA forward");
     ctx->save_for_backward({q, k, v, pe, ratio_in, out, stats, visited_t});
     ctx->saved_data["attn_span"] = attn_span;
@@ -85,7 +84,7 @@ class SpanAttentionCudaFunction : public torch::autograd::Function<SpanAttention
     p.grad_v = dv.data_ptr<float>();
     p.grad_key_pe = dpe.data_ptr<float>();
     p.grad_span_ratio = dratio.data_ptr<float>();
-    cuda::check_launch(cuda::span_attention_backward(p, c10::cuda::getCurrentCUDAStream()),
+    cuda::check_launch(cuda::span_attention_backward(p, cuda::current_stream()),
                        "adaptive_span_attention CUDA backward");
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dpe.to(pe.scalar_type()),
             dratio.to(ratio_in.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),

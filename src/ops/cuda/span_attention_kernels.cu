@@ -186,9 +186,9 @@ cudaError_t launch(const SpanAttentionParams& p, cudaStream_t stream, void (*f32
   const dim3 grid(static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block));
   const dim3 block(warps_per_block * kWarp);
   switch (p.dtype) {
-    case DType::kFloat32: f32<<<grid, block, 0, stream>>>(p); break;
-    case DType::kBFloat16: bf16<<<grid, block, 0, stream>>>(p); break;
-    case DType::kFloat16: f16<<<grid, block, 0, stream>>>(p); break;
+    case DType::kFloat32: SPANFORMER_LAUNCH(f32, grid, block, 0, stream)(p); break;
+    case DType::kBFloat16: SPANFORMER_LAUNCH(bf16, grid, block, 0, stream)(p); break;
+    case DType::kFloat16: SPANFORMER_LAUNCH(f16, grid, block, 0, stream)(p); break;
   }
   return cudaGetLastError();
 }

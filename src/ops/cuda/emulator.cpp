@@ -1,0 +1,254 @@
+// The CPU model of CUDA's execution model (emulator.h says what it models and why): one fiber per CUDA
+// thread, a scheduler per block that runs every runnable fiber to its next barrier, then releases the
+// barriers whose threads have all arrived. Boost.Context switches in ~12 ns (ucontext's swapcontext
+// makes two system calls and took 3.3 us on the 2-core EPYC), which is what makes shuffle-heavy kernels
+// affordable here: a warp reduction is five barriers of 32 switches.
+#include "emulator.h"
+
+#include <boost/context/fiber.hpp>
+#include <boost/context/pooled_fixedsize_stack.hpp>
+
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace spanformer::cuda_emulator {
+namespace {
+
+namespace bc = boost::context;
+
+constexpr int kMaxThreads = 1024;
+constexpr size_t kDefaultDynamicShared = 48 * 1024;
+constexpr size_t kMaxDynamicShared = 227 * 1024;  // sm_90's opt-in limit per block
+constexpr size_t kStackBytes = 128 * 1024;
+
+enum class State { kRunnable, kBlockBarrier, kWarpOp, kDone };
+
+struct Thread {
+  ThreadInfo info{};
+  State state = State::kRunnable;
+  bc::fiber self;  // resumes this thread (held by the scheduler while the thread waits)
+  bc::fiber back;  // resumes the scheduler (held by the thread while it runs)
+  unsigned mask = 0;
+  Combine combine = nullptr;
+  void* operand = nullptr;
+};
+
+// A launch failure raised inside a fiber or the scheduler; the message becomes cudaGetErrorString's.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Block {
+  std::vector<Thread> threads;
+  std::vector<unsigned char> shared;
+  std::string error;  // set by a thread that failed
+};
+
+thread_local Thread* running = nullptr;
+thread_local Block* block = nullptr;
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local std::string last_message;
+std::map<const void*, size_t>& shared_limits() {
+  static std::map<const void*, size_t> limits;
+  return limits;
+}
+
+Thread& self_thread() {
+  if (running == nullptr) throw Failure("a device function was called outside a kernel launch");
+  return *running;
+}
+
+// Back to the scheduler in `state`; returns when the scheduler resumes this thread.
+void wait(State state) {
+  Thread& t = self_thread();
+  t.state = state;
+  t.back = std::move(t.back).resume();
+}
+
+const char* state_name(State s) {
+  switch (s) {
+    case State::kRunnable: return "runnable";
+    case State::kBlockBarrier: return "__syncthreads";
+    case State::kWarpOp: return "a warp op";
+    case State::kDone: return "exited";
+  }
+  return "?";
+}
+
+// One line naming where the block's threads stand, for a deadlock.
+std::string describe(const Block& b) {
+  std::string out;
+  size_t i = 0;
+  while (i < b.threads.size()) {
+    size_t j = i;
+    while (j + 1 < b.threads.size() && b.threads[j + 1].state == b.threads[i].state &&
+           b.threads[j + 1].mask == b.threads[i].mask)
+      ++j;
+    if (!out.empty()) out += ", ";
+    out += "threads " + std::to_string(i) + "-" + std::to_string(j) + " " + state_name(b.threads[i].state);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Releases the warp collectives whose lanes have all arrived; true when one was.
+bool release_warp_ops(Block& b) {
+  bool released = false;
+  const size_t warps = (b.threads.size() + 31) / 32;
+  for (size_t w = 0; w < warps; ++w) {
+    Thread* lanes[32] = {};
+    for (int l = 0; l < 32 && w * 32 + l < b.threads.size(); ++l) lanes[l] = &b.threads[w * 32 + l];
+    for (int l = 0; l < 32; ++l) {
+      if (lanes[l] == nullptr || lanes[l]->state != State::kWarpOp) continue;
+      const unsigned mask = lanes[l]->mask;
+      const Combine combine = lanes[l]->combine;
+      bool ready = true;
+      void* operands[32] = {};
+      for (int m = 0; m < 32; ++m) {
+        if (!(mask >> m & 1u)) continue;
+        if (lanes[m] == nullptr || lanes[m]->state == State::kDone)
+          throw Failure("warp " + std::to_string(w) + ": lane " + std::to_string(m) +
+                        " exited (or does not exist) before a warp op whose mask names it");
+        if (lanes[m]->state != State::kWarpOp || lanes[m]->mask != mask || lanes[m]->combine != combine) {
+          ready = false;
+          break;
+        }
+        operands[m] = lanes[m]->operand;
+      }
+      if (!ready) continue;
+      combine(operands, mask);
+      for (int m = 0; m < 32; ++m)
+        if (mask >> m & 1u) lanes[m]->state = State::kRunnable;
+      released = true;
+    }
+  }
+  return released;
+}
+
+void run_block(Block& b, dim3 grid, dim3 block_dim, uint3 block_idx, void (*body)(void*), void* context,
+               bc::pooled_fixedsize_stack& stacks) {
+  const unsigned n = block_dim.x * block_dim.y * block_dim.z;
+  b.threads.clear();
+  b.threads.resize(n);
+  b.error.clear();
+  std::fill(b.shared.begin(), b.shared.end(), static_cast<unsigned char>(0xff));  // NaN in every float
+  for (unsigned id = 0; id < n; ++id) {
+    Thread& t = b.threads[id];
+    t.info.thread_idx = {id % block_dim.x, (id / block_dim.x) % block_dim.y, id / (block_dim.x * block_dim.y)};
+    t.info.block_idx = block_idx;
+    t.info.block_dim = block_dim;
+    t.info.grid_dim = grid;
+    t.info.lane = static_cast<int>(id % 32);
+    t.self = bc::fiber(std::allocator_arg, stacks, [&t, &b, body, context](bc::fiber&& back) {
+      t.back = std::move(back);
+      try {
+        body(context);
+      } catch (const bc::detail::forced_unwind&) {
+        throw;  // a fiber abandoned after a failure unwinds through here
+      } catch (const std::exception& e) {
+        if (b.error.empty()) b.error = e.what();
+      }
+      t.state = State::kDone;
+      return std::move(t.back);
+    });
+  }
+  for (;;) {
+    bool progress = false;
+    for (auto& t : b.threads) {
+      if (t.state != State::kRunnable) continue;
+      running = &t;
+      t.self = std::move(t.self).resume();
+      running = nullptr;
+      progress = true;
+      if (!b.error.empty()) throw Failure(b.error);
+    }
+    if (release_warp_ops(b)) progress = true;
+    size_t live = 0, at_barrier = 0;
+    for (const auto& t : b.threads) {
+      live += t.state != State::kDone;
+      at_barrier += t.state == State::kBlockBarrier;
+    }
+    if (live == 0) return;
+    if (at_barrier == live) {
+      for (auto& t : b.threads)
+        if (t.state == State::kBlockBarrier) t.state = State::kRunnable;
+      progress = true;
+    }
+    if (!progress) throw Failure("deadlock: " + describe(b));
+  }
+}
+
+}  // namespace
+
+ThreadInfo& current() { return self_thread().info; }
+
+unsigned char* dynamic_shared() {
+  self_thread();
+  return block->shared.data();
+}
+
+void warp_collective(unsigned mask, Combine combine, void* operand) {
+  Thread& t = self_thread();
+  if (!(mask >> t.info.lane & 1u)) throw Failure("a warp op's mask leaves out the calling lane");
+  t.mask = mask;
+  t.combine = combine;
+  t.operand = operand;
+  wait(State::kWarpOp);
+}
+
+void block_barrier() { wait(State::kBlockBarrier); }
+
+void fail(const char* message) { throw Failure(message); }
+
+void set_max_dynamic_shared(const void* kernel, int bytes) { shared_limits()[kernel] = static_cast<size_t>(bytes); }
+
+void run_grid(const void* kernel, dim3 grid, dim3 block_dim, size_t shared_bytes, void (*body)(void*),
+              void* context) {
+  const auto reject = [](cudaError_t error, const std::string& message) {
+    last_error = error;
+    last_message = message;
+  };
+  const unsigned long threads = static_cast<unsigned long>(block_dim.x) * block_dim.y * block_dim.z;
+  if (threads == 0 || threads > kMaxThreads || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+      grid.z > 65535)
+    return reject(cudaErrorInvalidConfiguration, "emulated launch: invalid grid or block dimensions");
+  const auto limit = shared_limits().count(kernel) ? shared_limits()[kernel] : kDefaultDynamicShared;
+  if (shared_bytes > limit || shared_bytes > kMaxDynamicShared)
+    return reject(cudaErrorInvalidConfiguration,
+                  "emulated launch: " + std::to_string(shared_bytes) + " bytes of dynamic shared memory, limit " +
+                      std::to_string(std::min(limit, kMaxDynamicShared)));
+  Block b;
+  b.shared.resize(shared_bytes);
+  bc::pooled_fixedsize_stack stacks(kStackBytes);
+  block = &b;
+  try {
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) run_block(b, grid, block_dim, {x, y, z}, body, context, stacks);
+  } catch (const Failure& f) {
+    block = nullptr;
+    reject(cudaErrorLaunchFailure, std::string("emulated launch failed: ") + f.what());
+    b.threads.clear();  // unwinds the fibers still waiting
+    return;
+  }
+  block = nullptr;
+}
+
+}  // namespace spanformer::cuda_emulator
+
+cudaError_t cudaGetLastError() {
+  const auto error = spanformer::cuda_emulator::last_error;
+  spanformer::cuda_emulator::last_error = cudaSuccess;
+  return error;
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    default: return spanformer::cuda_emulator::last_message.c_str();
+  }
+}

@@ -1,0 +1,105 @@
+// The CUDA kernels (src/ops/cuda/*.cu) and their LibTorch glue run on the CPU model of CUDA
+// (src/ops/cuda/emulator.h) in every CI run, held to the double-precision reference with the measure and
+// cases the GPU tests use (tests/kernel_cases.h): float32 within 4x, bfloat16 within 2x of the same-dtype
+// composition's own error. The model runs every CUDA thread in lockstep at each barrier and shuffle, so it
+// checks indexing, tiling, barriers, warp reductions, dropout streams and the backward formulas; timing
+// and the fast-math intrinsics' last bits are left to the GPU (label cuda, tests/test_cuda.cpp).
+// Built where the CUDA build is off (the glue's symbols are the CUDA build's own) and Boost.Context exists.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda_emulated/selftest.h"
+#include "kernel_cases.h"
+#include "spanformer/ops/adaptive_span_attention.h"
+#include "spanformer/ops/flash_attention.h"
+
+namespace spanformer::ops {
+// The CUDA glue (src/ops/cuda/*_cuda.cpp), compiled here against the CPU model of CUDA.
+at::Tensor adaptive_span_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                        const SpanAttentionOptions& o, std::vector<int64_t> visited);
+bool flash_attention_cuda_supported(const at::Tensor& q);
+at::Tensor flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o);
+}  // namespace spanformer::ops
+
+using namespace spanformer;
+namespace selftest = spanformer::cuda_emulator::selftest;
+
+namespace {
+
+// What adaptive_span_attention does on CUDA for float32 / bfloat16 inputs: the glue with the distances
+// each head visits.
+at::Tensor emulated_span(const tu::Inputs& in, const ops::SpanAttentionOptions& o) {
+  const int64_t window = in[1].size(2) - in[0].size(2);
+  return ops::adaptive_span_attention_cuda(in[0], in[1], in[2], in[3], in[4], o,
+                                           ops::visited_distances(in[4], o.attn_span, o.ramp, window));
+}
+
+at::Tensor emulated_flash(const tu::Inputs& in, const ops::FlashOptions& o) {
+  EXPECT_TRUE(ops::flash_attention_cuda_supported(in[0]));
+  return ops::flash_attention_cuda(in[0], in[1], in[2], o);
+}
+
+}  // namespace
+
+TEST(CudaEmulator, ShufflesVotesAndBarriersComputeWhatCudaDefines) {
+  std::vector<long long> out;
+  ASSERT_EQ(selftest::shuffles_and_barriers(out), "");
+  for (long long t = 0; t < 64; ++t) {
+    SCOPED_TRACE(::testing::Message() << "thread " << t);
+    const long long lane = t % 32, base = t - lane;
+    EXPECT_EQ(out[6 * t + 0], base + 31 - lane);                              // __shfl_sync
+    EXPECT_EQ(out[6 * t + 1], t ^ 5);                                         // __shfl_xor_sync
+    EXPECT_EQ(out[6 * t + 2], lane + 3 < 32 ? t + 3 : t);                     // __shfl_down_sync: own value past the end
+    EXPECT_EQ(out[6 * t + 3], lane % 8 >= 2 ? t - 2 : t);                     // __shfl_up_sync within segments of 8
+    EXPECT_EQ(out[6 * t + 4], 0xAAAAAAAALL);                                  // __ballot_sync of the odd lanes
+    EXPECT_EQ(out[6 * t + 5], 63 * 64 / 2);                                   // warp sums through shared memory
+  }
+}
+
+TEST(CudaEmulator, FailsLaunchesThatWouldHangOrReadGarbage) {
+  const auto deadlock = selftest::deadlock();
+  EXPECT_NE(deadlock.find("deadlock: threads 0-4 a warp op, threads 5-5 __syncthreads"), std::string::npos)
+      << deadlock;
+  const auto exited = selftest::exited_lane();
+  EXPECT_NE(exited.find("lane 16 exited"), std::string::npos) << exited;
+  std::vector<float> out;
+  ASSERT_EQ(selftest::unwritten_shared(out), "");
+  for (float x : out) EXPECT_TRUE(std::isnan(x)) << "dynamic shared memory is poisoned with NaN";
+}
+
+TEST(CudaEmulator, EnforcesTheLaunchLimits) {
+  EXPECT_EQ(selftest::launch(1024, 48 * 1024, 0), "");
+  EXPECT_NE(selftest::launch(1025, 0, 0), "") << "more than 1024 threads a block";
+  EXPECT_NE(selftest::launch(64, 48 * 1024 + 4, 0), "") << "over 48 KiB of dynamic shared memory, limit not raised";
+  EXPECT_EQ(selftest::launch(64, 100 * 1024, 100 * 1024), "") << "limit raised by cudaFuncSetAttribute";
+  EXPECT_NE(selftest::launch(64, 228 * 1024, 240 * 1024), "") << "beyond sm_90's 227 KiB";
+}
+
+TEST(SpanAttentionEmulated, Float32WithinTheFloat32ReferenceError) {
+  for (const auto& c : tu::span_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
+    tu::expect_span_within_reference_error(c, at::kFloat, 4.0, at::kCPU, emulated_span);
+  }
+}
+
+TEST(SpanAttentionEmulated, BFloat16WithinTheBFloat16ReferenceError) {
+  for (const auto& c : tu::span_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
+    tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
+  }
+}
+
+TEST(FlashEmulated, Float32WithinTheFloat32ReferenceError) {
+  for (const auto& c : tu::flash_cases()) tu::expect_flash_within_reference_error(c, at::kFloat, 4.0, at::kCPU, emulated_flash);
+}
+
+TEST(FlashEmulated, BFloat16WithinTheBFloat16ReferenceError) {
+  for (const auto& c : tu::flash_cases())
+    tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
+}
