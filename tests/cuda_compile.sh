@@ -8,7 +8,7 @@ set -euo pipefail
 src=$1 out=$2 nvcc=$3 torch_includes=$4 cuda_build=${5:-OFF}
 [ -x "$nvcc" ] || { echo "nvcc not found"; exit 77; }
 cuda_include=$(dirname "$(dirname "$(readlink -f "$nvcc")")")/include
-for k in span_attention flash_attention; do
+for k in span_attention span_attention_mma flash_attention; do
   "$nvcc" -std=c++17 -O3 -arch=sm_90 -c "$src/src/ops/cuda/${k}_kernels.cu" -o "$out/${k}_kernels.o"
   echo "nvcc: ${k}_kernels.cu compiled"
 done

@@ -89,6 +89,7 @@ inline const std::vector<SpanCase>& span_cases() {
       {2, 2, 33, 30, 128, 30, {12.4, 2.3}, 0.0},          // D 128, window = L
       {1, 2, 40, 48, 256, 48, {46.6, 5.3}, 0.0},          // D 256, the largest the kernel takes
       {1, 2, 66, 20, 32, 40, {10.4, 30.0}, 0.3},          // dropout (same hash stream on every device)
+      {1, 2, 100, 300, 64, 300, {6.5, 250.3}, 0.0},       // whole key tiles beyond a head's span (Z only)
   };
   return cases;
 }

@@ -12,7 +12,9 @@ What each line computes:
   plain      adaptive_span_attention_reference: the reference's operations (scores over the whole
              window, softmax, soft span mask, renormalisation, value product), batched ATen ops;
   kernel     torch.ops.spanformer.adaptive_span_attention on CUDA (src/ops/cuda, numbered versions in
-             docs/kernels.md): the same function;
+             docs/kernels.md): the same function; its forward is version 1 (tensor cores) for bf16 with
+             D 32 / 64 / 128, else version 0;
+  kernel v0  the same op with SPANFORMER_SPAN_KERNEL=v0: version 0's forward, measured beside it;
   flex       FlexAttention (torch.compile) with a block mask that lets head h see distances 1 .. S_h:
              hard window attention, not the adaptive-span function (no soft ramp, no whole-window
              normaliser), the speed bar the issue sets;
@@ -47,6 +49,17 @@ def make_inputs(B, K, M, D, L, spans, dtype, seed):
     pe = torch.randn(D, L, generator=g, **opts)
     ratio = torch.tensor([z / L for z in spans], device="cuda", dtype=dtype)
     return q, k, v, pe, ratio
+
+
+def with_version(fn, version):
+    """fn with SPANFORMER_SPAN_KERNEL=version while it runs (the glue reads it at each call)."""
+    def call():
+        os.environ["SPANFORMER_SPAN_KERNEL"] = version
+        try:
+            return fn()
+        finally:
+            os.environ.pop("SPANFORMER_SPAN_KERNEL", None)
+    return call
 
 
 def flex_fn(B, K, M, D, L, spans, ramp):
@@ -91,7 +104,9 @@ def main():
             ref = plain()
             rows = [("plain", plain)]
             if not a.skip_kernel:
-                rows.append(("kernel", lambda: torch.ops.spanformer.adaptive_span_attention(q, k, v, pe, ratio, L, R)))
+                kernel = lambda: torch.ops.spanformer.adaptive_span_attention(q, k, v, pe, ratio, L, R)
+                rows.append(("kernel", kernel))
+                rows.append(("kernel v0", with_version(kernel, "v0")))
             flex = flex_fn(B, K, M, D, L, spans, R)
             rows.append(("flex", lambda: flex(q, k, v)))
             rows.append(("sdpa_dense", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)))
@@ -100,7 +115,7 @@ def main():
                     out = fn()
                     torch.cuda.synchronize()
                     ms = bench(fn)
-                    diff_text = f"{(out.float() - ref.float()).abs().max().item():.3g}" if label == "kernel" else "other function"
+                    diff_text = f"{(out.float() - ref.float()).abs().max().item():.3g}" if label.startswith("kernel") else "other function"
                     return f"| {pattern} | {label} | {ms:.3f} | {useful / ms / 1e9:.1f} | {diff_text} |"
                 add_row(lines, row, f"| {pattern} | {label} |", 3)
         del q, k, v, pe, ratio, ref

@@ -3,6 +3,9 @@
 // nvcc and the CPU model of CUDA the tests run the kernels on (emulator.h): a launch and the dynamic
 // shared memory array.
 #pragma once
+#include <cstdint>
+#include <type_traits>
+
 #ifdef SPANFORMER_CUDA_EMULATE
 #include "emulator_device.h"
 #define SPANFORMER_LAUNCH(kernel, grid, block, shared, stream) \
@@ -32,6 +35,36 @@ template <> __device__ __forceinline__ __half from_float<__half>(float x) { retu
 __device__ __forceinline__ float warp_sum(float x) {
   for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(kFullMask, x, o);
   return x;
+}
+
+// Two elements (lo at the lower address) as one 32-bit register: the operand unit of mma.sync.
+__device__ __forceinline__ uint32_t pack_bits(unsigned short lo, unsigned short hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+__device__ __forceinline__ unsigned short bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ unsigned short bits_of(__half x) { return __half_as_ushort(x); }
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return pack_bits(bits_of(from_float<T>(lo)), bits_of(from_float<T>(hi)));
+}
+
+// D += A B on the tensor cores: mma.sync m16n8k16 with bf16 or fp16 inputs and fp32 accumulators
+// (fragment layouts: emulator_device.h, combine_mma, from the PTX ISA).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef SPANFORMER_CUDA_EMULATE
+  ::spanformer::cuda_emulator::mma_m16n8k16(std::is_same<T, __nv_bfloat16>::value, d, a, b);
+#else
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
 }
 
 __device__ __forceinline__ float warp_max(float x) {

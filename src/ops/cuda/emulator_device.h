@@ -155,3 +155,55 @@ inline __half __float2half(float f) {
   std::memcpy(&x.bits, &h, 2);
   return x;
 }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 x) { return x.bits; }
+inline unsigned short __half_as_ushort(__half x) { return x.bits; }
+
+namespace spanformer::cuda_emulator {
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: D = A B + C with A 16 x 16, B 16 x 8,
+// C and D 16 x 8 (fp32), each spread over the warp's lanes as the PTX ISA's fragment layouts say
+// ("Matrix Fragments for mma.m16n8k16 with floating point type"), with g = lane >> 2 and t = lane % 4:
+//   A: register r holds elements 2r (low half) and 2r + 1: row g (+ 8 for r = 1, 3), column 2t + half (+ 8 for r >= 2)
+//   B: register r holds elements 2r and 2r + 1: row (k) 2t + half (+ 8 for r = 1), column (n) g
+//   C, D: element i: row g (+ 8 for i >= 2), column 2t + (i & 1)
+struct MmaOperand {
+  bool bf16;
+  uint32_t a[4], b[2];
+  float d[4];
+};
+inline float mma_element(uint32_t reg, int half, bool bf16) {
+  const uint16_t bits = static_cast<uint16_t>(reg >> (16 * half));
+  if (bf16) return __bfloat162float(__nv_bfloat16{bits});
+  return __half2float(__half{bits});
+}
+inline void combine_mma(void* const* operands, unsigned mask) {
+  if (mask != 0xffffffffu) fail("mma.sync needs every lane of the warp");
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const auto* o = static_cast<const MmaOperand*>(operands[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int r = 0; r < 4; ++r)
+      for (int half = 0; half < 2; ++half)
+        A[g + (r & 1) * 8][2 * t + half + (r >= 2) * 8] = mma_element(o->a[r], half, o->bf16);
+    for (int r = 0; r < 2; ++r)
+      for (int half = 0; half < 2; ++half) B[2 * t + half + r * 8][g] = mma_element(o->b[r], half, o->bf16);
+    for (int i = 0; i < 4; ++i) C[g + (i >= 2) * 8][2 * t + (i & 1)] = o->d[i];
+  }
+  for (int l = 0; l < 32; ++l) {
+    auto* o = static_cast<MmaOperand*>(operands[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; ++i) {
+      const int m = g + (i >= 2) * 8, n = 2 * t + (i & 1);
+      float acc = C[m][n];
+      for (int k = 0; k < 16; ++k) acc += A[m][k] * B[k][n];
+      o->d[i] = acc;
+    }
+  }
+}
+inline void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  MmaOperand o{bf16, {a[0], a[1], a[2], a[3]}, {b[0], b[1]}, {d[0], d[1], d[2], d[3]}};
+  warp_collective(0xffffffffu, combine_mma, &o);
+  for (int i = 0; i < 4; ++i) d[i] = o.d[i];
+}
+
+}  // namespace spanformer::cuda_emulator

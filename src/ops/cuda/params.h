@@ -42,11 +42,16 @@ struct SpanAttentionParams {
   bool training;
   uint64_t seed;
   DType dtype;
+  bool forward_v0;          // the forward takes version 0 even where version 1 could (A/B measurements)
 };
 
-// Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256.
+// Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256. The forward
+// takes version 1 (tensor cores, span_attention_mma_kernels.cu) for bf16 / fp16 with D 32, 64 or 128,
+// else version 0; the backward is version 0's, from the row statistics either writes.
 cudaError_t span_attention_forward(const SpanAttentionParams& params, cudaStream_t stream);
 cudaError_t span_attention_backward(const SpanAttentionParams& params, cudaStream_t stream);
+bool span_attention_mma_supported(const SpanAttentionParams& params);
+cudaError_t span_attention_forward_mma(const SpanAttentionParams& params, cudaStream_t stream);
 
 struct FlashParams {
   const void* q;

@@ -2,6 +2,8 @@
 // autograd function that fills SpanAttentionParams and launches on the current stream. Gradients are
 // accumulated in fp32 and cast back to the inputs' dtype.
 #include <ATen/ATen.h>
+#include <cstdlib>
+#include <string>
 #include <torch/autograd.h>
 
 #include "glue.h"
@@ -32,6 +34,9 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.training = o.training;
   p.seed = o.seed;
   p.dtype = cuda::dtype_of(q, "adaptive_span_attention");
+  // SPANFORMER_SPAN_KERNEL=v0: the forward's version 0 where version 1 would run (A/B measurements).
+  const char* version = std::getenv("SPANFORMER_SPAN_KERNEL");
+  p.forward_v0 = version != nullptr && std::string(version) == "v0";
   return p;
 }
 

@@ -8,8 +8,9 @@
 //   G1 = dO . out,  dw_d = (da~_d - G1) / (N/Z + 1e-8),  G2 = sum dp p = 1e-8 G1 / (N/Z + 1e-8),
 //   ds_d = p_d (dw_d m_d - G2) / sqrt(D),
 // (ds_d = -p_d G2 / sqrt(D) beyond the span) and accumulates dk, dv, dkey_pe and dspan_ratio with
-// fp32 atomics. Not yet run on a GPU: no device was lent to this work; the next version is the tiled
-// tensor-core kernel (docs/kernels.md).
+// fp32 atomics. Run on an H100 on 2026-11-23 (docs/kernels.md): correct, 19x slower than the plain
+// composition. The forward's version 1 (tensor cores) is span_attention_mma_kernels.cu; this backward
+// serves both, from the row statistics (max, Z, N) each forward writes.
 #include "../dropout_hash.h"
 #include "device.cuh"
 #include "params.h"
@@ -196,6 +197,7 @@ cudaError_t launch(const SpanAttentionParams& p, cudaStream_t stream, void (*f32
 }  // namespace
 
 cudaError_t span_attention_forward(const SpanAttentionParams& p, cudaStream_t stream) {
+  if (!p.forward_v0 && span_attention_mma_supported(p)) return span_attention_forward_mma(p, stream);
   return launch(p, stream, forward_kernel<float>, forward_kernel<__nv_bfloat16>, forward_kernel<__half>);
 }
 
