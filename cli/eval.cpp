@@ -55,13 +55,16 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
     auto overrides = config_overrides(*cmd);
     run = [o, g, overrides] {
       if (launch_workers(o->nproc, g->argv)) return;
-      auto group = dist::Group::from_env(dist::GroupOptions{});
+      dist::GroupOptions group_options;
+      group_options.cuda = g->device.rfind("cuda", 0) == 0;
+      auto group = dist::Group::from_env(group_options);
+      const std::string device = dist::process_device(g->device.empty() ? "cpu" : g->device, group.get());
       set_threads(g->threads);
       train::Checkpoint ck(o->checkpoint);
       auto all = execution_overrides(*g);
       all.insert(all.end(), overrides.begin(), overrides.end());
       auto family = train::family_from_checkpoint(ck, all);
-      family->module().to(train::parse_device(g->device.empty() ? "cpu" : g->device));
+      family->module().to(train::parse_device(device));
       const bool tty = isatty(STDERR_FILENO);
       train::CheckpointEval request;
       request.data = o->data;

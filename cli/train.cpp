@@ -45,6 +45,7 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       group_options.backend = tc.dist_backend;
       group_options.cuda = tc.device.rfind("cuda", 0) == 0;
       auto group = dist::Group::from_env(group_options);
+      tc.device = dist::process_device(tc.device, group.get());  // "cuda": this process's GPU (LOCAL_RANK)
       if (group && tc.threads == 0 && std::getenv("LOCAL_WORLD_SIZE")) {
         // Share the cores among the local workers.
         const int local_world = std::max(1, std::atoi(std::getenv("LOCAL_WORLD_SIZE")));

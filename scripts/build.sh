@@ -1,8 +1,42 @@
 #!/usr/bin/env bash
-# Configures (once) and builds spanformer in ./build with Ninja and ccache. Extra arguments go to CMake.
+# Configures (once) and builds spanformer with Ninja and ccache.
+#   scripts/build.sh                  LibTorch 2.x of the project's Python environment (.venv, made by
+#                                     scripts/install-deps.sh) into build/
+#   scripts/build.sh --torch system   Debian's libtorch-dev 1.13 into build-system/
+#   scripts/build.sh --torch DIR      any LibTorch (a torch package's folder, an unpacked libtorch) into build-custom/
+#   scripts/build.sh --cuda           the CUDA build (kernels, NCCL) into build-cuda/: needs nvcc and a
+#                                     CUDA LibTorch (PyPI's torch is one)
+#   --dir DIR                         another build folder; arguments after -- go to CMake
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -f build/build.ninja ]; then
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+torch=venv cuda=OFF dir="" cmake_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --torch) torch="${2:?--torch needs venv, system or a directory}"; shift 2 ;;
+    --cuda) cuda=ON; shift ;;
+    --dir) dir="${2:?--dir needs a folder}"; shift 2 ;;
+    --) shift; cmake_args+=("$@"); break ;;
+    -D*) cmake_args+=("$1"); shift ;;
+    *) echo "build: unknown option '$1' (--torch venv|system|DIR, --cuda, --dir DIR, -- CMAKE_ARGS)" >&2; exit 2 ;;
+  esac
+done
+
+case "$torch" in
+  venv)
+    python="${SPANFORMER_VENV:-$PWD/.venv}/bin/python"
+    [ -x "$python" ] || { echo "build: no Python environment at $python: run scripts/install-deps.sh first" >&2; exit 1; }
+    prefix=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null) ||
+      { echo "build: $python has no torch: run scripts/install-deps.sh" >&2; exit 1; }
+    default_dir=build ;;
+  system) prefix="" default_dir=build-system ;;
+  *) prefix=$(readlink -f "$torch") default_dir=build-custom ;;
+esac
+[ "$cuda" = ON ] && default_dir=build-cuda
+dir="${dir:-$default_dir}"
+
+if [ ! -f "$dir/build.ninja" ]; then
+  args=(-S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=$cuda)
+  [ -n "$prefix" ] && args+=(-DCMAKE_PREFIX_PATH="$prefix")
+  cmake "${args[@]}" "${cmake_args[@]}"
 fi
-ninja -C build -j "$(nproc)"
+ninja -C "$dir" -j "$(nproc)"

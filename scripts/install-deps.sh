@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
-# Installs every system package spanformer needs (Debian 12). Idempotent: packages already present are
-# skipped by apt-get, and apt's package lists are refreshed only when stale.
+# Installs what spanformer needs on Debian 12, idempotently (run it as often as you like):
+#   1. Debian packages with apt-get: the compiler, CMake, Ninja, the libraries below; only the missing
+#      ones are installed, and apt's lists are refreshed only then.
+#   2. The project's Python environment: a virtual environment (.venv in the checkout, or
+#      $SPANFORMER_VENV) with PyPI's packages at the versions in python/requirements.txt, torch among
+#      them: its LibTorch 2.x is what scripts/build.sh builds against by default. Reinstalled only when
+#      that file changes (a stamp inside the environment holds its checksum).
+#
 #   --tool-only   leave out the test and benchmark libraries (then configure with
 #                 -DSPANFORMER_TESTS=OFF -DSPANFORMER_BENCH=OFF)
+#   --apt-only    Debian packages only: for a build against Debian's LibTorch 1.13 (scripts/build.sh
+#                 --torch system), no PyPI
 set -euo pipefail
-tool_only=false
-[ "${1:-}" = "--tool-only" ] && tool_only=true
+cd "$(dirname "$0")/.."
+tool_only=false apt_only=false
+for arg in "$@"; do
+  case "$arg" in
+    --tool-only) tool_only=true ;;
+    --apt-only) apt_only=true ;;
+    *) echo "install-deps: unknown option '$arg' (--tool-only, --apt-only)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev            # LibTorch 1.13 (CPU), headers + CMake config
-  libgloo-dev             # headers of Gloo, the CPU backend of torch.distributed (c10d) in libtorch
-  libopenblas0-pthread    # fast BLAS for LibTorch's matrix products (the reference BLAS is many times slower)
+  libtorch-dev            # Debian's LibTorch 1.13 (CPU): the apt-only build, and the one CI checks beside 2.x
+  libgloo-dev             # headers of Gloo, the CPU backend of torch.distributed (c10d), for either LibTorch
+  libopenblas0-pthread    # fast BLAS for Debian's LibTorch (PyPI's brings MKL)
   libcli11-dev            # command-line parsing
   nlohmann-json3-dev      # configs, logs, metadata
   libfmt-dev              # formatting
@@ -23,10 +38,12 @@ packages=(
   dataset-fashion-mnist   # Fashion-MNIST (IDX) for the Vision Transformer
   zlib1g-dev              # reading gzip-compressed IDX files
   libsentencepiece-dev    # subword tokenisation of the translation pairs (seq2seq, by flag)
+  python3-venv python3-dev  # the project's virtual environment; Python's headers for torch.compile's C++
 )
-# Tests (Python checks use /usr/bin/python3; headless Chromium renders the run report), benchmarks.
-# libboost-context-dev: fibers for the CPU model of CUDA that runs the CUDA kernels in the tests.
-$tool_only || packages+=(libgtest-dev libbenchmark-dev python3-torch chromium libboost-context-dev)
+# Tests and benchmarks: GoogleTest, Google Benchmark, headless Chromium (renders the run report),
+# Boost.Context (fibers of the CPU model of CUDA that runs the CUDA kernels in the tests), and Debian's
+# PyTorch 1.13 with pytest for the Python tests of the 1.13 build.
+$tool_only || packages+=(libgtest-dev libbenchmark-dev chromium libboost-context-dev python3-torch python3-pytest)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -36,10 +53,25 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" > /dev/null || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages already installed"
+  echo "install-deps: all ${#packages[@]} Debian packages already installed"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+$apt_only && exit 0
+
+# The Python environment, from Debian's python3 (so that its headers are python3-dev's).
+venv="${SPANFORMER_VENV:-$PWD/.venv}"
+requirements=python/requirements.txt
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+stamp="$venv/.spanformer-requirements"
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  echo "install-deps: $venv already holds $requirements"
   exit 0
 fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+echo "install-deps: installing $requirements into $venv (PyPI; torch is a few GB the first time)"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+echo "$want" > "$stamp"

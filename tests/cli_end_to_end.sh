@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The user's path on real text: prepare, train, resume, evaluate, generate, draw the spans.
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -39,7 +40,7 @@ grep -q "<svg" "$tmp/spans.svg"
 head -c 5 "$tmp/att.pdf" | grep -q "%PDF-"
 "$bin" spans "$tmp/run" --json --out "$tmp/spans2.png" > "$tmp/spans_record.json"
 "$bin" spans "$tmp/run" --layout grid --out "$tmp/grid.pdf" > /dev/null
-/usr/bin/python3 - "$tmp" <<'PY'
+"$py" - "$tmp" <<'PY'
 import json, sys
 d = sys.argv[1]
 drawn, printed = json.load(open(d + "/spans.json")), json.load(open(d + "/spans_record.json"))
@@ -55,7 +56,7 @@ for p in att["panels"]:
 PY
 "$bin" bench -c "$tmp/c.json" --steps 2 --warmup 1 | grep "tokens/s" > /dev/null
 "$bin" bench -c "$tmp/c.json" --steps 1 --warmup 0 --json 2> /dev/null > "$tmp/bench.json"
-/usr/bin/python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+"$py" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 assert r["family"] == "adaptive-span" and r["mode"] == "train" and r["ms_per_step"] > 0, r
 assert r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["what"].startswith("train step"), r' "$tmp/bench.json"
 

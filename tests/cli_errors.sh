@@ -2,6 +2,7 @@
 # Every user mistake gives exactly one line "spanformer: error: ..." on stderr, a non-zero exit, no
 # stack trace and no output file.
 set -u
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -55,7 +56,7 @@ expect_error "diverged" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --ou
 expect_error "temperature must be positive" "$bin" generate "$tmp/run" --temperature=0
 expect_error "--unit must be bpc or ppl" "$bin" eval "$tmp/run" --unit=bits
 expect_error "unknown dataset" "$bin" data get enwik9 --out "$tmp/d3"
-expect_error "nccl backend is not built" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 \
+expect_error "nccl backend needs a CUDA build" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11" --dist_backend=nccl
 expect_error "MASTER_ADDR is not set" env RANK=0 WORLD_SIZE=2 MASTER_ADDR= \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r12"
@@ -118,7 +119,7 @@ expect_error "MASTER_PORT='99999' is not an integer in \[0, 65535\]" env RANK=0 
   MASTER_PORT=99999 "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r17"
 # A token file whose header count overflows the size check (count * 4 wraps around to the file size).
 cp -r "$tmp/data" "$tmp/overflow"
-/usr/bin/python3 - "$tmp/overflow/test.bin" <<'PY'
+"$py" - "$tmp/overflow/test.bin" <<'PY'
 import struct, sys
 body = b"\0" * 40
 open(sys.argv[1], "wb").write(b"SPFTOK01" + struct.pack("<IIQ", 4, 300, (1 << 62) + 10) + body)
@@ -127,7 +128,7 @@ expect_error "test.bin is truncated or corrupt: header says 4611686018427387914 
   --data "$tmp/overflow" --split test
 # Resuming on other data with the same vocabulary and sizes: refused by the fingerprints.
 cp -r "$tmp/data" "$tmp/other"
-/usr/bin/python3 - "$tmp/other/train.bin" <<'PY'
+"$py" - "$tmp/other/train.bin" <<'PY'
 import sys
 b = bytearray(open(sys.argv[1], "rb").read()); b[30], b[31] = b[31], b[30]
 open(sys.argv[1], "wb").write(bytes(b))

@@ -3,6 +3,7 @@
 # a hung worker; full disks while writing; a sweep of damaged checkpoints and token files through
 # every reading command (each case: a one-line error or a bit-identical result, never a signal).
 set -u
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"
 tmp=$(mktemp -d)
 cleanup() { pkill -KILL -f -- "$tmp/" 2>/dev/null; mountpoint -q "$tmp/small" && umount "$tmp/small"; rm -rf "$tmp"; }
@@ -123,7 +124,7 @@ for i in $(seq 0 $(( cuts - 1 ))); do  # truncations across the file
 done
 for i in $(seq 0 $(( flips - 1 ))); do  # one flipped byte at points across the file
   cp "$good" "$tmp/flip.pt"
-  /usr/bin/python3 -c "import sys; p=int(sys.argv[2]); b=bytearray(open(sys.argv[1],'rb').read()); b[p]^=0x5a; open(sys.argv[1],'wb').write(bytes(b))" \
+  "$py" -c "import sys; p=int(sys.argv[2]); b=bytearray(open(sys.argv[1],'rb').read()); b[p]^=0x5a; open(sys.argv[1],'wb').write(bytes(b))" \
     "$tmp/flip.pt" $(( (size - 1) * i / (flips - 1) ))
   sweep_one "$tmp/flip.pt"
 done
@@ -132,7 +133,7 @@ tcases=0
 ref_test=$("$bin" eval "$good" --split test --batch 2 2> /dev/null | sed -E 's/[0-9.]+ s\)/s)/')
 for i in $(seq 0 23); do  # token files: damaged headers and bodies
   cp -r "$tmp/data" "$tmp/tok"
-  /usr/bin/python3 - "$tmp/tok/test.bin" "$i" <<'PY'
+  "$py" - "$tmp/tok/test.bin" "$i" <<'PY'
 import random, struct, sys
 path, i = sys.argv[1], int(sys.argv[2])
 b = bytearray(open(path, "rb").read())

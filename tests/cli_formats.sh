@@ -3,8 +3,8 @@
 # against an independent Python reader/writer (tests/python/safetensors_io.py); damaged safetensors
 # files refused in one line; --version; the per-session record in a run directory.
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"; src="$2"
-py=/usr/bin/python3
 st="$src/tests/python/safetensors_io.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -4,6 +4,7 @@
 # round trip; the attention race script end to end; word-level data; the family's user mistakes (one
 # line, non-zero exit).
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -22,14 +23,14 @@ for attention in dense flash window adaptive_span sparse_strided sparse_fixed ls
   grep -q "trained 20 steps" "$tmp/train.out"
   test "$(wc -l < "$run/log.jsonl")" -eq 2
   "$bin" eval "$run" --split test --json > "$tmp/eval.json"
-  /usr/bin/python3 - "$tmp/eval.json" <<'PY'
+  "$py" - "$tmp/eval.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert 0 < r["bpc"] < 8 and r["tokens"] > 0 and "stride 32" in r["protocol"], r
 PY
   # Every target scored once: the dump has one log-probability per token and sums to the NLL.
   "$bin" eval "$run" --split test --eval_stride=7 --dump-logprobs "$tmp/lp.txt" --json > "$tmp/eval7.json"
-  /usr/bin/python3 - "$tmp/eval7.json" "$tmp/lp.txt" <<'PY'
+  "$py" - "$tmp/eval7.json" "$tmp/lp.txt" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); lp = [float(l) for l in open(sys.argv[2])]
 assert len(lp) == r["tokens"], (len(lp), r["tokens"])
@@ -71,16 +72,16 @@ diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin
   | grep "tokens 60 .. 64 after a prompt of 59" > /dev/null
 
 # The attention race runs end to end (a tiny model, the 100-step minimum) and refuses to overwrite.
-BUILD="$(dirname "$bin")" ATTENTIONS="window adaptive_span" OVERRIDES="${small[*]}" bash "$src/bench/attention_race.sh" "$tmp/data" 0.01 "$tmp/race" \
+BUILD="$(dirname "$bin")" ATTENTIONS="window adaptive_span" OVERRIDES="${small[*]}" bash "$src/bench/attention_race.sh" "$tmp/data" 0.001 "$tmp/race" \
   > "$tmp/race.out" 2>&1
 grep -q "^| adaptive_span | " "$tmp/race.out" && test -s "$tmp/race/adaptive_span/spans.png"
-/usr/bin/python3 - "$tmp/race/results.jsonl" <<'PY'
+"$py" - "$tmp/race/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["attention"] for r in rows] == ["window", "adaptive_span"], rows
 assert all(r["steps"] == 100 and 0 < r["test_bpc"] < 8 for r in rows), rows
 PY
-if BUILD="$(dirname "$bin")" ATTENTIONS=window bash "$src/bench/attention_race.sh" "$tmp/data" 0.01 "$tmp/race" 2> "$tmp/err"; then echo "FAIL: race overwrote"; exit 1; fi
+if BUILD="$(dirname "$bin")" ATTENTIONS=window bash "$src/bench/attention_race.sh" "$tmp/data" 0.001 "$tmp/race" 2> "$tmp/err"; then echo "FAIL: race overwrote"; exit 1; fi
 grep -q "exists" "$tmp/err"
 
 # Word-level data (WikiText-2 lines) train the same way, reported in perplexity.

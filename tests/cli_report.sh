@@ -2,6 +2,7 @@
 # `spanformer report`: the page is self-contained, Chromium (headless) draws it with data in every chart,
 # live mode reloads while a run writes and turns static when it ends, PAR runs get their block charts.
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2> /dev/null || true; rm -rf "$tmp"' EXIT
@@ -38,8 +39,8 @@ grep -q 'data-charts="7"' "$tmp/dom.html"
 test "$(grep -o 'data-points="[0-9]*"' "$tmp/dom.html" | grep -vc 'data-points="0"')" -eq 7
 grep -q "Span grid at step 40" "$tmp/dom.html"
 "$browser" "${flags[@]}" --window-size=1280,1600 --screenshot="$tmp/shot.png" "file://$tmp/report.html" > /dev/null 2>&1
-/usr/bin/python3 "$src/tests/png_check.py" "$tmp/shot.png" | tee "$tmp/shot.txt"
-/usr/bin/python3 -c 'import re, sys
+"$py" "$src/tests/png_check.py" "$tmp/shot.png" | tee "$tmp/shot.txt"
+"$py" -c 'import re, sys
 drawn, colours = map(float, re.search(r"([0-9.]+)% drawn, ([0-9]+) colours", open(sys.argv[1]).read()).groups())
 assert drawn > 3 and colours > 50, (drawn, colours)  # a blank page is 0% drawn' "$tmp/shot.txt"
 

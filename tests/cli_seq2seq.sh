@@ -4,6 +4,7 @@
 # Transformer learns in a few hundred steps (so BLEU must be high), then a short run on the real
 # French-English pairs; SentencePiece subwords; and the user mistakes (one line, non-zero exit).
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -14,7 +15,7 @@ expect_error() {
   fi
 }
 
-/usr/bin/python3 - "$tmp/pairs.txt" <<'PY'
+"$py" - "$tmp/pairs.txt" <<'PY'
 import random, sys
 random.seed(4)
 en = "i you we see like the a cat dog house red big small".split()
@@ -32,7 +33,7 @@ small=(--data "$tmp/pairs.txt" --d_model=32 --n_layer=1 --n_head=2 --d_inner=64 
 "$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}" --stop-after 100 --quiet > /dev/null
 "$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}" --resume --quiet | tee "$tmp/train.out"
 grep "trained 300 steps" "$tmp/train.out" > /dev/null
-/usr/bin/python3 - "$tmp/tf/log.jsonl" <<'PY'
+"$py" - "$tmp/tf/log.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["step"] for r in rows] == [150, 300], rows
@@ -41,7 +42,7 @@ assert all(r["target_tokens_per_s"] > 0 and r["pairs_per_s"] > 0 for r in rows),
 PY
 "$bin" eval "$tmp/tf" --json > "$tmp/eval.json"
 "$bin" eval "$tmp/tf" --split valid --beam=1 --json > "$tmp/valid.json"
-/usr/bin/python3 - "$tmp/eval.json" "$tmp/valid.json" "$tmp/tf/log.jsonl" <<'PY'
+"$py" - "$tmp/eval.json" "$tmp/valid.json" "$tmp/tf/log.jsonl" <<'PY'
 import json, sys
 test, valid = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 last = [json.loads(l) for l in open(sys.argv[3])][-1]

@@ -3,6 +3,7 @@
 # figures), and the ViT family through the engine's commands on a slice of Fashion-MNIST (train,
 # resume, eval with accuracy, attention pictures, bench) with its user mistakes (one line, non-zero exit).
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -17,7 +18,7 @@ expect_error() {
 "$bin" example pooling --out "$tmp/pool" > "$tmp/pool.out"
 grep "nadaraya" "$tmp/pool.out" > /dev/null
 test -s "$tmp/pool/fits.png" && test -s "$tmp/pool/weights.png"
-/usr/bin/python3 - "$tmp/pool/pooling.json" <<'PY'
+"$py" - "$tmp/pool/pooling.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["nadaraya_mse"] < r["average_mse"] and r["parametric_mse"] < r["average_mse"], r
@@ -32,7 +33,7 @@ expect_error "$bin" example pooling --out "$tmp/pool2" --sigma 0
 fashion=/usr/share/datasets/fashion-mnist
 if [ ! -d "$fashion" ]; then echo "cli textbook: pooling passed; ViT skipped (dataset-fashion-mnist not installed)"; exit 0; fi
 mkdir -p "$tmp/fm"
-/usr/bin/python3 - "$fashion" "$tmp/fm" <<'PY'
+"$py" - "$fashion" "$tmp/fm" <<'PY'
 import gzip, sys
 src, out = sys.argv[1], sys.argv[2]
 for prefix, n in [("train", 1200), ("t10k", 300)]:
@@ -48,7 +49,7 @@ cfg="$src/configs/vit/fashion_mnist.json"
 "$bin" train -c "$cfg" --out "$tmp/vit" "${small[@]}" --stop-after 25 --quiet > /dev/null
 "$bin" train -c "$cfg" --out "$tmp/vit" "${small[@]}" --resume --quiet | tee "$tmp/train.out"
 grep "trained 40 steps" "$tmp/train.out" > /dev/null
-/usr/bin/python3 - "$tmp/vit/log.jsonl" <<'PY'
+"$py" - "$tmp/vit/log.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["step"] for r in rows] == [20, 40], rows
@@ -56,7 +57,7 @@ assert all(0 <= r["valid_acc"] <= 1 and r["images_per_s"] > 0 for r in rows), ro
 PY
 "$bin" eval "$tmp/vit" --json > "$tmp/eval.json"
 "$bin" eval "$tmp/vit" --split valid --json > "$tmp/valid.json"
-/usr/bin/python3 - "$tmp/eval.json" "$tmp/valid.json" "$tmp/vit/log.jsonl" <<'PY'
+"$py" - "$tmp/eval.json" "$tmp/valid.json" "$tmp/vit/log.jsonl" <<'PY'
 import json, sys
 test, valid = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 last = [json.loads(l) for l in open(sys.argv[3])][-1]

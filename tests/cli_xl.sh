@@ -2,6 +2,7 @@
 # The Transformer-XL / PAR path on real words (WikiText-2): prepare, train, resume, evaluate, search,
 # draw, derive, train the derived model; and the family's user mistakes (one line, non-zero exit).
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -40,7 +41,7 @@ test "$(wc -w < "$tmp/gen.out")" -ge 10
 "$bin" eval "$tmp/txl" --split test --dump-logprobs "$tmp/lp.txt" | tee "$tmp/eval_lp.out"
 n=$(grep -oE "[0-9]+ tokens," "$tmp/eval_lp.out" | head -1 | grep -oE "[0-9]+")
 test "$(wc -l < "$tmp/lp.txt")" -eq "$n"
-/usr/bin/python3 - "$tmp/lp.txt" "$tmp/eval_lp.out" <<'PY'
+"$py" - "$tmp/lp.txt" "$tmp/eval_lp.out" <<'PY'
 import math, re, sys
 lp = [float(x) for x in open(sys.argv[1])]
 nll = float(re.search(r"nll ([0-9.]+) nats", open(sys.argv[2]).read()).group(1))
@@ -80,7 +81,7 @@ roundtrip() {  # roundtrip NAME RUN_DIR PYTHON_CONFIG_JSON OVERRIDES...
   echo "$pyconf" > "$tmp/$name.py.json"
   "$bin" export transformer-xl "$run" -o "$tmp/$name.state.pt" | grep "exported" > /dev/null
   "$bin" eval "$run" --split test --batch 1 --dump-logprobs "$tmp/$name.lp" > /dev/null
-  /usr/bin/python3 "$src/tests/xl_reference.py" "$tmp/$name.py.json" "$tmp/$name.state.pt" "$tmp/wt/test.bin" \
+  "$py" "$src/tests/xl_reference.py" "$tmp/$name.py.json" "$tmp/$name.state.pt" "$tmp/wt/test.bin" \
     "$tmp/$name.py.lp" "$tmp/$name.py.state.pt"
   "$bin" import transformer-xl "$tmp/$name.py.state.pt" -c "$tmp/xl.json" --vocab "$tmp/wt/words.txt" \
     --vocab-level word -o "$tmp/$name.back.pt" "$@" > /dev/null
@@ -106,7 +107,7 @@ roundtrip untied "$tmp/untied" "{\"n_layer\": 2, \"d_model\": 32, \"n_head\": 2,
 grep -q '"probs"' "$tmp/par/log.jsonl"
 "$bin" par plot "$tmp/par" --out "$tmp/search.png" | grep "2 records, 4 blocks" > /dev/null
 head -c 8 "$tmp/search.png" | od -An -c | grep "P   N   G" > /dev/null
-/usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+"$py" -c 'import json, sys; d = json.load(open(sys.argv[1]))
 assert len(d["steps"]) == 2 and len(d["probs"]) == 2 and len(d["probs"][0]) == 4, d
 assert all(abs(sum(p) - 1) < 1e-5 for rec in d["probs"] for p in rec), d["probs"]' "$tmp/search.json"
 "$bin" par derive "$tmp/par" --rule argmax --out "$tmp/derived_argmax.json" > "$tmp/argmax.out" 2> "$tmp/argmax.err"

@@ -2,6 +2,7 @@
 # cmake --install, then what a user of the installed tree does: run the tool, build examples/consumer
 # with find_package(spanformer) and run it on a checkpoint, import the Python package.
 set -euo pipefail
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 build="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -20,15 +21,15 @@ cat > "$tmp/tiny.json" <<JSON
 JSON
 "$prefix/bin/spanformer" --threads 1 train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run" --quiet > /dev/null
 "$tmp/consumer/consumer" "$tmp/run" > "$tmp/out.txt"
-/usr/bin/python3 - "$tmp/out.txt" <<'PY'
+"$py" - "$tmp/out.txt" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 error = float(re.search(r"max \|fast - reference\| = (\S+)", text).group(1))
 assert error < 1e-5, text  # float32: the fused kernel sums in another order than the composition
 assert re.search(r"checkpoint\.pt: adaptive-span, \d+ parameters, step 2", text), text
 PY
-if /usr/bin/python3 -c 'import torch' 2> /dev/null && [ -d "$prefix/lib/spanformer/python/spanformer" ]; then
-  PYTHONPATH="$prefix/lib/spanformer/python" /usr/bin/python3 -c "
+if "$py" -c 'import torch' 2> /dev/null && [ -d "$prefix/lib/spanformer/python/spanformer" ]; then
+  PYTHONPATH="$prefix/lib/spanformer/python" "$py" -c "
 import spanformer
 m = spanformer.load('$tmp/run')
 assert m.family == 'adaptive-span' and m.step == 2, m

@@ -16,34 +16,70 @@
 
 #include "cuda_emulated/selftest.h"
 #include "kernel_cases.h"
+#include "ops/autograd_function.h"
+#include "ops/backends.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
-
-namespace spanformer::ops {
-// The CUDA glue (src/ops/cuda/*_cuda.cpp), compiled here against the CPU model of CUDA.
-at::Tensor adaptive_span_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& key_pe, const at::Tensor& span_ratio,
-                                        const SpanAttentionOptions& o, std::vector<int64_t> visited);
-bool flash_attention_cuda_supported(const at::Tensor& q);
-at::Tensor flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o);
-}  // namespace spanformer::ops
 
 using namespace spanformer;
 namespace selftest = spanformer::cuda_emulator::selftest;
 
 namespace {
 
-// What adaptive_span_attention does on CUDA for float32 / bfloat16 inputs: the glue with the distances
-// each head visits.
+// The rows of the CUDA backend (src/ops/backends.h) with the glue called directly on CPU tensors, under
+// the ops' own autograd functions: what the `spanformer::_*_cuda_*` operators do on a GPU.
+struct EmulatedSpanRow {
+  static ops::Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                             const at::Tensor& span_ratio, const ops::SpanCall& c) {
+    auto o = options(span_ratio, k.size(2) - q.size(2), c, c.seed);
+    auto f = ops::cuda_glue::span_attention_forward(q, k, v, key_pe, span_ratio, o);
+    return {f.out, f.saved, ops::seed_tensor(c.seed, q)};
+  }
+  static std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                          const at::Tensor& out, const at::Tensor& stats, const at::Tensor& seed,
+                                          const ops::SpanCall& c) {
+    auto o = options(span_ratio, k.size(2) - q.size(2), c, seed.item<int64_t>());
+    auto g = ops::cuda_glue::span_attention_backward(grad_out, q, k, v, key_pe, span_ratio, out, stats, o);
+    return {g.q, g.k, g.v, g.key_pe, g.span_ratio};
+  }
+  static ops::SpanAttentionOptions options(const at::Tensor& span_ratio, int64_t window, const ops::SpanCall& c,
+                                           int64_t seed) {
+    ops::SpanAttentionOptions o{c.attn_span, c.ramp, c.dropout, c.training, static_cast<uint64_t>(seed), {}};
+    o.visited = ops::visited_distances(span_ratio, c.attn_span, c.ramp, window);
+    return o;
+  }
+};
+
+struct EmulatedFlashRow {
+  static ops::Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::FlashCall& c) {
+    auto f = ops::cuda_glue::flash_forward(q, k, v, options(c, c.seed));
+    return {f.out, f.saved, ops::seed_tensor(c.seed, q)};
+  }
+  static std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                          const at::Tensor& seed, const ops::FlashCall& c) {
+    auto g = ops::cuda_glue::flash_backward(grad_out, q, k, v, out, lse, options(c, seed.item<int64_t>()));
+    return {g.q, g.k, g.v};
+  }
+  static ops::FlashOptions options(const ops::FlashCall& c, int64_t seed) {
+    return ops::FlashOptions{c.band, c.dropout, c.training, static_cast<uint64_t>(seed), c.tile, true};
+  }
+};
+
+// What adaptive_span_attention does on CUDA for float32 / bfloat16 inputs.
 at::Tensor emulated_span(const tu::Inputs& in, const ops::SpanAttentionOptions& o) {
-  const int64_t window = in[1].size(2) - in[0].size(2);
-  return ops::adaptive_span_attention_cuda(in[0], in[1], in[2], in[3], in[4], o,
-                                           ops::visited_distances(in[4], o.attn_span, o.ramp, window));
+  EXPECT_TRUE(ops::cuda_glue::span_attention_supported(in[0]));
+  return ops::SpanAttentionFunction<EmulatedSpanRow>::apply(in[0], in[1], in[2], in[3], in[4], o.attn_span, o.ramp,
+                                                            o.dropout, o.training, static_cast<int64_t>(o.seed),
+                                                            std::vector<int64_t>{}, /*keep=*/true);
 }
 
 at::Tensor emulated_flash(const tu::Inputs& in, const ops::FlashOptions& o) {
-  EXPECT_TRUE(ops::flash_attention_cuda_supported(in[0]));
-  return ops::flash_attention_cuda(in[0], in[1], in[2], o);
+  EXPECT_TRUE(ops::cuda_glue::flash_supported(in[0]));
+  const int64_t band = o.band == 0 || o.band > in[1].size(2) ? in[1].size(2) : o.band;
+  return ops::FlashFunction<EmulatedFlashRow>::apply(in[0], in[1], in[2], band, o.dropout, o.training,
+                                                     static_cast<int64_t>(o.seed), o.tile, true);
 }
 
 }  // namespace

@@ -123,6 +123,20 @@ TEST_F(Distributed, TwoProcessesGiveTheParametersOfOne) {
   }
 }
 
+// WORLD_SIZE=1 with a backend named: a group of one runs every collective (the averaging, the gathered
+// state in checkpoints), and must give the plain run's parameters bit for bit (a GPU machine checks the
+// NCCL path this way; here Gloo). With the backend left to auto, WORLD_SIZE=1 is a plain run.
+TEST_F(Distributed, AGroupOfOneGivesThePlainRunBitForBit) {
+  ASSERT_EQ(run(train_args("plain"), tmp_.file("plain.err")), 0) << tu::read_file_or_empty(tmp_.file("plain.err"));
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(20000 + (getpid() + 13) % 20000)}};
+  auto p = start(plus(train_args("group"), {"--dist_backend=gloo"}), env, tmp_.file("group.err"));
+  ASSERT_EQ(wait_for(p.pid, 120), 0) << tu::read_file_or_empty(tmp_.file("group.err"));
+  EXPECT_EQ(max_param_diff(tmp_.file("plain/checkpoint.pt"), tmp_.file("group/checkpoint.pt")), 0.0);
+  const auto log = tu::read_file_or_empty(tmp_.file("group/train.log"));
+  EXPECT_NE(log.find("1 processes; gradients all-reduced"), std::string::npos) << log;  // the group ran
+}
+
 // The same equivalence for the Transformer-XL family (it runs on the same runner and reducer): memories
 // carried per rank, a feed-forward block whose memory is empty, adaptive span on.
 TEST_F(Distributed, TransformerXlTwoProcessesGiveTheParametersOfOne) {
@@ -178,7 +192,7 @@ TEST_F(Distributed, ADeadRankStopsTheOthersWithAMessage) {
   const int status = wait_for(r0.pid, 30);  // the timeout is 5 s
   EXPECT_GT(status, 0) << "rank 0 did not stop";
   auto message = tu::read_file_or_empty(r0.err);
-  EXPECT_NE(message.find("another rank died or hung"), std::string::npos) << message;
+  EXPECT_NE(message.find("another rank died or hung"), std::string::npos) << "exit status " << status << ": " << message;
   train::Checkpoint checkpoint(tmp_.file("killed/checkpoint.pt"));  // intact and loadable
   EXPECT_TRUE(checkpoint.has_train_state());
 }

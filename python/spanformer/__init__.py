@@ -13,8 +13,9 @@
     m.attention(text="...")                # the weights `spanformer attention` draws, as tensors
     m.state_dict()                         # parameters by name (load them into a PyTorch module)
 
-The library is found through $SPANFORMER_TORCH_OPS, then beside this package (an installed tree), then
-in ../../build (a source checkout). Shapes and semantics: include/spanformer/ops/adaptive_span_attention.h.
+Both operators are registered with torch.library (fake kernels, autograd): torch.compile(model,
+fullgraph=True) compiles a module that calls them. The library is found through $SPANFORMER_TORCH_OPS,
+then beside this package (pip install, or an installed tree), then in ../../build (a source checkout). Shapes and semantics: include/spanformer/ops/adaptive_span_attention.h.
 """
 import json
 import os
@@ -38,7 +39,8 @@ torch.ops.load_library(_library_path())
 
 
 def adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32.0, dropout=0.0, training=False, seed=-1):
-    """q (B,K,M,D); k, v (B,K,W+M,D); key_pe (D,L); span_ratio (K) -> (B,K,M,D). Differentiable."""
+    """q (B,K,M,D); k, v (B,K,W+M,D); key_pe (D,L); span_ratio (K) -> (B,K,M,D). Differentiable, and
+    torch.compile(fullgraph=True) traces it. seed -1: a dropout stream drawn from torch's generator."""
     return torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout,
                                                         training, seed)
 
@@ -47,7 +49,7 @@ def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_
     """Causal attention: q (B,K,N,D); k, v (B,K,C,D), C >= N, query i at key position C - N + i, reading
     the last `band` keys (0: all earlier keys) -> (B,K,N,D). Differentiable; no N x C tensor is kept.
     Semantics: include/spanformer/ops/flash_attention.h."""
-    return torch.ops.spanformer.flash_attention(q, k, v, band, dropout, training, seed, cuda_kernel)
+    return torch.ops.spanformer.flash_attention(q, k, v, band, dropout, training, seed, cuda_kernel=cuda_kernel)
 
 
 class Model:

@@ -121,7 +121,12 @@ class Model : public torch::CustomClassHolder {
 
 }  // namespace
 
+namespace spanformer::bindings {
+void link_operators();  // torch_ops.cpp
+}  // namespace spanformer::bindings
+
 TORCH_LIBRARY_FRAGMENT(spanformer, m) {
+  spanformer::bindings::link_operators();
   m.class_<Model>("Model")
       .def(torch::init<std::string, std::vector<std::string>>())
       .def("family", &Model::family)

@@ -62,6 +62,10 @@ const Module& module() {
       candidates.push_back(directory_of(dir) + "/" + kSentencePieceModuleName);
       candidates.push_back(directory_of(dir) + "/lib/spanformer/" + kSentencePieceModuleName);  // installed: bin/../lib/spanformer
     }
+    // Beside the shared object this code was linked into (the Python module in an installed package).
+    Dl_info self{};
+    if (dladdr(reinterpret_cast<void*>(&directory_of), &self) != 0 && self.dli_fname != nullptr)
+      candidates.push_back(directory_of(self.dli_fname) + "/" + kSentencePieceModuleName);
     candidates.push_back(kSentencePieceModuleBuilt);
     void* lib = nullptr;
     std::string tried;

@@ -1,6 +1,7 @@
 #include "spanformer/dist/group.h"
 
 #include <cerrno>
+#include <csignal>
 #include <limits>
 #include <chrono>
 #include <cstdlib>
@@ -9,6 +10,13 @@
 
 #include "impl.h"
 #include "spanformer/util/error.h"
+
+#if SPANFORMER_HAS_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if SPANFORMER_HAS_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 namespace spanformer::dist {
 
@@ -36,19 +44,30 @@ Group::~Group() = default;
 
 std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
   const char* world_text = env("WORLD_SIZE") ? env("WORLD_SIZE") : env("SLURM_NTASKS");
-  if (!world_text || std::string(world_text) == "1") return nullptr;
+  // One process is no job, unless a backend was asked for by name: then a group of one runs every
+  // collective (how a single GPU checks the NCCL path against a plain run).
+  if (!world_text || (std::string(world_text) == "1" && options.backend == "auto")) return nullptr;
   const std::string backend = options.backend == "auto" ? (options.cuda ? "nccl" : "gloo") : options.backend;
-  if (backend != "gloo")
-    fail("the {} backend is not built into spanformer yet (gloo is; set train.dist_backend=gloo)", backend);
+  if (backend == "nccl" && !SPANFORMER_HAS_C10D_NCCL)
+    fail("the nccl backend needs a CUDA build of spanformer with NCCL (-DSPANFORMER_CUDA=ON against a CUDA "
+         "LibTorch); this one has gloo (set train.dist_backend=gloo)");
+  if (backend == "nccl" && !options.cuda) fail("the nccl backend runs on CUDA: set train.device=cuda");
+  if (backend != "gloo" && backend != "nccl") fail("unknown dist_backend '{}' (auto, gloo or nccl)", backend);
   std::shared_ptr<Group> group(new Group());
   group->world_ = env_int("WORLD_SIZE", "SLURM_NTASKS");
   group->rank_ = env_int("RANK", "SLURM_PROCID");
+  // One GPU per process on a node: the node-local rank picks it (torchrun: LOCAL_RANK; SLURM: SLURM_LOCALID).
+  group->local_rank_ = (env("LOCAL_RANK") || env("SLURM_LOCALID")) ? env_int("LOCAL_RANK", "SLURM_LOCALID") : 0;
+  if (backend == "nccl") group->device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(group->local_rank_));
   if (group->rank_ >= group->world_) fail("distributed launch: RANK {} >= WORLD_SIZE {}", group->rank_, group->world_);
   const char* addr = env("MASTER_ADDR");
   if (!addr) fail("distributed launch: MASTER_ADDR is not set");
   const int port = env_int("MASTER_PORT", "MASTER_PORT", 65535);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_seconds * 1000));
   group->impl_ = std::make_unique<Impl>();
+  // A peer that dies closes its sockets; writing to one must fail as an error (the collective's one-line
+  // message), not kill this process silently with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(port);
@@ -57,15 +76,25 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
     store_options.waitWorkers = true;
     store_options.timeout = timeout;
     group->impl_->store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
-#if SPANFORMER_HAS_C10D_GLOO
-    auto pg_options = c10d::ProcessGroupGloo::Options::create();
-    pg_options->timeout = timeout;
-    pg_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    group->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group->impl_->store, group->rank_, group->world_, pg_options);
-#else
-    fail("rank {}: this spanformer was built against a LibTorch without gloo headers: no data parallelism",
-         group->rank_);
+    if (backend == "nccl") {
+#if SPANFORMER_HAS_C10D_NCCL
+      auto pg_options = c10d::ProcessGroupNCCL::Options::create();
+      pg_options->timeout = timeout;
+      group->impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(group->impl_->store, group->rank_, group->world_,
+                                                                     pg_options);
 #endif
+    } else {
+#if SPANFORMER_HAS_C10D_GLOO
+      auto pg_options = c10d::ProcessGroupGloo::Options::create();
+      pg_options->timeout = timeout;
+      pg_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      group->impl_->pg =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(group->impl_->store, group->rank_, group->world_, pg_options);
+#else
+      fail("rank {}: this spanformer was built against a LibTorch without gloo headers (install libgloo-dev and "
+           "rebuild): no data parallelism on the CPU", group->rank_);
+#endif
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -77,7 +106,7 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
 void Group::all_reduce_mean(const std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
   std::vector<at::Tensor> flat_parts;
-  for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+  for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}).to(device_));
   std::vector<at::Tensor> bucket = {at::cat(flat_parts)};
   const auto start = std::chrono::steady_clock::now();
   collective("all-reduce", rank_, [&] { impl_->pg->allreduce(bucket)->wait(); });
@@ -91,7 +120,7 @@ void Group::all_reduce_mean(const std::vector<at::Tensor>& tensors) {
 }
 
 double Group::all_reduce_sum(double value) {
-  std::vector<at::Tensor> t = {at::full({1}, value, at::kDouble)};
+  std::vector<at::Tensor> t = {at::full({1}, value, at::TensorOptions(at::kDouble).device(device_))};
   collective("all-reduce", rank_, [&] { impl_->pg->allreduce(t)->wait(); });
   return t[0].item<double>();
 }
@@ -102,11 +131,11 @@ at::Tensor Group::all_gather_cat(const at::Tensor& tensor) {
     sizes[0] *= world_;
     return at::empty(sizes, tensor.options());
   }
-  std::vector<at::Tensor> input = {tensor.contiguous()};
+  std::vector<at::Tensor> input = {tensor.to(device_).contiguous()};  // NCCL: on the group's GPU
   std::vector<std::vector<at::Tensor>> output(1);
   for (int r = 0; r < world_; ++r) output[0].push_back(at::empty_like(input[0]));
   collective("all-gather", rank_, [&] { impl_->pg->allgather(output, input)->wait(); });
-  return at::cat(output[0], 0);
+  return at::cat(output[0], 0).to(tensor.device());
 }
 
 void Group::check_same_as_main(const std::string& what, const std::string& text) {
@@ -121,6 +150,11 @@ void Group::check_same_as_main(const std::string& what, const std::string& text)
   const double mismatches = all_reduce_sum(same ? 0.0 : 1.0);
   if (!same) fail("rank {} was started with another {} than rank 0: refusing to train", rank_, what);
   if (mismatches > 0) fail("rank {}: another rank was started with another {} than rank 0: refusing to train", rank_, what);
+}
+
+std::string process_device(const std::string& device, const Group* group) {
+  if (group == nullptr || device != "cuda") return device;
+  return "cuda:" + std::to_string(group->local_rank());
 }
 
 void Group::barrier() {

@@ -3,10 +3,10 @@
 #pragma once
 #include "spanformer/util/torch_compat.h"
 
-#if SPANFORMER_HAS_C10D_GLOO
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#else
+#if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -15,11 +15,7 @@
 
 namespace spanformer::dist {
 
-#if SPANFORMER_HAS_C10D_GLOO
-using Collectives = c10d::ProcessGroupGloo;
-#else
-using Collectives = c10d::Backend;  // LibTorch 2.x without gloo headers: no backend can be created yet
-#endif
+using Collectives = compat::CollectiveBackend;  // Gloo or NCCL behind one interface
 
 struct Group::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;

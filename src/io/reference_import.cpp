@@ -1,5 +1,8 @@
 #include "spanformer/io/reference_import.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
 #include <fstream>
@@ -107,10 +110,37 @@ std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(const std::st
   return out;
 }
 
+namespace {
+
+// torch::pickle_save's file (the zip torch.save writes) without its type tags: pickle_save wraps every
+// dict in torch.jit._pickle.restore_type_tag, a global that PyTorch 2.6 and later refuse to unpickle
+// under torch.load's default weights_only=True. Untagged, the file is a plain dict of tensors that
+// every torch.load (1.x and 2.x, weights_only or not) reads.
+std::vector<char> pickle_untagged(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* data, size_t n) { pickled.insert(pickled.end(), data, data + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> zip;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+      zip.insert(zip.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+  }  // the writer's destructor writes the zip's directory
+  return zip;
+}
+
+}  // namespace
+
 void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& entries, const std::string& path) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
   for (const auto& [name, t] : entries) dict.insert(name, t.detach().cpu().contiguous());
-  std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  std::vector<char> bytes = pickle_untagged(c10::IValue(dict));
   write_atomic_with(path, [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

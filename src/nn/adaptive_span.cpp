@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "spanformer/ops/adaptive_span_attention.h"
+#include "spanformer/util/torch_compat.h"
 
 namespace spanformer::nn {
 
@@ -15,12 +16,13 @@ AdaptiveSpanImpl::AdaptiveSpanImpl(AdaptiveSpanOptions options) : options_(std::
 }
 
 namespace {
-// Computed in the parameter's dtype like the reference: (z - (d - 1)) / R + 1, clamped to [0, 1].
+// Computed in the parameter's dtype like the reference: (z - (d - 1)) / R + 1, clamped to [0, 1] with
+// LibTorch 1.x's gradient at the ends on every build (compat::clamp_closed_gradient says why).
 // z (K') spans in tokens, distance (S) -> (K', S).
 torch::Tensor soft_mask(const torch::Tensor& z, const torch::Tensor& distance, double ramp) {
   std::vector<int64_t> shape{-1};
   for (int64_t i = 0; i < distance.dim(); ++i) shape.push_back(1);
-  return ((z.view(shape) - (distance - 1).unsqueeze(0)) / ramp + 1.0).clamp(0.0, 1.0);
+  return compat::clamp_closed_gradient((z.view(shape) - (distance - 1).unsqueeze(0)) / ramp + 1.0, 0.0, 1.0);
 }
 }  // namespace
 

@@ -1,25 +1,28 @@
-// Entry point of the adaptive-span attention op: argument checks once, then the CPU kernel (fused,
-// hand-written backward), the CUDA kernel, or the reference composition for other devices.
+// The adaptive-span attention operators and their entry point: argument checks once, then one backend row
+// (src/ops/backends.h): the CPU kernel (fused, hand-written backward), the CUDA kernels, or the reference
+// composition for other devices. Registered with torch.library as `spanformer::adaptive_span_attention`
+// (Python: torch.ops.spanformer.adaptive_span_attention) with one autograd function over private
+// forward / backward operators that have Meta kernels, so torch.compile(fullgraph=True) traces a model
+// that calls it without a graph break; the C++ entry point calls the same operator.
 #include "op_autocast.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 
 #include "spanformer/ops/skew.h"
 #include "spanformer/util/error.h"
-#include "cpu/span_attention_cpu.h"
+#include "spanformer/util/torch_compat.h"
+#include "autograd_function.h"
+#include "backends.h"
 #include "dropout_hash.h"
 
 namespace spanformer::ops {
-
-#ifdef SPANFORMER_WITH_CUDA
-at::Tensor adaptive_span_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& key_pe, const at::Tensor& span_ratio,
-                                        const SpanAttentionOptions& o, std::vector<int64_t> visited);
-#endif
 
 int64_t visited_distance(double z, double ramp, int64_t window) {
   const auto last = static_cast<int64_t>(std::floor(z + ramp)) + 1;  // the mask reaches 0 here
@@ -39,6 +42,19 @@ bool dropout_keep(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t d, dou
 
 uint64_t draw_dropout_seed() {
   return static_cast<uint64_t>(at::randint(std::numeric_limits<int64_t>::max(), {1}, at::kLong).item<int64_t>());
+}
+
+int64_t resolve_seed(int64_t seed, bool training, double dropout) {
+  if (seed >= 0) return seed;
+  return training && dropout > 0 ? static_cast<int64_t>(draw_dropout_seed()) : 0;
+}
+
+at::Tensor seed_tensor(int64_t seed, const at::Tensor& like) {
+  return at::scalar_tensor(seed, like.options().dtype(at::kLong));  // () int64 on like's device
+}
+
+int64_t seed_value(const at::Tensor& seed, bool training, double dropout) {
+  return training && dropout > 0 ? seed.item<int64_t>() : 0;
 }
 
 namespace {
@@ -74,67 +90,219 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "adaptive_span_attention: all inputs must share dtype and device");
 }
 
-// Autograd wrapper of the CPU kernel: saves the inputs and, when a gradient is needed, the softmax p
-// (K, B, M, W), so backward does not recompute the scores (kernel v4).
-class SpanAttentionCpuFunction : public torch::autograd::Function<SpanAttentionCpuFunction> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
-                            int64_t attn_span, double ramp, double dropout, bool training, int64_t seed,
-                            std::vector<int64_t> visited, bool keep_p) {
-    SpanAttentionOptions o{attn_span, ramp, dropout, training, static_cast<uint64_t>(seed), visited};
-    ctx->saved_data["attn_span"] = attn_span;
-    ctx->saved_data["ramp"] = ramp;
-    ctx->saved_data["dropout"] = dropout;
-    ctx->saved_data["training"] = training;
-    ctx->saved_data["seed"] = seed;
-    ctx->saved_data["visited"] = visited;
-    at::Tensor p;
-    auto out = cpu::span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
-                                           span_ratio.contiguous(), o, keep_p ? &p : nullptr);
-    ctx->save_for_backward({q, k, v, key_pe, span_ratio, p});
-    return out;
-  }
+// ---- backend rows -------------------------------------------------------------------------------
+// Which row runs: the CPU kernel on the CPU, the CUDA kernels for the dtypes and widths they take, the
+// reference composition (autograd over plain ATen ops) on every other device, dtype and width.
+enum class SpanRow { kCpu, kCuda, kReference };
 
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
-                                               torch::autograd::tensor_list grads) {
-    auto saved = ctx->get_saved_variables();
-    SpanAttentionOptions o{ctx->saved_data["attn_span"].toInt(), ctx->saved_data["ramp"].toDouble(),
-                           ctx->saved_data["dropout"].toDouble(), ctx->saved_data["training"].toBool(),
-                           static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
-                           ctx->saved_data["visited"].toIntVector()};
-    auto g = cpu::span_attention_backward(grads[0].contiguous(), saved[0].contiguous(), saved[1].contiguous(),
-                                          saved[2].contiguous(), saved[3].contiguous(), saved[4].contiguous(), o,
-                                          saved[5]);
-    return {g.q, g.k, g.v, g.key_pe, g.span_ratio, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+SpanRow span_row(const at::Tensor& q) {
+  if (q.device().is_cpu()) return SpanRow::kCpu;
+#ifdef SPANFORMER_WITH_CUDA
+  if (q.device().is_cuda() && cuda_glue::span_attention_supported(q)) return SpanRow::kCuda;
+#endif
+  return SpanRow::kReference;
+}
+
+SpanAttentionOptions span_options(const at::Tensor& span_ratio, int64_t W, int64_t attn_span, double ramp, double dropout,
+                              bool training, int64_t seed, at::IntArrayRef visited) {
+  SpanAttentionOptions o{attn_span, ramp, dropout, training, static_cast<uint64_t>(seed), visited.vec()};
+  o.visited = resolve_visited(span_ratio, W, o);
+  return o;
+}
+
+using SpanGradTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using SpanForwardOp = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         int64_t, double, double, bool, int64_t, at::IntArrayRef, bool);
+using SpanBackwardOp = SpanGradTuple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double,
+                           double, bool, at::IntArrayRef);
+
+// A row whose halves are the private operators `spanformer::_adaptive_span_attention_<row>_forward` /
+// `_backward` (registered below for the row's device and for Meta, so torch.compile traces them).
+template <const char* kForward, const char* kBackward>
+struct SpanDispatchedRow {
+  static Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                        const at::Tensor& span_ratio, const SpanCall& c) {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kForward, "").typed<SpanForwardOp>();
+    return op.call(q, k, v, key_pe, span_ratio, c.attn_span, c.ramp, c.dropout, c.training, c.seed, c.visited, c.keep);
+  }
+  static std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                          const at::Tensor& out, const at::Tensor& saved, const at::Tensor& seed,
+                                          const SpanCall& c) {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kBackward, "").typed<SpanBackwardOp>();
+    auto g = op.call(grad_out, q, k, v, key_pe, span_ratio, out, saved, seed, c.attn_span, c.ramp, c.dropout,
+                     c.training, c.visited);
+    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g), std::get<4>(g)};
   }
 };
 
-}  // namespace
+constexpr char kSpanCpuForward[] = "spanformer::_adaptive_span_attention_cpu_forward";
+constexpr char kSpanCpuBackward[] = "spanformer::_adaptive_span_attention_cpu_backward";
+constexpr char kSpanCudaForward[] = "spanformer::_adaptive_span_attention_cuda_forward";
+constexpr char kSpanCudaBackward[] = "spanformer::_adaptive_span_attention_cuda_backward";
+using SpanCpuRow = SpanDispatchedRow<kSpanCpuForward, kSpanCpuBackward>;
+using SpanCudaRow = SpanDispatchedRow<kSpanCudaForward, kSpanCudaBackward>;
 
-at::Tensor adaptive_span_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                   const at::Tensor& key_pe_in, const at::Tensor& span_ratio,
-                                   const SpanAttentionOptions& options) {
+// ---- the operators' kernels ---------------------------------------------------------------------
+
+// spanformer::adaptive_span_attention (CompositeImplicitAutograd): checks once, picks the row.
+at::Tensor span_attention_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                const at::Tensor& key_pe_in, const at::Tensor& span_ratio, int64_t attn_span,
+                                double ramp, double dropout, bool training, int64_t seed, at::IntArrayRef visited) {
   const OpAutocast cast(q_in);  // train.amp: the op's own compute dtype (op_autocast.h); the spans stay as they are
   const auto q = cast(q_in), k = cast(k_in), v = cast(v_in), key_pe = cast(key_pe_in);
-  check_arguments(q, k, v, key_pe, span_ratio, options);
-  const bool grad_needed = q.requires_grad() || k.requires_grad() || v.requires_grad() || key_pe.requires_grad() ||
-                           span_ratio.requires_grad();
-  if (q.device().is_cpu()) {
-    return SpanAttentionCpuFunction::apply(q, k, v, key_pe, span_ratio, options.attn_span, options.ramp,
-                                           options.dropout, options.training, static_cast<int64_t>(options.seed),
-                                           resolve_visited(span_ratio, k.size(2) - q.size(2), options),
-                                           /*keep_p=*/at::GradMode::is_enabled() && grad_needed);
+  SpanAttentionOptions o{attn_span, ramp, dropout, training, 0, visited.vec()};
+  check_arguments(q, k, v, key_pe, span_ratio, o);
+  const bool keep = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                                                   key_pe.requires_grad() || span_ratio.requires_grad());
+  switch (span_row(q)) {
+    case SpanRow::kCpu:
+      return SpanAttentionFunction<SpanCpuRow>::apply(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout, training, seed,
+                                                  visited.vec(), keep);
+    case SpanRow::kCuda:
+      return SpanAttentionFunction<SpanCudaRow>::apply(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout, training,
+                                                   seed, visited.vec(), keep);
+    case SpanRow::kReference:
+      break;
   }
+  o.seed = static_cast<uint64_t>(resolve_seed(seed, training, dropout));
+  return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, o);
+}
+
+Triple span_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                   const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
+                   int64_t seed, at::IntArrayRef visited, bool keep) {
+  const int64_t used = resolve_seed(seed, training, dropout);
+  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training, used, visited);
+  auto f = cpu::span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
+                                       span_ratio.contiguous(), o, keep);
+  return {f.out, f.saved, seed_tensor(used, q)};
+}
+
+SpanGradTuple span_cpu_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& /*out*/,
+                     const at::Tensor& p, const at::Tensor& seed, int64_t attn_span, double ramp, double dropout,
+                     bool training, at::IntArrayRef visited) {
+  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training,
+                    seed_value(seed, training, dropout), visited);
+  auto g = cpu::span_attention_backward(grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
+                                        key_pe.contiguous(), span_ratio.contiguous(), o, p);
+  return {g.q, g.k, g.v, g.key_pe, g.span_ratio};
+}
+
+// What the forwards and backwards return, without computing anything (Meta: torch.compile's fake tensors).
+Triple span_cpu_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                        const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
+                        int64_t seed, at::IntArrayRef visited, bool keep) {
+  const int64_t B = q.size(0), K = q.size(1), M = q.size(2), W = k.size(2) - M;
+  auto p = keep ? at::empty({K, B, M, W}, q.options()) : at::empty({0}, q.options());   // (K, B, M, W)
+  return {at::empty(q.sizes(), q.options()), p, at::empty({}, q.options().dtype(at::kLong))};
+}
+
+Triple span_cuda_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                         const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
+                         int64_t seed, at::IntArrayRef visited, bool keep) {
+  auto stats = at::empty({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (3, B, K, M)
+  return {at::empty(q.sizes(), q.options()), stats, at::empty({}, q.options().dtype(at::kLong))};
+}
+
+SpanGradTuple span_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& out,
+                      const at::Tensor& saved, const at::Tensor& seed, int64_t attn_span, double ramp, double dropout,
+                      bool training, at::IntArrayRef visited) {
+  auto like = [](const at::Tensor& t) { return at::empty(t.sizes(), t.options()); };
+  return {like(q), like(k), like(v), like(key_pe), like(span_ratio)};
+}
+
 #ifdef SPANFORMER_WITH_CUDA
-  if (q.device().is_cuda() && q.scalar_type() != at::kDouble && q.size(3) % 32 == 0 && q.size(3) <= 256) {
-    return adaptive_span_attention_cuda(q, k, v, key_pe, span_ratio, options,
-                                        resolve_visited(span_ratio, k.size(2) - q.size(2), options));
-  }
+Triple span_cuda_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                    const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
+                    int64_t seed, at::IntArrayRef visited, bool keep) {
+  const int64_t used = resolve_seed(seed, training, dropout);
+  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training, used, visited);
+  auto f = cuda_glue::span_attention_forward(q, k, v, key_pe, span_ratio, o);
+  return {f.out, f.saved, seed_tensor(used, q)};
+}
+
+SpanGradTuple span_cuda_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& out,
+                      const at::Tensor& stats, const at::Tensor& seed, int64_t attn_span, double ramp, double dropout,
+                      bool training, at::IntArrayRef visited) {
+  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training,
+                    seed_value(seed, training, dropout), visited);
+  auto g = cuda_glue::span_attention_backward(grad_out, q, k, v, key_pe, span_ratio, out, stats, o);
+  return {g.q, g.k, g.v, g.key_pe, g.span_ratio};
+}
 #endif
-  // Other devices and shapes: the reference composition.
-  return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, options);
+
+at::Tensor span_reference_entry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                           const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
+                           int64_t seed) {
+  SpanAttentionOptions o{attn_span, ramp, dropout, training, static_cast<uint64_t>(resolve_seed(seed, training, dropout)), {}};
+  return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, o);
+}
+
+}  // namespace
+}  // namespace spanformer::ops
+
+// The operators (torch.ops.spanformer.* from Python; the C++ entry points below call them). The public
+// two take the seed -1 for "draw one"; the private four are the rows' halves.
+TORCH_LIBRARY_FRAGMENT(spanformer, m) {
+  m.def("adaptive_span_attention(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, int attn_span, "
+        "float ramp=32., float dropout=0., bool training=False, int seed=-1, int[] visited=[]) -> Tensor");
+  m.def("adaptive_span_attention_reference(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, "
+        "int attn_span, float ramp=32., float dropout=0., bool training=False, int seed=-1) -> Tensor");
+  // The rows' halves: `saved` is what the row's forward keeps for its backward (src/ops/backends.h).
+  m.def("_adaptive_span_attention_cpu_forward(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, "
+        "int attn_span, float ramp, float dropout, bool training, int seed, int[] visited, bool keep) "
+        "-> (Tensor out, Tensor saved, Tensor seed)");
+  m.def("_adaptive_span_attention_cpu_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor key_pe, "
+        "Tensor span_ratio, Tensor out, Tensor saved, Tensor seed, int attn_span, float ramp, float dropout, "
+        "bool training, int[] visited) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("_adaptive_span_attention_cuda_forward(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, "
+        "int attn_span, float ramp, float dropout, bool training, int seed, int[] visited, bool keep) "
+        "-> (Tensor out, Tensor saved, Tensor seed)");
+  m.def("_adaptive_span_attention_cuda_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor key_pe, "
+        "Tensor span_ratio, Tensor out, Tensor saved, Tensor seed, int attn_span, float ramp, float dropout, "
+        "bool training, int[] visited) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(spanformer, CompositeImplicitAutograd, m) {
+  m.impl("adaptive_span_attention", &spanformer::ops::span_attention_entry);
+  m.impl("adaptive_span_attention_reference", &spanformer::ops::span_reference_entry);
+}
+
+TORCH_LIBRARY_IMPL(spanformer, CPU, m) {
+  m.impl("_adaptive_span_attention_cpu_forward", &spanformer::ops::span_cpu_forward);
+  m.impl("_adaptive_span_attention_cpu_backward", &spanformer::ops::span_cpu_backward);
+}
+
+TORCH_LIBRARY_IMPL(spanformer, Meta, m) {
+  m.impl("_adaptive_span_attention_cpu_forward", &spanformer::ops::span_cpu_forward_meta);
+  m.impl("_adaptive_span_attention_cpu_backward", &spanformer::ops::span_backward_meta);
+  m.impl("_adaptive_span_attention_cuda_forward", &spanformer::ops::span_cuda_forward_meta);
+  m.impl("_adaptive_span_attention_cuda_backward", &spanformer::ops::span_backward_meta);
+}
+
+#ifdef SPANFORMER_WITH_CUDA
+TORCH_LIBRARY_IMPL(spanformer, CUDA, m) {
+  m.impl("_adaptive_span_attention_cuda_forward", &spanformer::ops::span_cuda_forward);
+  m.impl("_adaptive_span_attention_cuda_backward", &spanformer::ops::span_cuda_backward);
+}
+#endif
+
+namespace spanformer::ops {
+
+at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                   const SpanAttentionOptions& options) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("spanformer::adaptive_span_attention", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, int64_t, double, double, bool, int64_t, at::IntArrayRef)>();
+  return op.call(q, k, v, key_pe, span_ratio, options.attn_span, options.ramp, options.dropout, options.training,
+                 static_cast<int64_t>(options.seed), options.visited);
 }
 
 at::Tensor adaptive_span_attention_reference(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -149,7 +317,7 @@ at::Tensor adaptive_span_attention_reference(const at::Tensor& q_in, const at::T
   auto p = at::softmax(scores, -1);                                                 // (B, K, M, W)
   auto distance_minus_one = at::arange(W - 1, -1, -1, span_ratio.options());        // (W), column c = distance W - c (the spans' dtype: exact integers)
   auto m = ((span_ratio * double(L)).view({K, 1, 1}) - distance_minus_one) / o.ramp + 1.0;
-  auto w = p * m.clamp(0.0, 1.0);                                                   // (B, K, M, W)
+  auto w = p * compat::clamp_closed_gradient(m, 0.0, 1.0);                         // (B, K, M, W), 1.x's clamp gradient
   auto a = w / (w.sum(-1, /*keepdim=*/true) + 1e-8);
   if (o.training && o.dropout > 0) {
     auto keep = at::empty({B, K, M, W}, at::kDouble);

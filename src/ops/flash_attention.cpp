@@ -1,8 +1,13 @@
-// Tiled online-softmax attention with its own backward (ops/flash_attention.h has the formulas).
+// Tiled online-softmax attention with its own backward (ops/flash_attention.h has the formulas): the
+// `tiles` row of src/ops/backends.h, and the flash attention operators registered with torch.library
+// (`spanformer::flash_attention`, one autograd function over private forward / backward operators with
+// Meta kernels, so torch.compile traces it; the C++ entry point calls the same operator).
 #include "spanformer/ops/flash_attention.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,17 +18,17 @@
 
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/util/error.h"
+#include "autograd_function.h"
+#include "backends.h"
 #include "dropout_hash.h"
 #include "op_autocast.h"
 
 namespace spanformer::ops {
 
-#ifdef SPANFORMER_WITH_CUDA
-bool flash_attention_cuda_supported(const at::Tensor& q);  // src/ops/cuda/flash_attention_cuda.cpp
-at::Tensor flash_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o);
-#endif
-
 namespace {
+
+// The logsumexp's dtype: float32 (float64 for float64 inputs), whatever the inputs' precision.
+at::ScalarType lse_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 struct Dims {
   int64_t B, K, N, C, D, band, offset;  // offset = C - N: the key position of query 0
@@ -114,56 +119,6 @@ void backward_tile(const at::Tensor& qs, const at::Tensor& q, const at::Tensor& 
   }
 }
 
-class FlashFunction : public torch::autograd::Function<FlashFunction> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, int64_t band, double dropout, bool training, int64_t seed,
-                            int64_t tile) {
-    const FlashOptions o{band, dropout, training, static_cast<uint64_t>(seed), tile};
-    const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), band, k.size(2) - q.size(2)};
-    const int64_t X = d.B * d.K;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d.D));
-    auto q3 = q.reshape({X, d.N, d.D}), k3 = k.reshape({X, d.C, d.D}).contiguous(), v3 = v.reshape({X, d.C, d.D}).contiguous();
-    auto qs = q3 * scale;                      // (X, N, D)
-    auto out = at::empty_like(q3);             // (X, N, D)
-    auto lse = at::empty({X, d.N, 1}, q.options());  // (X, N, 1)
-    for (int64_t i0 = 0; i0 < d.N; i0 += tile) {
-      const int64_t n = std::min(tile, d.N - i0);
-      auto [o_t, l_t] = forward_tile(qs, k3, v3, d, o, i0, n);
-      out.narrow(1, i0, n).copy_(o_t);
-      lse.narrow(1, i0, n).copy_(l_t);
-    }
-    out = out.view(q.sizes());
-    ctx->save_for_backward({q, k, v, out, lse});
-    ctx->saved_data["band"] = band;
-    ctx->saved_data["dropout"] = dropout;
-    ctx->saved_data["training"] = training;
-    ctx->saved_data["seed"] = seed;
-    ctx->saved_data["tile"] = tile;
-    return out;
-  }
-
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const FlashOptions o{ctx->saved_data["band"].toInt(), ctx->saved_data["dropout"].toDouble(),
-                         ctx->saved_data["training"].toBool(), static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
-                         ctx->saved_data["tile"].toInt()};
-    const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), o.band, k.size(2) - q.size(2)};
-    const int64_t X = d.B * d.K;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d.D));
-    auto q3 = q.reshape({X, d.N, d.D}), k3 = k.reshape({X, d.C, d.D}), v3 = v.reshape({X, d.C, d.D});
-    auto dout = grads[0].reshape({X, d.N, d.D}).contiguous();                      // (X, N, D)
-    auto delta = (dout * out.reshape({X, d.N, d.D})).sum(-1, /*keepdim=*/true);   // (X, N, 1)
-    auto qs = q3 * scale;
-    auto dq = at::zeros_like(q3), dk = at::zeros_like(k3), dv = at::zeros_like(v3);
-    for (int64_t i0 = 0; i0 < d.N; i0 += o.tile)
-      backward_tile(qs, q3, k3, v3, dout, lse, delta, dq, dk, dv, d, o, i0, std::min(o.tile, d.N - i0), scale);
-    return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
-  }
-};
-
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.sizes() != v.sizes() || q.size(0) != k.size(0) ||
       q.size(1) != k.size(1) || q.size(3) != k.size(3) || q.size(2) > k.size(2) || q.size(2) < 1)
@@ -179,16 +134,183 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 
 }  // namespace
 
-at::Tensor flash_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, FlashOptions o) {
+namespace tiles {
+
+Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o) {
+  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), o.band, k.size(2) - q.size(2)};
+  const int64_t X = d.B * d.K;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d.D));
+  auto q3 = q.reshape({X, d.N, d.D}), k3 = k.reshape({X, d.C, d.D}).contiguous(), v3 = v.reshape({X, d.C, d.D}).contiguous();
+  auto qs = q3 * scale;                                                              // (X, N, D)
+  auto out = at::empty_like(q3);                                                     // (X, N, D)
+  auto lse = at::empty({X, d.N, 1}, q.options().dtype(lse_dtype(q.scalar_type())));  // (X, N, 1)
+  for (int64_t i0 = 0; i0 < d.N; i0 += o.tile) {
+    const int64_t n = std::min(o.tile, d.N - i0);
+    auto [o_t, l_t] = forward_tile(qs, k3, v3, d, o, i0, n);
+    out.narrow(1, i0, n).copy_(o_t);
+    lse.narrow(1, i0, n).copy_(l_t);  // widened without loss (bf16 / fp16 -> fp32)
+  }
+  return {out.view(q.sizes()), lse.view({d.B, d.K, d.N})};
+}
+
+FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& out, const at::Tensor& lse_in, const FlashOptions& o) {
+  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), o.band, k.size(2) - q.size(2)};
+  const int64_t X = d.B * d.K;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d.D));
+  auto q3 = q.reshape({X, d.N, d.D}), k3 = k.reshape({X, d.C, d.D}), v3 = v.reshape({X, d.C, d.D});
+  auto lse = lse_in.to(q.scalar_type()).reshape({X, d.N, 1});                      // (X, N, 1), the forward's values
+  auto dout = grad_out.reshape({X, d.N, d.D}).contiguous();                        // (X, N, D)
+  auto delta = (dout * out.reshape({X, d.N, d.D})).sum(-1, /*keepdim=*/true);     // (X, N, 1)
+  auto qs = q3 * scale;
+  auto dq = at::zeros_like(q3), dk = at::zeros_like(k3), dv = at::zeros_like(v3);
+  for (int64_t i0 = 0; i0 < d.N; i0 += o.tile)
+    backward_tile(qs, q3, k3, v3, dout, lse, delta, dq, dk, dv, d, o, i0, std::min(o.tile, d.N - i0), scale);
+  return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes())};
+}
+
+}  // namespace tiles
+
+namespace {
+
+FlashOptions flash_options(const FlashCall& c, int64_t seed) {
+  FlashOptions o;
+  o.band = c.band;
+  o.dropout = c.dropout;
+  o.training = c.training;
+  o.seed = static_cast<uint64_t>(seed);
+  o.tile = c.tile;
+  o.cuda_kernel = c.cuda_kernel;
+  return o;
+}
+
+using FlashForwardOp = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, bool, int64_t,
+                              int64_t, bool);
+using FlashBackwardOp = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, bool, int64_t,
+                               bool);
+
+// The row whose halves are the operators `spanformer::_flash_attention_forward` / `_backward` (the CPU
+// and any device: ATen tiles; CUDA: the kernels where cuda_kernel asks for them and they apply).
+struct FlashDispatchedRow {
+  static Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashCall& c) {
+    static auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("spanformer::_flash_attention_forward", "").typed<FlashForwardOp>();
+    return op.call(q, k, v, c.band, c.dropout, c.training, c.seed, c.tile, c.cuda_kernel);
+  }
+  static std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                          const at::Tensor& seed, const FlashCall& c) {
+    static auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("spanformer::_flash_attention_backward", "").typed<FlashBackwardOp>();
+    auto g = op.call(grad_out, q, k, v, out, lse, seed, c.band, c.dropout, c.training, c.tile, c.cuda_kernel);
+    return {std::get<0>(g), std::get<1>(g), std::get<2>(g)};
+  }
+};
+
+// spanformer::flash_attention (CompositeImplicitAutograd): checks once, resolves the band.
+at::Tensor flash_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, int64_t band,
+                       double dropout, bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
   const OpAutocast cast(q_in);  // train.amp: the op's own compute dtype (op_autocast.h)
   const auto q = cast(q_in), k = cast(k_in), v = cast(v_in);
-  check(q, k, v, o);
-  if (o.band == 0 || o.band > k.size(2)) o.band = k.size(2);
-  if (o.training && o.dropout > 0 && o.seed == 0) o.seed = draw_dropout_seed();
+  check(q, k, v, FlashOptions{band, dropout, training, 0, tile, cuda_kernel});
+  if (band == 0 || band > k.size(2)) band = k.size(2);
+  return FlashFunction<FlashDispatchedRow>::apply(q, k, v, band, dropout, training, seed, tile, cuda_kernel);
+}
+
 #ifdef SPANFORMER_WITH_CUDA
-  if (o.cuda_kernel && q.is_cuda() && flash_attention_cuda_supported(q)) return flash_attention_cuda(q, k, v, o);
+bool flash_uses_cuda_kernels(const at::Tensor& q, bool cuda_kernel) {
+  return cuda_kernel && q.is_cuda() && cuda_glue::flash_supported(q);
+}
 #endif
-  return FlashFunction::apply(q, k, v, o.band, o.dropout, o.training, static_cast<int64_t>(o.seed), o.tile);
+
+Triple flash_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
+                            bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
+  const int64_t used = resolve_seed(seed, training, dropout);
+  const auto o = flash_options(FlashCall{band, dropout, training, seed, tile, cuda_kernel}, used);
+#ifdef SPANFORMER_WITH_CUDA
+  if (flash_uses_cuda_kernels(q, cuda_kernel)) {
+    auto f = cuda_glue::flash_forward(q, k, v, o);
+    return {f.out, f.saved, seed_tensor(used, q)};
+  }
+#endif
+  auto f = tiles::flash_forward(q, k, v, o);
+  return {f.out, f.saved, seed_tensor(used, q)};
+}
+
+Triple flash_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, int64_t band,
+                             double dropout, bool training, int64_t tile, bool cuda_kernel) {
+  const auto o = flash_options(FlashCall{band, dropout, training, -1, tile, cuda_kernel},
+                               seed_value(seed, training, dropout));
+#ifdef SPANFORMER_WITH_CUDA
+  if (flash_uses_cuda_kernels(q, cuda_kernel)) {
+    auto g = cuda_glue::flash_backward(grad_out, q, k, v, out, lse, o);
+    return {g.q, g.k, g.v};
+  }
+#endif
+  auto g = tiles::flash_backward(grad_out, q, k, v, out, lse, o);
+  return {g.q, g.k, g.v};
+}
+
+Triple flash_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
+                          bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
+  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q.scalar_type())));  // (B, K, N)
+  return {at::empty(q.sizes(), q.options()), lse, at::empty({}, q.options().dtype(at::kLong))};
+}
+
+Triple flash_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, int64_t band,
+                           double dropout, bool training, int64_t tile, bool cuda_kernel) {
+  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()), at::empty(v.sizes(), v.options())};
+}
+
+at::Tensor flash_reference_entry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band,
+                                 double dropout, bool training, int64_t seed) {
+  FlashOptions o{band, dropout, training, static_cast<uint64_t>(resolve_seed(seed, training, dropout))};
+  return flash_attention_reference(q, k, v, o);
+}
+
+}  // namespace
+}  // namespace spanformer::ops
+
+// The operators (torch.ops.spanformer.* from Python): the public two take the seed -1 for "draw one".
+TORCH_LIBRARY_FRAGMENT(spanformer, m) {
+  m.def("flash_attention(Tensor q, Tensor k, Tensor v, int band=0, float dropout=0., bool training=False, "
+        "int seed=-1, int tile=256, bool cuda_kernel=True) -> Tensor");
+  m.def("flash_attention_reference(Tensor q, Tensor k, Tensor v, int band=0, float dropout=0., "
+        "bool training=False, int seed=-1) -> Tensor");
+  m.def("_flash_attention_forward(Tensor q, Tensor k, Tensor v, int band, float dropout, bool training, int seed, "
+        "int tile, bool cuda_kernel) -> (Tensor out, Tensor lse, Tensor seed)");
+  m.def("_flash_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+        "Tensor seed, int band, float dropout, bool training, int tile, bool cuda_kernel) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(spanformer, CompositeImplicitAutograd, m) {
+  m.impl("flash_attention", &spanformer::ops::flash_entry);
+  m.impl("flash_attention_reference", &spanformer::ops::flash_reference_entry);
+}
+
+// The ATen tiles run on any device ATen runs on; the CUDA key picks the kernels where they apply.
+TORCH_LIBRARY_IMPL(spanformer, CompositeExplicitAutograd, m) {
+  m.impl("_flash_attention_forward", &spanformer::ops::flash_forward_kernel);
+  m.impl("_flash_attention_backward", &spanformer::ops::flash_backward_kernel);
+}
+
+TORCH_LIBRARY_IMPL(spanformer, Meta, m) {
+  m.impl("_flash_attention_forward", &spanformer::ops::flash_forward_meta);
+  m.impl("_flash_attention_backward", &spanformer::ops::flash_backward_meta);
+}
+
+namespace spanformer::ops {
+
+at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions o) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("spanformer::flash_attention", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, bool,
+                                         int64_t, int64_t, bool)>();
+  const int64_t seed = o.seed == 0 ? -1 : static_cast<int64_t>(o.seed);  // FlashOptions: 0 = draw one
+  return op.call(q, k, v, o.band, o.dropout, o.training, seed, o.tile, o.cuda_kernel);
 }
 
 at::Tensor flash_attention_reference(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,

@@ -1,45 +1,33 @@
-"""spanformer.load() from Python against the command line, on small models of three families trained
-here by the CLI (an adaptive-span byte LM on Dickens, an encoder-decoder Transformer on a synthetic
-word-for-word language, a ViT on Fashion-MNIST when Debian's data set is installed):
+"""spanformer.load() from Python against the command line, for a checkpoint of every family, each a small
+model trained here by the CLI: adaptive span (bytes, Dickens), Transformer-XL and a PAR-layered XL (words,
+WikiText-2), GPT (bytes; adaptive-span attention, so it has spans), the encoder-decoder Transformer
+(a synthetic word-for-word language) and a ViT (Debian's Fashion-MNIST).
 
-    /usr/bin/python3 tests/python/test_load.py BUILD/spanformer SOURCE_DIR
-
-1. evaluate() returns the record `spanformer eval --json` prints: the same figure (bpc, BLEU, accuracy)
-   and counts. Both run one thread, the same code (train/eval_checkpoint.h) on the same weights, so the
-   figures must agree to rounding of the JSON text (1e-12);
-2. generate() continues a prompt exactly as `spanformer generate --seed` does (same seed, same bytes);
+1. evaluate() returns the record `spanformer eval --json` prints: the same figure (bpc, ppl, BLEU,
+   accuracy) and counts. Both run one thread, the same code (train/eval_checkpoint.h) on the same
+   weights, so the figures must agree to rounding of the JSON text (1e-12);
+2. generate() continues a prompt exactly as `spanformer generate --seed` does (same seed, same text);
    translate() as `spanformer translate`;
-3. spans() equals `spanformer spans --json`; report() writes `spanformer report`'s page; state_dict() holds every parameter of the exported
-   safetensors file, bit for bit;
+3. spans() equals `spanformer spans --json`; report() writes `spanformer report`'s page; state_dict()
+   holds every parameter of the exported safetensors file, bit for bit;
 4. attention() returns the weights behind `spanformer attention`: per layer (1, K, n, S + 1) for the
-   language model, (L, K, T, S) per sentence for the Transformer, (b, K, N, N) per layer for the ViT,
-   every row a distribution (sums to 1 within 1e-6: adaptive span renormalises its masked weights by
-   sum + 1e-8, as the reference does, so a row may fall short of 1 by 1e-8 / sum);
+   adaptive-span model, (L, K, T, S) per sentence for the Transformer, (b, K, N, N) per layer for the
+   ViT, every row a distribution (sums to 1 within 1e-6: adaptive span renormalises its masked weights
+   by sum + 1e-8, as the reference does, so a row may fall short of 1 by 1e-8 / sum);
 5. a missing checkpoint raises RuntimeError naming the path.
 """
 import json
 import os
 import random
 import re
-import subprocess
-import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-sys.path.insert(0, HERE)
-import torch  # noqa: E402
+import pytest
+import torch
 
-import safetensors_io  # noqa: E402
-import spanformer  # noqa: E402
+import safetensors_io
+import spanformer
 
-BIN, SRC = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)
-tmp = tempfile.mkdtemp()
-
-
-def cli(*args):
-    return subprocess.run([BIN, "--threads", "1", *args], check=True, capture_output=True, text=True).stdout
 
 
 def close(a, b, tol=1e-12):
@@ -51,96 +39,219 @@ def rows_are_distributions(w):
     assert torch.allclose(sums, torch.ones_like(sums), atol=1e-6, rtol=0), sums
 
 
-def same_weights(model, run):
+def same_weights(cli, model, run, tmp):
     path = os.path.join(tmp, os.path.basename(run) + ".safetensors")
     cli("export", "safetensors", run, "-o", path)
     exported = safetensors_io.read(path)[0]
     mine = model.state_dict()
+    assert exported, path
     for name, t in exported.items():
         assert name in mine, name
         assert torch.equal(mine[name].to(t.dtype), t), name
 
 
-# ---- adaptive span, bytes ------------------------------------------------------------------------
-text = open(os.path.join(SRC, "..", "shared", "data", "dickens.txt"), "rb").read()[:200000]
-open(os.path.join(tmp, "d.txt"), "wb").write(text)
-cli("data", "prepare", os.path.join(tmp, "d.txt"), "--out", os.path.join(tmp, "data"))
-json.dump({"model": {"nb_layers": 2, "hidden_size": 32, "inner_hidden_size": 64, "nb_heads": 2, "attn_span": 64,
-                     "block_size": 32, "adapt_span_init": 0.2},
-           "train": {"batch_size": 4, "nb_steps": 20, "eval_interval": 20, "eval_blocks": 4, "lr_warmup": 5}},
-          open(os.path.join(tmp, "c.json"), "w"))
-run = os.path.join(tmp, "lm")
-cli("train", "-c", os.path.join(tmp, "c.json"), "--data", os.path.join(tmp, "data"), "--out", run, "--quiet")
-m = spanformer.load(run)
-assert m.family == "adaptive-span" and m.step == 20 and len(m.vocab) > 30, m
-mine = m.evaluate("test", batch=4)
-theirs = json.loads(cli("eval", run, "--split", "test", "--batch", "4", "--json"))
-close(mine["bpc"], theirs["bpc"])
-assert mine["tokens"] == theirs["tokens"] and mine["blocks"] == theirs["blocks"], (mine, theirs)
-prompt = "It was the best of times"
-assert cli("generate", run, "--prompt", prompt, "--tokens", "40", "--seed", "3") == prompt + m.generate(prompt, 40, seed=3) + "\n"
-spans = json.loads(cli("spans", run, "--json", "--out", os.path.join(tmp, "s.png")))["spans"]
-# report(): the page the CLI writes, but for the time it was written.
-page = spanformer.report(run, os.path.join(tmp, "py.html"))
-cli("report", run, "--out", os.path.join(tmp, "cli.html"))
-strip = lambda p: re.sub(r'"written":"[^"]*"', "", open(p).read())
-assert strip(page) == strip(os.path.join(tmp, "cli.html")) and "uPlot" in strip(page)
-assert torch.allclose(m.spans(), torch.tensor(spans, dtype=torch.float64), atol=1e-12, rtol=0)
-weights = m.attention(text=prompt + ", it was the worst of times")
-assert len(weights) == 2, len(weights)
-for w in weights:
-    assert w.dtype == torch.float64 and w.dim() == 4 and w.shape[:2] == (1, 2), w.shape
-    rows_are_distributions(w)
-same_weights(m, run)
-try:
-    spanformer.load(os.path.join(tmp, "missing"))
-    raise AssertionError("loading a missing checkpoint succeeded")
-except RuntimeError as e:
-    assert "missing" in str(e).splitlines()[0], str(e)
+def same_generation(cli, model, run, prompt, words=False):
+    """The same continuation; word models print the prompt and the words the CLI's way (space-joined)."""
+    want = cli("generate", run, "--prompt", prompt, "--tokens", "40", "--seed", "3")
+    got = model.generate(prompt, 40, seed=3)
+    if words:
+        assert want.split() == (prompt + " " + got).split() and len(got.split()) == 40, (want, got)
+    else:
+        assert want == prompt + got + "\n"
 
-# ---- seq2seq, the encoder-decoder Transformer ----------------------------------------------------
-random.seed(4)
-en = "i you we see like the a cat dog house red big small".split()
-fr = "je tu nous vois aime le un chat chien maison rouge grand petit".split()
-with open(os.path.join(tmp, "pairs.txt"), "w") as f:
-    for _ in range(1500):
-        idx = [random.randrange(len(en)) for _ in range(random.randint(1, 6))]
-        f.write(" ".join(en[i] for i in idx).capitalize() + ".\t" + " ".join(fr[i] for i in idx).capitalize() + " .\n")
-run = os.path.join(tmp, "tf")
-cli("train", "-c", os.path.join(SRC, "configs", "seq2seq", "transformer.json"), "--out", run, "--data",
-    os.path.join(tmp, "pairs.txt"), "--d_model=32", "--n_layer=1", "--n_head=2", "--d_inner=64", "--dropout=0",
-    "--max_length=8", "--valid_pairs=100", "--test_pairs=100", "--batch_size=32", "--nb_steps=60",
-    "--eval_interval=60", "--lr_warmup=10", "--lr=3e-3", "--eval_batch_size=100", "--quiet")
-m = spanformer.load(run)
-assert m.family == "seq2seq", m
-mine, theirs = m.evaluate(), json.loads(cli("eval", run, "--json"))
-close(mine["bleu"], theirs["bleu"])
-close(mine["accuracy"], theirs["accuracy"])
-sentences = ["Je vois le chat .", "Nous aimons un grand chien ."]
-assert m.translate(sentences, beam=2) == cli("translate", run, "--beam", "2", "--text", sentences[0], "--text",
-                                             sentences[1]).splitlines()
-weights = m.attention(texts=sentences)
-assert len(weights) == 2
-for w in weights:
-    assert w.dim() == 4 and w.shape[:2] == (1, 2), w.shape  # (L, K, T, S)
-    rows_are_distributions(w)
-same_weights(m, run)
 
-# ---- ViT on Fashion-MNIST ------------------------------------------------------------------------
-fashion = "/usr/share/datasets/fashion-mnist"
-if os.path.isdir(fashion):
+# ---- the trained models, one per family (module scope: trained once) ------------------------------
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("load"))
+
+
+@pytest.fixture(scope="module")
+def byte_data(cli, shared, tmp):
+    text = open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:200000]
+    open(os.path.join(tmp, "d.txt"), "wb").write(text)
+    cli("data", "prepare", os.path.join(tmp, "d.txt"), "--out", os.path.join(tmp, "data"))
+    return os.path.join(tmp, "data")
+
+
+@pytest.fixture(scope="module")
+def word_data(cli, shared, tmp):
+    wt2 = os.path.join(shared, "data", "wikitext-2")
+    for name, n in (("train", 600), ("test", 150)):
+        src = "wiki.valid.tokens" if name == "train" else "wiki.test.tokens"
+        with open(os.path.join(wt2, src)) as f, open(os.path.join(tmp, name + ".tokens"), "w") as out:
+            out.writelines(line for _, line in zip(range(n), f))
+    test = os.path.join(tmp, "test.tokens")
+    cli("data", "words", "--train", os.path.join(tmp, "train.tokens"), "--valid", test, "--test", test,
+        "--out", os.path.join(tmp, "wt"))
+    return os.path.join(tmp, "wt")
+
+
+@pytest.fixture(scope="module")
+def adaptive_span_run(cli, byte_data, tmp):
+    json.dump({"model": {"nb_layers": 2, "hidden_size": 32, "inner_hidden_size": 64, "nb_heads": 2, "attn_span": 64,
+                         "block_size": 32, "adapt_span_init": 0.2},
+               "train": {"batch_size": 4, "nb_steps": 20, "eval_interval": 20, "eval_blocks": 4, "lr_warmup": 5}},
+              open(os.path.join(tmp, "c.json"), "w"))
+    run = os.path.join(tmp, "lm")
+    cli("train", "-c", os.path.join(tmp, "c.json"), "--data", byte_data, "--out", run, "--quiet")
+    return run
+
+
+XL = {"arch": "xl",
+      "model": {"n_layer": 2, "d_model": 32, "n_head": 2, "d_head": 16, "d_inner": 64, "tgt_len": 16, "mem_len": 16,
+                "dropout": 0.0},
+      "train": {"batch_size": 4, "nb_steps": 10, "eval_interval": 10, "eval_segments": 4, "lr": 0.003,
+                "warmup_steps": 2, "eval_tgt_len": 8, "eval_mem_len": 24, "eval_batch_size": 4}}
+
+
+@pytest.fixture(scope="module", params=["xl", "par"])
+def xl_run(request, cli, word_data, tmp):
+    config = json.loads(json.dumps(XL))
+    if request.param == "par":  # PAR's searched layout: attention and feed-forward blocks in its own order
+        config["model"]["layers"] = "afff"
+    path = os.path.join(tmp, request.param + ".json")
+    json.dump(config, open(path, "w"))
+    run = os.path.join(tmp, request.param)
+    cli("train", "-c", path, "--data", word_data, "--out", run, "--quiet")
+    return run
+
+
+@pytest.fixture(scope="module")
+def gpt_run(cli, source, byte_data, tmp):
+    run = os.path.join(tmp, "gpt")
+    cli("train", "-c", os.path.join(source, "configs", "gpt", "demo.json"), "--data", byte_data, "--out", run,
+        "--n_layer=2", "--d_model=32", "--n_head=2", "--context=64", "--batch_size=4", "--nb_steps=10",
+        "--eval_interval=10", "--eval_blocks=2", "--lr_warmup=2", "--eval_batch_size=4",
+        "--attention=adaptive_span", "--adapt_span_init=0.2", "--quiet")
+    return run
+
+
+@pytest.fixture(scope="module")
+def seq2seq_run(cli, source, tmp):
+    random.seed(4)
+    en = "i you we see like the a cat dog house red big small".split()
+    fr = "je tu nous vois aime le un chat chien maison rouge grand petit".split()
+    with open(os.path.join(tmp, "pairs.txt"), "w") as f:
+        for _ in range(1500):
+            idx = [random.randrange(len(en)) for _ in range(random.randint(1, 6))]
+            f.write(" ".join(en[i] for i in idx).capitalize() + ".\t" + " ".join(fr[i] for i in idx).capitalize() + " .\n")
+    run = os.path.join(tmp, "tf")
+    cli("train", "-c", os.path.join(source, "configs", "seq2seq", "transformer.json"), "--out", run, "--data",
+        os.path.join(tmp, "pairs.txt"), "--d_model=32", "--n_layer=1", "--n_head=2", "--d_inner=64", "--dropout=0",
+        "--max_length=8", "--valid_pairs=100", "--test_pairs=100", "--batch_size=32", "--nb_steps=60",
+        "--eval_interval=60", "--lr_warmup=10", "--lr=3e-3", "--eval_batch_size=100", "--quiet")
+    return run
+
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(scope="module")
+def vit_run(cli, source, tmp):
+    if not os.path.isdir(FASHION):
+        pytest.fail(f"{FASHION} is missing: install Debian's dataset-fashion-mnist (scripts/install-deps.sh)")
     run = os.path.join(tmp, "vit")
-    cli("train", "-c", os.path.join(SRC, "configs", "vit", "fashion_mnist.json"), "--out", run, "--d_model=16",
+    cli("train", "-c", os.path.join(source, "configs", "vit", "fashion_mnist.json"), "--out", run, "--d_model=16",
         "--d_inner=32", "--n_layer=2", "--n_head=2", "--batch_size=32", "--nb_steps=10", "--eval_interval=10",
         "--lr_warmup=2", "--valid_images=500", "--quiet")
+    return run
+
+
+# ---- the tests -----------------------------------------------------------------------------------
+
+def test_adaptive_span(cli, adaptive_span_run, tmp):
+    run = adaptive_span_run
     m = spanformer.load(run)
-    mine, theirs = m.evaluate("valid"), json.loads(cli("eval", run, "--split", "valid", "--json"))
+    assert m.family == "adaptive-span" and m.step == 20 and len(m.vocab) > 30, m
+    mine = m.evaluate("test", batch=4)
+    theirs = json.loads(cli("eval", run, "--split", "test", "--batch", "4", "--json"))
+    close(mine["bpc"], theirs["bpc"])
+    assert mine["tokens"] == theirs["tokens"] and mine["blocks"] == theirs["blocks"], (mine, theirs)
+    prompt = "It was the best of times"
+    same_generation(cli, m, run, prompt)
+    spans = json.loads(cli("spans", run, "--json", "--out", os.path.join(tmp, "s.png")))["spans"]
+    assert torch.allclose(m.spans(), torch.tensor(spans, dtype=torch.float64), atol=1e-12, rtol=0)
+    weights = m.attention(text=prompt + ", it was the worst of times")
+    assert len(weights) == 2, len(weights)
+    for w in weights:
+        assert w.dtype == torch.float64 and w.dim() == 4 and w.shape[:2] == (1, 2), w.shape
+        rows_are_distributions(w)
+    same_weights(cli, m, run, tmp)
+
+
+def test_report(cli, adaptive_span_run, tmp):
+    """report(): the page the CLI writes, but for the time it was written."""
+    page = spanformer.report(adaptive_span_run, os.path.join(tmp, "py.html"))
+    cli("report", adaptive_span_run, "--out", os.path.join(tmp, "cli.html"))
+    strip = lambda p: re.sub(r'"written":"[^"]*"', "", open(p).read())  # noqa: E731
+    assert strip(page) == strip(os.path.join(tmp, "cli.html")) and "uPlot" in strip(page)
+
+
+def test_xl_and_par(cli, xl_run, tmp):
+    m = spanformer.load(xl_run)
+    assert m.family in ("xl", "par") and m.step == 10, m
+    mine = m.evaluate("test")
+    theirs = json.loads(cli("eval", xl_run, "--split", "test", "--json"))
+    close(mine["ppl"], theirs["ppl"])
+    assert mine["tokens"] == theirs["tokens"], (mine, theirs)
+    same_generation(cli, m, xl_run, "The game", words=True)
+    same_weights(cli, m, xl_run, tmp)
+    # run-time overrides change how the model runs, never what it is
+    longer = spanformer.load(xl_run, eval_mem_len=32).evaluate("test")
+    assert "mem_len 32" in longer["protocol"] and longer["tokens"] == mine["tokens"], longer
+
+
+def test_gpt(cli, gpt_run, tmp):
+    m = spanformer.load(gpt_run)
+    assert m.family == "gpt" and m.step == 10, m
+    mine = m.evaluate("test")
+    theirs = json.loads(cli("eval", gpt_run, "--split", "test", "--json"))
+    close(mine["bpc"], theirs["bpc"])
+    same_generation(cli, m, gpt_run, "It was")
+    assert m.spans().shape == (2, 2)
+    same_weights(cli, m, gpt_run, tmp)
+
+
+def test_seq2seq(cli, seq2seq_run, tmp):
+    m = spanformer.load(seq2seq_run)
+    assert m.family == "seq2seq", m
+    mine, theirs = m.evaluate(), json.loads(cli("eval", seq2seq_run, "--json"))
+    close(mine["bleu"], theirs["bleu"])
+    close(mine["accuracy"], theirs["accuracy"])
+    sentences = ["Je vois le chat .", "Nous aimons un grand chien ."]
+    want = cli("translate", seq2seq_run, "--beam", "2", "--text", sentences[0], "--text", sentences[1]).splitlines()
+    assert m.translate(sentences, beam=2) == want
+    weights = m.attention(texts=sentences)
+    assert len(weights) == 2
+    for w in weights:
+        assert w.dim() == 4 and w.shape[:2] == (1, 2), w.shape  # (L, K, T, S)
+        rows_are_distributions(w)
+    same_weights(cli, m, seq2seq_run, tmp)
+
+
+def test_vit(cli, vit_run, tmp):
+    m = spanformer.load(vit_run)
+    assert m.family == "vit", m
+    mine, theirs = m.evaluate("valid"), json.loads(cli("eval", vit_run, "--split", "valid", "--json"))
     close(mine["accuracy"], theirs["accuracy"])
     close(mine["nll"], theirs["nll"])
     weights = m.attention(indices=[0, 3])
     assert len(weights) == 2 and weights[0].shape == (2, 2, 50, 50), [w.shape for w in weights]
     for w in weights:
         rows_are_distributions(w)
-else:
-    print("vit part skipped: dataset-fashion-mnist not installed")
-print("spanformer.load: every check passed")
+    same_weights(cli, m, vit_run, tmp)
+
+
+def test_missing_checkpoint(tmp):
+    with pytest.raises(RuntimeError) as e:
+        spanformer.load(os.path.join(tmp, "missing"))
+    assert "missing" in str(e.value).splitlines()[0], str(e.value)
+
+
+def test_wrong_capability(adaptive_span_run):
+    """A capability the family lacks is one clear error, not a crash."""
+    with pytest.raises(RuntimeError) as e:
+        spanformer.load(adaptive_span_run).translate(["x"])
+    assert "family has no" in str(e.value).splitlines()[0], str(e.value)

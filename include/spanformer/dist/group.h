@@ -1,5 +1,6 @@
 // Data-parallel training on torch.distributed's engine (c10d): a TCPStore for rendezvous and a
-// ProcessGroupGloo (CPU) for collectives. No home-made networking.
+// ProcessGroupGloo (CPU) or ProcessGroupNCCL (CUDA, one GPU per process: the node-local rank picks it)
+// for collectives. No home-made networking.
 //
 // Launch conventions of the ecosystem are read as they are: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 // MASTER_PORT (torchrun), or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID with MASTER_ADDR/MASTER_PORT set
@@ -25,11 +26,15 @@ struct GroupOptions {
 class Group {
  public:
   // The process group described by the environment; nullptr when WORLD_SIZE (or SLURM_NTASKS) is
-  // unset or 1. Throws Error for an incomplete or inconsistent environment.
+  // unset, or 1 with the backend left to auto (a named backend gets a group of one). Throws Error for
+  // an incomplete or inconsistent environment.
   static std::shared_ptr<Group> from_env(const GroupOptions& options);
   ~Group();
 
   int rank() const { return rank_; }
+  int local_rank() const { return local_rank_; }
+  // Where the collectives' tensors live: CPU for Gloo, cuda:LOCAL_RANK for NCCL (the model's device).
+  c10::Device device() const { return device_; }
   int world() const { return world_; }
   bool is_main() const { return rank_ == 0; }
 
@@ -52,7 +57,12 @@ class Group {
   Group() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  int rank_ = 0, world_ = 1;
+  int rank_ = 0, world_ = 1, local_rank_ = 0;
+  c10::Device device_ = c10::Device(c10::DeviceType::CPU);
 };
+
+// The device this process runs on: `device` as configured, except that a bare "cuda" in a job of several
+// processes means this process's GPU, cuda:LOCAL_RANK (torchrun's and SLURM's convention).
+std::string process_device(const std::string& device, const Group* group);
 
 }  // namespace spanformer::dist

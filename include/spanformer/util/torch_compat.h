@@ -20,8 +20,28 @@
 #else
 #define SPANFORMER_HAS_C10D_GLOO 0
 #endif
+// c10d's NCCL backend: a CUDA build (SPANFORMER_WITH_CUDA) of a LibTorch with NCCL (USE_C10D_NCCL, from
+// torch_cuda's CMake target), with nccl.h found by CMake (SPANFORMER_WITH_NCCL).
+#if defined(SPANFORMER_WITH_CUDA) && defined(SPANFORMER_WITH_NCCL) && defined(USE_C10D_NCCL)
+#define SPANFORMER_HAS_C10D_NCCL 1
+#else
+#define SPANFORMER_HAS_C10D_NCCL 0
+#endif
+
+// The base class of a c10d backend's collectives (ProcessGroupGloo, ProcessGroupNCCL): ProcessGroup in
+// LibTorch 1.x, Backend from 2.0 on. Declared only; src/dist/impl.h includes the definitions.
+namespace c10d {
+class Backend;
+class ProcessGroup;
+}  // namespace c10d
 
 namespace spanformer::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveBackend = c10d::Backend;
+#else
+using CollectiveBackend = c10d::ProcessGroup;
+#endif
 
 constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
 constexpr int kTorchMinor = TORCH_VERSION_MINOR;
@@ -33,6 +53,18 @@ inline std::string torch_version() {
 
 // The message of a c10::Error without LibTorch's C++ stack trace (users get one line).
 inline std::string error_message(const c10::Error& e) { return e.what_without_backtrace(); }
+
+// clamp(x, lo, hi) whose gradient is 1 on the closed interval [lo, hi], as LibTorch 1.x's clamp has it.
+// LibTorch 2.x passes no gradient where x equals lo or hi. The adaptive-span mask sits exactly on both
+// ends whenever a span z is a whole number of tokens (z = 0 at init and after every clamp of the
+// parameter), and the reference was trained with the 1.x rule, so every build keeps that rule: the
+// value is clamp's own (bit for bit), the gradient comes from the (x - x.detach()) term only.
+inline at::Tensor clamp_closed_gradient(const at::Tensor& x, double lo, double hi) {
+  auto value = x.clamp(lo, hi).detach();
+  if (!x.requires_grad()) return value;
+  auto inside = ((x >= lo) & (x <= hi)).to(x.scalar_type());
+  return value + (x - x.detach()) * inside;
+}
 
 // State of the default generator of a device type, as a CPU byte tensor (saved in checkpoints so
 // that dropout masks continue exactly after a resume).

@@ -112,12 +112,14 @@ TileState compute_tile(const at::Tensor& qh, const at::Tensor& kh, const at::Ten
 
 }  // namespace
 
-at::Tensor span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& key_pe, const at::Tensor& span_ratio,
-                                  const SpanAttentionOptions& o, at::Tensor* p_keep) {
+Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                               const SpanAttentionOptions& o, bool keep_p) {
   const Shape s = shape_of(q, k, o);
   const auto& visited = o.visited;  // resolved by the entry point
-  if (p_keep) *p_keep = at::empty({s.K, s.B, s.M, s.W}, q.options());             // head-major, as out
+  at::Tensor kept = keep_p ? at::empty({s.K, s.B, s.M, s.W}, q.options())        // (K, B, M, W) head-major, as out
+                           : at::empty({0}, q.options());
+  at::Tensor* p_keep = keep_p ? &kept : nullptr;
   std::vector<at::Tensor> masks;
   for (int64_t h = 0; h < s.K; ++h) masks.push_back(unclamped_mask(span_ratio, h, visited[h], o).clamp(0.0, 1.0));
   auto out = at::empty({s.K, s.B, s.M, s.D}, q.options());                        // head-major while filling
@@ -133,14 +135,14 @@ at::Tensor span_attention_forward(const at::Tensor& q, const at::Tensor& k, cons
       }
     }
   });
-  return out.transpose(0, 1).contiguous();                                        // (B, K, M, D)
+  return {out.transpose(0, 1).contiguous(), kept};                                // (B, K, M, D)
 }
 
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& key_pe,
                                            const at::Tensor& span_ratio, const SpanAttentionOptions& o,
                                            const at::Tensor& p_kept) {
-  TORCH_CHECK(p_kept.defined(), "span_attention_backward: the forward kept no probabilities");
+  TORCH_CHECK(p_kept.dim() == 4, "span_attention_backward: the forward kept no probabilities");
   const Shape s = shape_of(q, k, o);
   const auto& visited = o.visited;
   std::vector<at::Tensor> masks, mask_grad;  // clamped mask, and d m / d ratio = L / R inside [0, 1]

@@ -1,9 +1,7 @@
 // What the LibTorch glue of every CUDA kernel shares: the element type of a tensor as the kernels name
-// it, the launch check (one line naming the op), and the dropout settings an autograd function keeps
-// for its backward.
+// it, the stream, and the launch check (one line naming the op).
 #pragma once
 #include <ATen/ATen.h>
-#include <torch/autograd.h>
 
 #include "params.h"
 #ifndef SPANFORMER_CUDA_EMULATE
@@ -33,20 +31,5 @@ inline cudaStream_t current_stream() {
 inline void check_launch(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, what, ": ", cudaGetErrorString(err));
 }
-
-struct DropoutSettings {
-  double dropout;
-  bool training;
-  int64_t seed;
-
-  void save(torch::autograd::AutogradContext* ctx) const {
-    ctx->saved_data["dropout"] = dropout;
-    ctx->saved_data["training"] = training;
-    ctx->saved_data["seed"] = seed;
-  }
-  static DropoutSettings load(torch::autograd::AutogradContext* ctx) {
-    return {ctx->saved_data["dropout"].toDouble(), ctx->saved_data["training"].toBool(), ctx->saved_data["seed"].toInt()};
-  }
-};
 
 }  // namespace spanformer::ops::cuda

@@ -1,26 +1,32 @@
-"""torch.ops.spanformer.adaptive_span_attention from Python, held to a PyTorch composition of the
-reference's formula written here (independently of the C++ code), in double precision.
+"""torch.ops.spanformer.adaptive_span_attention and flash_attention from Python, held to PyTorch
+compositions of the reference formulas written here (independently of the C++ code), in double
+precision; and the operators' torch.library registration: fake kernels, autograd and torch.compile.
 
-    /usr/bin/python3 tests/python/test_torch_op.py            (finds build/libspanformer_torch_ops.so)
+    .venv/bin/python -m pytest tests/python/test_ops.py      (conftest.py says which build it tests)
 
 1. values and the gradients of q, k, v, key_pe and span_ratio, for spans that cover the whole window,
-   part of it and almost none of it (so the kernel skips keys), against the composition: 1e-10;
+   part of it and almost none of it (so the kernel skips keys), and whole-token spans (the soft mask sits
+   exactly on 0 and 1: LibTorch 1.x's clamp gradient, which spanformer keeps on every LibTorch), against
+   the composition: 1e-10;
 2. torch.autograd.gradcheck of the operator itself (finite differences);
-3. training with dropout: the operator and its registered reference composition agree (same seed);
+3. training with dropout: the operator and its registered reference composition agree (same seed), and
+   seed -1 draws from torch's generator (torch.manual_seed repeats the mask);
 4. a small nn.Module using the operator trains for 20 Adam steps exactly as the same module built on the
-   composition does (losses within 1e-9 at every step), and its loss falls.
+   composition does (losses within 1e-9 at every step), and its loss falls;
+5. flash attention: dense, banded, with a KV cache, values and gradients; dropout equals its reference;
+6. torch.library.opcheck (schema, fake tensors, autograd registration, AOT dispatch) of every operator,
+   and torch.compile(fullgraph=True) of a module calling both: no graph break, the same values and
+   gradients as eager, with and without dropout.
 Tolerances: the operator computes the same sums in another order (per-head windows, a different
 softmax normalisation), so double-precision results differ by rounding only (~1e-15 relative); 1e-10
 leaves room for accumulation over a few hundred terms and would still catch any formula error.
 """
 import math
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import torch  # noqa: E402
+import pytest
+import torch
 
-import spanformer  # noqa: E402
+import spanformer
 
 op = torch.ops.spanformer.adaptive_span_attention
 op_reference = torch.ops.spanformer.adaptive_span_attention_reference
@@ -29,7 +35,8 @@ op_reference = torch.ops.spanformer.adaptive_span_attention_reference
 def composition(q, k, v, key_pe, span_ratio, L, R):
     """The reference's adaptive-span attention, spelled out: query i sees keys i .. i+W-1 (distance W-c
     for column c), score = q.k + q.key_pe[:, L-W+c], softmax over the window, soft mask
-    clamp((z - (d-1)) / R + 1, 0, 1) with z = span_ratio * L, renormalised with + 1e-8."""
+    clamp((z - (d-1)) / R + 1, 0, 1) with z = span_ratio * L, renormalised with + 1e-8. The clamp passes
+    its gradient on the closed interval [0, 1] (LibTorch 1.x's rule; 2.x passes none at the ends)."""
     B, K, M, D = q.shape
     W = k.shape[2] - M
     idx = torch.arange(M).view(M, 1) + torch.arange(W).view(1, W)                # (M, W) key row of (i, c)
@@ -38,8 +45,9 @@ def composition(q, k, v, key_pe, span_ratio, L, R):
     scores = (q.unsqueeze(3) * kk).sum(-1) + q @ key_pe[:, L - W:]                 # (B, K, M, W)
     p = torch.softmax(scores / math.sqrt(D), dim=-1)
     d = (W - torch.arange(W)).to(q.dtype)                                          # distance of column c
-    m = ((span_ratio * L).view(K, 1, 1) - (d - 1)) / R + 1                         # (K, 1, W)
-    a = p * m.clamp(0, 1)
+    x = ((span_ratio * L).view(K, 1, 1) - (d - 1)) / R + 1                         # (K, 1, W)
+    m = torch.where((x >= 0) & (x <= 1), x, x.clamp(0, 1).detach())  # gradient 1 on [0, 1], ends included
+    a = p * m
     a = a / (a.sum(-1, keepdim=True) + 1e-8)
     return (a.unsqueeze(-1) * vv).sum(3)                                           # (B, K, M, D)
 
@@ -51,37 +59,42 @@ def inputs(seed, B=2, K=3, M=8, W=24, D=8, L=32, ratios=(1.0, 0.4, 0.03)):
     return t(B, K, M, D), t(B, K, W + M, D), t(B, K, W + M, D), t(D, L), span
 
 
-def check_values_and_gradients():
+@pytest.mark.parametrize("seed,ratios", [(0, (1.0, 0.4, 0.03)), (1, (1.0, 0.4, 0.03)), (2, (1.0, 0.4, 0.03)),
+                                         (3, (0.5, 0.25, 0.0))])
+def test_values_and_gradients(seed, ratios):
     L, R = 32, 4.0
-    for seed in range(3):
-        q, k, v, key_pe, span = inputs(seed)
-        ours = op(q, k, v, key_pe, span, L, R)
-        theirs = composition(q, k, v, key_pe, span, L, R)
-        assert (ours - theirs).abs().max() < 1e-10, (ours - theirs).abs().max()
-        go = torch.randn_like(ours)
-        g1 = torch.autograd.grad(ours, (q, k, v, key_pe, span), go)
-        g2 = torch.autograd.grad(theirs, (q, k, v, key_pe, span), go)
-        for name, a, b in zip(("q", "k", "v", "key_pe", "span_ratio"), g1, g2):
-            err = (a - b).abs().max().item()
-            assert err < 1e-10 * max(1.0, b.abs().max().item()), (name, err)
-    print("values and gradients: 3 cases, 5 gradients each, within 1e-10 of the composition")
+    q, k, v, key_pe, span = inputs(seed, ratios=ratios)
+    ours = op(q, k, v, key_pe, span, L, R)
+    theirs = composition(q, k, v, key_pe, span, L, R)
+    assert (ours - theirs).abs().max() < 1e-10, (ours - theirs).abs().max()
+    go = torch.randn_like(ours)
+    g1 = torch.autograd.grad(ours, (q, k, v, key_pe, span), go)
+    g2 = torch.autograd.grad(theirs, (q, k, v, key_pe, span), go)
+    for name, a, b in zip(("q", "k", "v", "key_pe", "span_ratio"), g1, g2):
+        err = (a - b).abs().max().item()
+        assert err < 1e-10 * max(1.0, b.abs().max().item()), (name, err)
 
 
-def check_gradcheck():
+def test_gradcheck():
     q, k, v, key_pe, span = inputs(7, B=1, K=2, M=4, W=6, D=4, L=8, ratios=(0.9, 0.35))
     f = lambda *x: op(*x, 8, 2.0)  # noqa: E731
     assert torch.autograd.gradcheck(f, (q, k, v, key_pe, span), eps=1e-6, atol=1e-7)
-    print("gradcheck: passed")
 
 
-def check_dropout():
+def test_dropout():
     q, k, v, key_pe, span = inputs(3)
     a = op(q, k, v, key_pe, span, 32, 4.0, 0.3, True, 1234)
     b = op_reference(q, k, v, key_pe, span, 32, 4.0, 0.3, True, 1234)
     assert (a - b).abs().max() < 1e-10
     c = op(q, k, v, key_pe, span, 32, 4.0, 0.3, True, 99)
     assert (a - c).abs().max() > 1e-3, "another seed must give another dropout mask"
-    print("dropout: the operator equals its reference composition for one seed, differs for another")
+    # seed -1: drawn from torch's default generator when the operator runs
+    torch.manual_seed(8)
+    d = op(q, k, v, key_pe, span, 32, 4.0, 0.3, True)
+    torch.manual_seed(8)
+    e = op(q, k, v, key_pe, span, 32, 4.0, 0.3, True)
+    f = op(q, k, v, key_pe, span, 32, 4.0, 0.3, True)
+    assert torch.equal(d, e) and (e - f).abs().max() > 1e-3
 
 
 class Layer(torch.nn.Module):
@@ -105,7 +118,7 @@ class Layer(torch.nn.Module):
         return out.transpose(1, 2).reshape(B, -1, self.K * self.D)
 
 
-def check_training():
+def test_training():
     g = torch.Generator().manual_seed(5)
     data = torch.randn(4, 40, 16, generator=g, dtype=torch.float64)
     target = torch.roll(data, 3, dims=1)  # needs to look 3 tokens back
@@ -128,8 +141,6 @@ def check_training():
     worst = max(abs(a - b) for a, b in zip(*losses))
     assert worst < 1e-9, worst
     assert losses[0][-1] < losses[0][0], losses[0]
-    print(f"training: 20 Adam steps, operator vs composition losses within {worst:.1e}; "
-          f"loss {losses[0][0]:.4f} -> {losses[0][-1]:.4f}")
 
 
 def flash_composition(q, k, v, band):
@@ -144,7 +155,7 @@ def flash_composition(q, k, v, band):
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
 
 
-def check_flash():
+def test_flash():
     """torch.ops.spanformer.flash_attention: dense and a band of 5, with and without a KV cache, values
     and gradients against the composition in double (1e-10), and dropout equal to its reference."""
     worst = 0.0
@@ -163,13 +174,76 @@ def check_flash():
     b = torch.ops.spanformer.flash_attention_reference(q, q, q, 0, 0.3, True, 9)
     assert (a - b).abs().max().item() < 1e-12
     assert spanformer.flash_attention(q, q, q).shape == q.shape
-    print(f"flash: values and gradients within {worst:.1e} of the composition; dropout equals its reference")
 
 
-if __name__ == "__main__":
-    check_values_and_gradients()
-    check_flash()
-    check_gradcheck()
-    check_dropout()
-    check_training()
-    print("torch op: passed")
+
+def small_inputs(dtype=torch.float64):
+    q, k, v, key_pe, span = inputs(11, B=2, K=3, M=8, W=24, D=8, L=32)
+    return [t.detach().to(dtype).requires_grad_() for t in (q, k, v, key_pe, span)]
+
+
+OPCHECK_CASES = {
+    "adaptive_span_attention": lambda t: (*t, 32, 4.0),
+    "adaptive_span_attention_reference": lambda t: (*t, 32, 4.0),
+    "flash_attention": lambda t: (t[0], t[0], t[0], 5),
+    "flash_attention_reference": lambda t: (t[0], t[0], t[0], 5),
+    "_adaptive_span_attention_cpu_forward": lambda t: (*[x.detach() for x in t], 32, 4.0, 0.0, False, 3, [], True),
+    "_flash_attention_forward": lambda t: (*[t[0].detach()] * 3, 8, 0.0, False, 3, 256, False),
+}
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs PyTorch 2.4")
+@pytest.mark.parametrize("name", sorted(OPCHECK_CASES))
+def test_opcheck(name):
+    """Schema, fake (Meta) kernels against the real ones, autograd registration, AOT dispatch."""
+    args = OPCHECK_CASES[name](small_inputs(torch.float32))
+    torch.library.opcheck(getattr(torch.ops.spanformer, name).default, args)
+
+
+class TwoOps(torch.nn.Module):
+    """A PyTorch module calling both operators, as a user's model would."""
+
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q, k, v, key_pe, span):
+        a = torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span, 32, 4.0, self.dropout, self.training)
+        b = torch.ops.spanformer.flash_attention(a, q, q, 0, self.dropout, self.training)
+        return (a * b).sum() + b.square().mean()
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs PyTorch 2")
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_compile_fullgraph(dropout):
+    """torch.compile(fullgraph=True) raises on a graph break; the compiled module computes what eager does,
+    values and gradients, with the same dropout masks for the same torch.manual_seed."""
+    torch._dynamo.reset()
+    eager = TwoOps(dropout)
+    compiled = torch.compile(TwoOps(dropout), fullgraph=True, backend="aot_eager")
+    x = small_inputs()
+    torch.manual_seed(4)
+    want = eager(*x)
+    want_grads = torch.autograd.grad(want, x)
+    torch.manual_seed(4)
+    got = compiled(*x)
+    got_grads = torch.autograd.grad(got, x)
+    assert abs(got.item() - want.item()) < 1e-12 * max(1.0, abs(want.item()))
+    for a, b in zip(got_grads, want_grads):
+        assert (a - b).abs().max().item() < 1e-12
+    if dropout > 0:  # a fresh mask on the next call: the seed is drawn when the op runs, not when traced
+        assert abs(compiled(*x).item() - got.item()) > 1e-6
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs PyTorch 2")
+def test_compile_inductor():
+    """The default backend (Inductor generates C++ around the operators) in float32."""
+    torch._dynamo.reset()
+    x = small_inputs(torch.float32)
+    want = TwoOps()(*x)
+    got = torch.compile(TwoOps(), fullgraph=True)(*x)
+    assert abs(got.item() - want.item()) < 1e-4 * max(1.0, abs(want.item()))
+    got_grads = torch.autograd.grad(got, x)
+    want_grads = torch.autograd.grad(want, x)
+    for a, b in zip(got_grads, want_grads):
+        assert (a - b).abs().max().item() < 1e-4 * max(1.0, b.abs().max().item())

@@ -1,0 +1,72 @@
+// The backends of the span-aware and flash attention ops, each a forward that returns what its backward
+// needs and a backward that takes it: the rows the ops' dispatcher entries (registered with
+// torch.library in the ops' own files) and their one autograd function (autograd_function.h) call.
+// Internal header: inputs are checked, contiguous, cast by OpAutocast, bands and spans resolved.
+//
+//   op                       row          forward keeps                        file
+//   adaptive_span_attention  cpu          p (K, B, M, W) when training         cpu/span_attention_cpu.cpp
+//                            cuda         row (max, Z, N) (3, B, K, M) fp32     cuda/span_attention_cuda.cpp
+//                            reference    (autograd over the composition)      adaptive_span_attention.cpp
+//   flash_attention          tiles        logsumexp (B, K, N)                  flash_attention.cpp (any device)
+//                            cuda         logsumexp (B, K, N) fp32              cuda/flash_attention_cuda.cpp
+// Dims: B batch, K heads, M / N queries, W window, C keys, D head width, L max span.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "spanformer/ops/adaptive_span_attention.h"
+#include "spanformer/ops/flash_attention.h"
+
+namespace spanformer::ops {
+
+// What a backend's forward returns: the output and what its backward reads (see the table above).
+struct Forward {
+  at::Tensor out, saved;
+};
+
+struct SpanAttentionGrads {
+  at::Tensor q, k, v, key_pe, span_ratio;
+};
+
+struct FlashGrads {
+  at::Tensor q, k, v;
+};
+
+namespace cpu {
+// options.visited resolved; saved = p when keep_p, else an empty tensor (no backward possible).
+Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                               const SpanAttentionOptions& options, bool keep_p);
+SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& key_pe,
+                                           const at::Tensor& span_ratio, const SpanAttentionOptions& options,
+                                           const at::Tensor& p_kept);
+}  // namespace cpu
+
+namespace tiles {
+// ATen tiles of FlashAttention (any device ATen runs on): saved = logsumexp (B, K, N) in float32 (float64
+// for float64 inputs). options.band is 1 .. C and the dropout seed drawn.
+Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& options);
+FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& out, const at::Tensor& lse, const FlashOptions& options);
+}  // namespace tiles
+
+// The CUDA kernels' glue (src/ops/cuda/*_cuda.cpp): compiled into -DSPANFORMER_CUDA=ON builds, and into
+// the tests' CPU model of CUDA (tests/cuda_emulated), where the same code runs on CPU tensors.
+namespace cuda_glue {
+// float32 / bfloat16 / float16 with D a multiple of 32 up to 256.
+bool span_attention_supported(const at::Tensor& q);
+Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                               const SpanAttentionOptions& options);
+SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& key_pe,
+                                           const at::Tensor& span_ratio, const at::Tensor& out,
+                                           const at::Tensor& stats, const SpanAttentionOptions& options);
+// float32 / bfloat16 / float16 with D <= 256.
+bool flash_supported(const at::Tensor& q);
+Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& options);
+FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& out, const at::Tensor& lse, const FlashOptions& options);
+}  // namespace cuda_glue
+
+}  // namespace spanformer::ops
