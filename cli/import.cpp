@@ -18,7 +18,7 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   cmd->add_option("kind", o->kind, "safetensors (written by `spanformer export safetensors`, any family), "
                                    "adaptive-span (facebookresearch/adaptive-span's state_dict) or transformer-xl "
                                    "(kimiyoung/transformer-xl's MemTransformerLM state_dict)")->required();
-  cmd->add_option("model", o->model, "the safetensors or state_dict file (see README for the one-line extraction)")->required();
+  cmd->add_option("model", o->model, "the safetensors or state_dict file (see docs/usage.md for the one-line extraction)")->required();
   cmd->add_option("--config,-c", o->config, "spanformer config describing the model (reference kinds)");
   cmd->add_option("--vocab", o->vocab, "the model's vocabulary, in id order (vocab.txt: a byte value or <eos> per "
                                        "line; words.txt with --vocab-level word; reference kinds)");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job on a fresh Debian/Ubuntu machine: install, build, prepare the King James Bible, train a
-# small adaptive-span model for a few minutes on the CPU, then print test bpc, draw the spans and
-# print a generated sample. Re-running resumes/reuses what is already there.
+# The main job on a fresh Debian 12 machine: install (Debian packages, PyPI's torch into .venv), build,
+# prepare the King James Bible, train a small adaptive-span model for a minute or two on the CPU, then
+# print test bpc, draw the spans and print a generated sample. Re-running resumes/reuses what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh

@@ -4,7 +4,7 @@
 # compare span attention implementations, and time CUDA training steps. Every figure lands in
 # $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
 #
-#   scripts/gpu-check.sh [stage...]     stages: info build test compare train e2e (default: all, in order)
+#   scripts/gpu-check.sh [stage...]     stages: info build test compare train e2e nccl (default: all, in order)
 #
 # Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
 # ../shared, or .gpu/shared when that copy exists: the GPU machine sees only the checkout), JOBS.
@@ -26,7 +26,7 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-570}
 START=$(date +%s)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(info build test compare train e2e)
+[ ${#stages[@]} -eq 0 ] && stages=(info build test compare train e2e nccl)
 failed=0
 
 # step NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in the log, prints one status line.
@@ -73,7 +73,7 @@ EOF
     zip=OFF; pkg-config --exists libzip && zip=ON
     sp=OFF; pkg-config --exists sentencepiece && sp=ON
     step configure 180 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=ON \
-      -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90 -DSPANFORMER_BENCH=OFF \
+      -DCMAKE_PREFIX_PATH="$prefix" -DTORCH_CUDA_ARCH_LIST=9.0 -DSPANFORMER_BENCH=OFF \
       -DSPANFORMER_PICTURES=$pictures -DSPANFORMER_ZIP=$zip -DSPANFORMER_SENTENCEPIECE=$sp -DSPANFORMER_SHARED_DIR="$SHARED" || break
     step build 480 ninja -C "$BUILD" -j "$JOBS" -k 0 spanformer_cli spanformer_tests spanformer_torch_ops || {
       grep -E "error|FAILED" "$LOG" | head -60
@@ -128,7 +128,26 @@ EOF
       grep -E "^test" "$LOG" | tail -1 | sed "s|^|e2e eval on $device: |" | tee -a "$FIG"
     done
     ;;
-  *) echo "unknown stage '$stage' (info build test compare train e2e)"; exit 2 ;;
+  nccl)
+    # NCCL through the same data-parallel code as Gloo: a group of one on GPU 0 (WORLD_SIZE=1 with the
+    # backend named runs every collective) must give the plain CUDA run's last record exactly.
+    DATA=${DATA:-$PWD/.gpu/data/dickens3m}
+    run=(--device cuda train -c configs/demo.json --data "$DATA" --nb_steps=50 --eval_interval=50 --quiet)
+    N=${E2E:-/tmp/spanformer-e2e}/nccl; rm -rf "$N"
+    step "train cuda plain 50 steps" 120 "$BUILD/spanformer" "${run[@]}" -o "$N/plain"
+    step "train cuda nccl group of one 50 steps" 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=29533 "$BUILD/spanformer" "${run[@]}" --dist_backend=nccl -o "$N/nccl"
+    $PY - "$N/plain/log.jsonl" "$N/nccl/log.jsonl" <<'EOF' 2>&1 | tee -a "$FIG" || failed=1
+import json, sys
+a, b = (json.loads(open(p).read().splitlines()[-1]) for p in sys.argv[1:3])
+keys = ["step", "train_loss", "valid_loss"]
+same = all(a.get(k) == b.get(k) for k in keys)
+print("nccl: group of one " + ("equals" if same else "DIFFERS from") + " the plain run: " +
+      ", ".join(f"{k} {a.get(k)} / {b.get(k)}" for k in keys) + f"; {b['tokens_per_s']:.0f} vs {a['tokens_per_s']:.0f} tokens/s")
+sys.exit(0 if same else 1)
+EOF
+    ;;
+  *) echo "unknown stage '$stage' (info build test compare train e2e nccl)"; exit 2 ;;
   esac
 done
 exit $failed

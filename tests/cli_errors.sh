@@ -98,7 +98,8 @@ expect_exit2 "unknown config key 'nb_layer' in override 'nb_layer=2' (did you me
 expect_exit2 "override 'lr' must look like --key=value or --key value" \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r4c" --lr
 expect_error "pictures.txt: a picture is written as .png, .svg or .pdf" "$bin" spans "$tmp/run" --out "$tmp/pictures.txt"
-test ! -e "$tmp/pictures.txt" && passed=$((passed + 1))
+if [ -e "$tmp/pictures.txt" ]; then echo "FAIL: a refused picture name was written"; failures=$((failures + 1))
+else passed=$((passed + 1)); fi
 # Global flags after the command mean what they mean before it; "--key value" overrides as "--key=value".
 expect_error "no CUDA device is available" "$bin" generate "$tmp/run" --tokens 2 --device cuda
 if "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/spaced" --nb_steps 3 --eval_interval 3 --lr 0.002 \

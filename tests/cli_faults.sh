@@ -86,7 +86,9 @@ else
 fi
 
 # ---- damaged files ------------------------------------------------------------------------------
-"$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/good" --nb_steps=2 --eval_interval=2 --quiet > /dev/null 2>&1
+# The undamaged baseline must work, or every damaged case below would pass as a one-line error.
+"$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/good" --nb_steps=2 --eval_interval=2 --quiet > /dev/null 2>&1 ||
+  { echo "FAIL: training the undamaged checkpoint"; exit 1; }
 good="$tmp/good/checkpoint.pt"
 size=$(stat -c %s "$good")
 cases=0; errors=0; identical=0
@@ -103,7 +105,10 @@ result() {  # result I CHECKPOINT: what command I prints (and writes) for that c
 }
 reference=()  # (every case reads its checkpoint from one path: the picture's title names the file)
 cp "$good" "$tmp/case.pt"
-for i in "${!commands[@]}"; do reference[i]=$(result "$i" "$tmp/case.pt"); done
+for i in "${!commands[@]}"; do
+  reference[i]=$(result "$i" "$tmp/case.pt") || { echo "FAIL: ${commands[i]%% *} on the undamaged checkpoint: $(cat "$tmp/err")"; exit 1; }
+  [ -n "${reference[i]}" ] || { echo "FAIL: ${commands[i]%% *} on the undamaged checkpoint printed nothing"; exit 1; }
+done
 sweep_one() {  # sweep_one FILE: every reading command on a damaged checkpoint
   local out rc i
   cp "$1" "$tmp/case.pt"
@@ -130,7 +135,9 @@ for i in $(seq 0 $(( flips - 1 ))); do  # one flipped byte at points across the 
 done
 echo "checkpoint sweep: $cases cases, $errors one-line errors, $identical identical results"
 tcases=0
-ref_test=$("$bin" eval "$good" --split test --batch 2 2> /dev/null | sed -E 's/[0-9.]+ s\)/s)/')
+ref_test=$(set -o pipefail; "$bin" eval "$good" --split test --batch 2 2> "$tmp/err" | sed -E 's/[0-9.]+ s\)/s)/') ||
+  { echo "FAIL: eval of the undamaged token files: $(cat "$tmp/err")"; exit 1; }
+grep -q "^test " <<< "$ref_test" || { echo "FAIL: eval of the undamaged token files printed: $ref_test"; exit 1; }
 for i in $(seq 0 23); do  # token files: damaged headers and bodies
   cp -r "$tmp/data" "$tmp/tok"
   "$py" - "$tmp/tok/test.bin" "$i" <<'PY'

@@ -49,9 +49,11 @@ diff <("$bin" eval "$tmp/dense" | sed 's/; [0-9.]* s)//') <("$bin" eval "$tmp/de
 "$bin" attention "$tmp/window" --text "It was the best of times, it was the worst of times, it was the age" \
   -o "$tmp/att.png" | grep "over distances 0 .. 15 in" > /dev/null
 "$bin" attention "$tmp/dense" --text "It was the best of times" --layer 0 -o "$tmp/att_heads.png" > /dev/null
-test -s "$tmp/att.png" && test -s "$tmp/att_heads.png"
+test -s "$tmp/att.png"
+test -s "$tmp/att_heads.png"
 if "$bin" attention "$tmp/lsh" --text "It was" -o "$tmp/x.png" 2> "$tmp/err"; then echo "FAIL: lsh picture"; exit 1; fi
-test "$(grep -c . "$tmp/err")" -eq 1 && grep -q "lsh attention has no one weight matrix" "$tmp/err"
+test "$(grep -c . "$tmp/err")" -eq 1
+grep -q "lsh attention has no one weight matrix" "$tmp/err"
 if "$bin" attention "$tmp/dense" --text "It was" --layer 9 -o "$tmp/x.png" 2> "$tmp/err"; then echo "FAIL: --layer 9"; exit 1; fi
 grep -q "layer must be in" "$tmp/err"
 test -s "$tmp/spans.png"
@@ -74,7 +76,8 @@ diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin
 # The attention race runs end to end (a tiny model, the 100-step minimum) and refuses to overwrite.
 BUILD="$(dirname "$bin")" ATTENTIONS="window adaptive_span" OVERRIDES="${small[*]}" bash "$src/bench/attention_race.sh" "$tmp/data" 0.001 "$tmp/race" \
   > "$tmp/race.out" 2>&1
-grep -q "^| adaptive_span | " "$tmp/race.out" && test -s "$tmp/race/adaptive_span/spans.png"
+grep -q "^| adaptive_span | " "$tmp/race.out"
+test -s "$tmp/race/adaptive_span/spans.png"
 "$py" - "$tmp/race/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -92,20 +95,21 @@ head -n 400 "$wt2/wiki.valid.tokens" > "$tmp/w.train"; head -n 100 "$wt2/wiki.te
 "$bin" eval "$tmp/wrun" --split test | grep "^test ppl" > /dev/null
 
 # Mistakes: one line, non-zero exit.
-expect_error() {
+expect_error() {  # expect_error "part of the message" command...: one error line with that text, non-zero exit
+  local want="$1"; shift
   if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
-  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err"; then
-    echo "FAIL: $* -> $(cat "$tmp/err")"; exit 1
+  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err" || ! grep -qF -- "$want" "$tmp/err"; then
+    echo "FAIL: $* -> $(cat "$tmp/err") (expected: $want)"; exit 1
   fi
 }
-expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=flashy
-expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --context=100000000
-expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --d_model=30
-expect_error "$bin" eval "$tmp/dense" --n_layer=3
-expect_error "$bin" eval "$tmp/dense" --attention=lsh
-expect_error "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=lsh --lsh_buckets=3
-expect_error "$bin" bench -c "$src/configs/gpt/demo.json" --span 10 --steps 1
-expect_error "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1
-expect_error "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 64
-expect_error "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --tokens 5
+expect_error "attention must be dense, flash, window, adaptive_span, sparse_strided, sparse_fixed or lsh (got 'flashy')" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=flashy
+expect_error "more than this machine's" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --context=100000000
+expect_error "d_model (30) must be a multiple of n_head (4)" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --d_model=30
+expect_error "is for another model: n_layer 3 vs 2" "$bin" eval "$tmp/dense" --n_layer=3
+expect_error "is for another model: attention \"lsh\" vs \"dense\"" "$bin" eval "$tmp/dense" --attention=lsh
+expect_error "lsh_buckets must be even and >= 2" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=lsh --lsh_buckets=3
+expect_error "--span and --span-dist need model.attention = adaptive_span" "$bin" bench -c "$src/configs/gpt/demo.json" --span 10 --steps 1
+expect_error "the xl family has no bench --mode generate" "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1
+expect_error "bench --tokens 64: must be below the context 64" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 64
+expect_error "bench: --tokens is for --mode generate" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --tokens 5
 echo "cli gpt: passed"

@@ -8,10 +8,11 @@ py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-expect_error() {
+expect_error() {  # expect_error "part of the message" command...: one error line with that text, non-zero exit
+  local want="$1"; shift
   if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
-  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err"; then
-    echo "FAIL: $* -> $(cat "$tmp/err")"; exit 1
+  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err" || ! grep -qF -- "$want" "$tmp/err"; then
+    echo "FAIL: $* -> $(cat "$tmp/err") (expected: $want)"; exit 1
   fi
 }
 
@@ -56,11 +57,13 @@ test "$(wc -l < "$tmp/out.txt")" -eq 2
 grep "^i see the cat\.$" "$tmp/out.txt" > /dev/null
 printf 'Tu vois un chien rouge .\n\nLe chat .\n' > "$tmp/in.txt"
 "$bin" translate "$tmp/tf" --file "$tmp/in.txt" --beam 1 --out "$tmp/translated.txt" 2> /dev/null
-test "$(wc -l < "$tmp/translated.txt")" -eq 3 && test -z "$(sed -n 2p "$tmp/translated.txt")"
+test "$(wc -l < "$tmp/translated.txt")" -eq 3
+test -z "$(sed -n 2p "$tmp/translated.txt")"
 grep "^you see a red dog\.$" "$tmp/translated.txt" > /dev/null
 "$bin" attention "$tmp/tf" --text "Je vois le chat ." --out "$tmp/align.png" | grep "i see the cat" > /dev/null
 "$bin" attention "$tmp/tf" --pair 0 3 --layer 0 --head 1 --out "$tmp/head.png" | grep "reference:" > /dev/null
-test -s "$tmp/align.png" && test -s "$tmp/head.png"
+test -s "$tmp/align.png"
+test -s "$tmp/head.png"
 "$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 | grep "target tokens/s" > /dev/null
 
 # The recurrent kinds run through the same commands.
@@ -69,9 +72,9 @@ for kind in gru bahdanau luong; do
   "$bin" translate "$tmp/$kind" --text "Le chat ." > /dev/null
 done
 "$bin" attention "$tmp/luong" --text "Le chat ." --out "$tmp/luong.png" > /dev/null
-expect_error "$bin" attention "$tmp/gru" --text "Le chat ." --out "$tmp/gru.png"
-expect_error "$bin" train -c "$src/configs/seq2seq/luong.json" --out "$tmp/bad" "${small[@]}" --score=additive
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --bidirectional=true   # the Transformer
+expect_error "the gru model has no attention (kind gru)" "$bin" attention "$tmp/gru" --text "Le chat ." --out "$tmp/gru.png"
+expect_error "luong attention scores with dot or general (got additive)" "$bin" train -c "$src/configs/seq2seq/luong.json" --out "$tmp/bad" "${small[@]}" --score=additive
+expect_error "bidirectional is for the recurrent kinds" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --bidirectional=true   # the Transformer
 # bahdanau.json's encoder is bidirectional: its weights (the "_reverse" directions) survive safetensors.
 "$bin" attention "$tmp/bahdanau" --text "Le chat ." --out "$tmp/bahdanau.png" > /dev/null
 "$bin" export safetensors "$tmp/bahdanau" -o "$tmp/bahdanau.safetensors" > /dev/null
@@ -91,26 +94,26 @@ rm "$tmp/sp_pairs.txt"
 "$bin" export safetensors "$tmp/sp" -o "$tmp/sp.safetensors" > /dev/null
 "$bin" import safetensors "$tmp/sp.safetensors" -o "$tmp/sp_again.pt" > /dev/null
 "$bin" translate "$tmp/sp_again.pt" --text "Je vois le chat ." --beam 1 | cmp - "$tmp/sp.txt"
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --tokenizer=bytes
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --tokenizer=sentencepiece --subword_vocab=8
+expect_error "tokenizer must be words or sentencepiece (got 'bytes')" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --tokenizer=bytes
+expect_error "data.subword_vocab must be in [16, 1000000] (got 8)" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --tokenizer=sentencepiece --subword_vocab=8
 
-expect_error "$bin" translate "$tmp/tf"
-expect_error "$bin" translate "$tmp/tf" --text "x" --file "$tmp/in.txt"
-expect_error "$bin" translate "$tmp/tf" --text "Le chat ." --beam 0
-expect_error "$bin" translate "$tmp/tf" --file "$tmp/missing.txt"
-expect_error "$bin" translate "$tmp/tf" --text "   ."  --beam -3
-expect_error "$bin" attention "$tmp/tf" --pair 200
-expect_error "$bin" attention "$tmp/tf" --text "Le chat ." --layer 1
-expect_error "$bin" eval "$tmp/tf" --split dev
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --kind=lstm
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --data "$tmp/missing.txt"
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --test_pairs=3000
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --d_model=33
-expect_error "$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}"    # would overwrite the run
+expect_error "translate: give --text or --file (one of them)" "$bin" translate "$tmp/tf"
+expect_error "translate: give --text or --file (one of them)" "$bin" translate "$tmp/tf" --text "x" --file "$tmp/in.txt"
+expect_error "--beam must be positive (got 0)" "$bin" translate "$tmp/tf" --text "Le chat ." --beam 0
+expect_error "file not found: $tmp/missing.txt" "$bin" translate "$tmp/tf" --file "$tmp/missing.txt"
+expect_error "--beam must be positive (got -3)" "$bin" translate "$tmp/tf" --text "   ."  --beam -3
+expect_error "pair 200 is outside the test split (0 .. 199)" "$bin" attention "$tmp/tf" --pair 200
+expect_error "--layer must be in [0, 1) (got 1)" "$bin" attention "$tmp/tf" --text "Le chat ." --layer 1
+expect_error "unknown split 'dev' (train, valid or test)" "$bin" eval "$tmp/tf" --split dev
+expect_error "kind must be gru, bahdanau, luong or transformer (got 'lstm')" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --kind=lstm
+expect_error "missing.txt" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]/pairs.txt/missing.txt}"  # --data names a file that is not there
+expect_error "3000 pairs of 1..8 tokens, too few for 200 valid and 3000 test pairs" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --test_pairs=3000
+expect_error "d_model (33) must be a multiple of n_head (2)" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --d_model=33
+expect_error "already holds a run: continue it with --resume, or replace it with --overwrite" "$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}"    # would overwrite the run
 
-# The real pairs (../shared/data/fra-eng): the file and config as the README's command reads them.
+# The real pairs (../shared/data/fra-eng): the file and config as docs/usage.md's command reads them.
 fra="$src/../shared/data/fra-eng/fra.txt"
-if [ ! -f "$fra" ]; then echo "cli seq2seq: synthetic runs passed; fra-eng skipped (../shared/data missing)"; exit 0; fi
+if [ ! -f "$fra" ]; then echo "cli seq2seq: synthetic runs passed; fra-eng skipped (../shared/data missing)"; exit 77; fi
 "$bin" train -c "$cfg" --out "$tmp/fra" --data "$fra" --d_model=32 --n_layer=1 --n_head=2 --d_inner=64 --batch_size=32 \
   --nb_steps=10 --eval_interval=10 --valid_pairs=100 --threads=2 --quiet | grep "trained 10 steps" > /dev/null
 grep '"valid_bleu"' "$tmp/fra/log.jsonl" > /dev/null

@@ -7,31 +7,33 @@ py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-expect_error() {
+expect_error() {  # expect_error "part of the message" command...: one error line with that text, non-zero exit
+  local want="$1"; shift
   if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
-  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err"; then
-    echo "FAIL: $* -> $(cat "$tmp/err")"; exit 1
+  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err" || ! grep -qF -- "$want" "$tmp/err"; then
+    echo "FAIL: $* -> $(cat "$tmp/err") (expected: $want)"; exit 1
   fi
 }
 
 # Attention pooling: kernel regression beats the average; the learned kernel is sharper than w = 1.
 "$bin" example pooling --out "$tmp/pool" > "$tmp/pool.out"
 grep "nadaraya" "$tmp/pool.out" > /dev/null
-test -s "$tmp/pool/fits.png" && test -s "$tmp/pool/weights.png"
+test -s "$tmp/pool/fits.png"
+test -s "$tmp/pool/weights.png"
 "$py" - "$tmp/pool/pooling.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["nadaraya_mse"] < r["average_mse"] and r["parametric_mse"] < r["average_mse"], r
 assert r["leave_one_out_loss"][-1] < r["leave_one_out_loss"][0], r
 PY
-expect_error "$bin" example pooling --out "$tmp/pool"              # would overwrite
+expect_error "already holds a pooling example: pass --overwrite to replace it" "$bin" example pooling --out "$tmp/pool"              # would overwrite
 "$bin" example pooling --out "$tmp/pool" --overwrite --seed 3 > /dev/null
-expect_error "$bin" example pooling --out "$tmp/pool2" --n 1
-expect_error "$bin" example pooling --out "$tmp/pool2" --sigma 0
+expect_error "--n must be at least 2 (got 1)" "$bin" example pooling --out "$tmp/pool2" --n 1
+expect_error "--sigma must be positive (got 0)" "$bin" example pooling --out "$tmp/pool2" --sigma 0
 
 # ViT on the first 1200 training and 300 test images of Fashion-MNIST.
 fashion=/usr/share/datasets/fashion-mnist
-if [ ! -d "$fashion" ]; then echo "cli textbook: pooling passed; ViT skipped (dataset-fashion-mnist not installed)"; exit 0; fi
+if [ ! -d "$fashion" ]; then echo "cli textbook: pooling passed; ViT skipped (dataset-fashion-mnist not installed)"; exit 77; fi
 mkdir -p "$tmp/fm"
 "$py" - "$fashion" "$tmp/fm" <<'PY'
 import gzip, sys
@@ -67,22 +69,23 @@ assert abs(valid["accuracy"] - last["valid_acc"]) < 1e-12 and abs(valid["nll"] -
 PY
 "$bin" attention "$tmp/vit" --image 0 5 17 --out "$tmp/rollout.png" | grep "test image 5" > /dev/null
 "$bin" attention "$tmp/vit" --image 3 --layer 1 --head 0 --out "$tmp/head.png" > /dev/null
-test -s "$tmp/rollout.png" && test -s "$tmp/head.png"
+test -s "$tmp/rollout.png"
+test -s "$tmp/head.png"
 "$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 | grep "images/s" > /dev/null
 
-expect_error "$bin" attention "$tmp/vit" --image 300
-expect_error "$bin" attention "$tmp/vit" --image 0 --layer 2
-expect_error "$bin" attention "$tmp/vit" --image 0 --head 1
-expect_error "$bin" eval "$tmp/vit" --split dev
-expect_error "$bin" eval "$tmp/vit" --dump-logprobs "$tmp/lp.txt"
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --patch=5
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --image_size=32
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --valid_images=5000
-expect_error "$bin" train -c "$cfg" --out "$tmp/vit" "${small[@]}"    # would overwrite the run
+expect_error "image 300 is outside the test split (0 .. 299)" "$bin" attention "$tmp/vit" --image 300
+expect_error "--layer must be in [0, 2) (got 2)" "$bin" attention "$tmp/vit" --image 0 --layer 2
+expect_error "--head needs --layer" "$bin" attention "$tmp/vit" --image 0 --head 1
+expect_error "unknown split 'dev' (train, valid or test)" "$bin" eval "$tmp/vit" --split dev
+expect_error "are for language models, not the vit family" "$bin" eval "$tmp/vit" --dump-logprobs "$tmp/lp.txt"
+expect_error "image_size (28) must be a multiple of patch (5)" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --patch=5
+expect_error "image_size (32) must be a multiple of patch (7)" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --image_size=32
+expect_error "cannot hold out 5000 of 1200 training images for validation" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --valid_images=5000
+expect_error "already holds a run: continue it with --resume, or replace it with --overwrite" "$bin" train -c "$cfg" --out "$tmp/vit" "${small[@]}"    # would overwrite the run
 head -c 5000 "$tmp/fm/t10k-images-idx3-ubyte" > "$tmp/cut" && mv "$tmp/cut" "$tmp/fm/t10k-images-idx3-ubyte"
-expect_error "$bin" eval "$tmp/vit"
+expect_error "t10k-images-idx3-ubyte: 4984 value bytes after the header" "$bin" eval "$tmp/vit"
 grep "t10k-images-idx3-ubyte" "$tmp/err" > /dev/null
 rm "$tmp/fm/train-labels-idx1-ubyte"
-expect_error "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}"
-expect_error "$bin" eval "$tmp/vit" --data "$tmp/nowhere"
+expect_error "no train-labels-idx1-ubyte or train-labels-idx1-ubyte.gz" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}"
+expect_error "nowhere: no train-images-idx3-ubyte" "$bin" eval "$tmp/vit" --data "$tmp/nowhere"
 echo "cli textbook: passed"

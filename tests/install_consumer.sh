@@ -9,7 +9,8 @@ trap 'rm -rf "$tmp"' EXIT
 prefix="$tmp/prefix"
 cmake --install "$build" --prefix "$prefix" > /dev/null
 "$prefix/bin/spanformer" --version | grep "^spanformer " > /dev/null
-test -f "$prefix/lib/cmake/spanformer/spanformerConfig.cmake" && test -f "$prefix/include/spanformer/train/family.h"
+test -f "$prefix/lib/cmake/spanformer/spanformerConfig.cmake"
+test -f "$prefix/include/spanformer/train/family.h"
 cmake -S "$src/examples/consumer" -B "$tmp/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_BUILD_TYPE=Release > "$tmp/configure.log" || { cat "$tmp/configure.log"; exit 1; }
 cmake --build "$tmp/consumer" > "$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }

@@ -102,6 +102,15 @@ TEST(SpanAttentionCuda, BFloat16WithinTheBFloat16ReferenceError) {
   }
 }
 
+TEST(SpanAttentionCuda, Float16WithinTheFloat16ReferenceError) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& c : tu::span_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
+    // As bf16, with 3 more mantissa bits on both sides.
+    tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), span_kernel);
+  }
+}
+
 TEST(SpanAttentionCuda, DoubleFallsBackToTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const tu::SpanCase c{1, 2, 20, 16, 32, 16, {4.0, 16.0}, 0.0};
@@ -171,6 +180,12 @@ TEST(FlashCuda, BFloat16WithinTheBFloat16ReferenceError) {
   // bf16 inputs, fp32 arithmetic in the kernels; the composition rounds scores and weights to bf16.
   for (const auto& c : tu::flash_cases())
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
+}
+
+TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& c : tu::flash_cases())
+    tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
 // A small GPT trained for three steps with plain SGD, every attention with a fixed pattern and both

@@ -18,6 +18,7 @@
 #include "kernel_cases.h"
 #include "ops/autograd_function.h"
 #include "ops/backends.h"
+#include "spanformer/util/torch_compat.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
 
@@ -131,6 +132,21 @@ TEST(SpanAttentionEmulated, BFloat16WithinTheBFloat16ReferenceError) {
     tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
   }
 }
+
+// float16: the same kernels with the other 16-bit format (the tensor-core forward's f16 mma). Its
+// same-dtype composition needs CPU matrix products in float16 (LibTorch 2.1 on; not on Debian's 1.13).
+#if SPANFORMER_HAS_CPU_HALF_MATMUL
+TEST(SpanAttentionEmulated, Float16WithinTheFloat16ReferenceError) {
+  for (const auto& c : tu::span_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
+    tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_span);
+  }
+}
+
+TEST(FlashEmulated, Float16WithinTheFloat16ReferenceError) {
+  for (const auto& c : tu::flash_cases()) tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_flash);
+}
+#endif
 
 // bfloat16 above runs the forward's version 1 (tensor cores) for D 32, 64 and 128 and version 0 for
 // D 256; here every case takes version 0's forward (the backward is version 0's in both).

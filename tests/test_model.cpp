@@ -140,8 +140,9 @@ class ReferenceModelTest : public ::testing::Test {
 
   // fixed_logprobs.pt: the reference's log-probabilities for the first T ids of valid, as two blocks
   // of T / 2 from zero caches (batch 1, eval mode); plus the learned spans and, where the reference
-  // trims, each layer's trim length and cache size.
-  void reproduce_fixed_log_probabilities() {
+  // trims, each layer's trim length and cache size. `tolerance`: the largest log-probability difference
+  // allowed (see the two tests).
+  void reproduce_fixed_log_probabilities(double tolerance) {
     std::string bytes = read_file(dir_ + "/fixed_logprobs.pt");
     auto want = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toTensor();  // (1, T, V)
     const int64_t T = want.size(1), M = T / 2;
@@ -162,12 +163,11 @@ class ReferenceModelTest : public ::testing::Test {
         logp.push_back(torch::log_softmax(model->logits(model->forward(ids.narrow(1, M * b, M), caches)), -1));
       auto ours = torch::cat(logp, 1);  // (1, T, V)
       ASSERT_EQ(ours.sizes(), want.sizes());
-      // float32 on both sides, different summation orders; log-probabilities reach -16, where a float32
-      // ulp is 1.9e-6. Measured: 7.6e-6 with Debian's LibTorch 1.13 (OpenBLAS), 1.43e-5 with PyTorch 2.11's
-      // CPU kernels on the GPU machine: 3e-5 (16 ulp) allows summation order, not a wrong term.
+      // float32 on both sides, different summation orders (another BLAS); log-probabilities reach -16,
+      // where a float32 ulp is 1.9e-6.
       const double max_error = (ours - want).abs().max().item<double>();
       std::printf("measured: %s: largest log-probability difference from the reference %.3g\n", impl, max_error);
-      EXPECT_LT(max_error, 3e-5);
+      EXPECT_LT(max_error, tolerance);
       auto target_sum = ours.gather(-1, ids.narrow(1, 1, T).unsqueeze(-1)).sum().item<double>();
       EXPECT_NEAR(target_sum, expected_["expected"]["fixed_target_logprob_sum"].get<double>(), 1e-3);
       auto spans = model->spans();
@@ -238,7 +238,8 @@ TEST_F(ReferenceModelCudaSmall4, ReproducesValidAndTestBitsPerCharacter) {
   reproduce_bits_per_character({{"plain", {"valid", "test"}}, {"fused", {"valid", "test"}}}, torch::kCUDA);
 }
 
-TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) { reproduce_fixed_log_probabilities(); }
+// Measured: 1.9e-6 (LibTorch 2.15, MKL, AMD EPYC): 3e-5 (16 ulp) allows summation order, not a wrong term.
+TEST_F(ReferenceModel, ReproducesLogProbabilitiesAndSpans) { reproduce_fixed_log_probabilities(3e-5); }
 
 // Attention pictures (attention/record.h): recording forces the plain path, so the outputs are the
 // fused path's up to float32 summation order (the 3e-5 of the reference comparison), and the recorded
@@ -290,7 +291,15 @@ TEST_F(ReferenceModel, RecordedWeightsAreDistributionsWithinEachHeadsSpan) {
 TEST_F(ReferenceModel, SlowReproducesValidAndTestBitsPerCharacter) {
   reproduce_bits_per_character({{"plain", {"valid"}}, {"fused", {"test"}}});
 }
-TEST_F(ReferenceModelSmall4, ReproducesLogProbabilitiesSpansAndTrimming) { reproduce_fixed_log_probabilities(); }
+// This model's float32 result moves more with the order of its sums. Measured: 7.6e-6 with Debian's
+// LibTorch 1.13 (OpenBLAS), 1.43e-5 with PyTorch 2.11's CPU kernels on the GPU machine, 3.7e-5 with
+// PyPI's LibTorch 2.15 (MKL's AVX-512 kernels on an AMD EPYC), up to 20 ulp. The same weights in double
+// precision land 0.27 away from the reference's float32 file (its first two layers' attention outputs
+// differ by 1% between float32 and double for the same input, while a 1-ulp perturbation of that input
+// moves float32's by 4e-6): float32's rounding inside those layers is part of the figures the reference
+// recorded, so they are the target, and a double-precision truth is no yardstick here. 1e-4 (50 ulp)
+// allows another BLAS's order and stays far below the 0.27 that a change of precision costs.
+TEST_F(ReferenceModelSmall4, ReproducesLogProbabilitiesSpansAndTrimming) { reproduce_fixed_log_probabilities(1e-4); }
 // Both splits through the default path (auto takes the plain path on every layer of this model: its
 // windows are 64-128 keys): about 1.7 minutes on 2 cores. The fused kernel matches the reference's log
 // probabilities on fixed blocks above; SPANFORMER_FULL_SWEEP=1 also runs it over the test split (one

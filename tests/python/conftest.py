@@ -55,3 +55,17 @@ def shared():
 @pytest.fixture(scope="session")
 def source():
     return SOURCE
+
+
+# CI (scripts/test.sh) sets SPANFORMER_NO_SKIPS=1: a skipped test fails there, so a test that stopped
+# running cannot pass as green. Only skips that name the PyTorch version they need are allowed (they
+# fire on Debian's torch 1.13, never on the pinned 2.x).
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("SPANFORMER_NO_SKIPS") == "1" and report.skipped:
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if "needs PyTorch" not in reason:
+            report.outcome = "failed"
+            report.longrepr = f"unexpected skip (SPANFORMER_NO_SKIPS=1): {reason}"

@@ -28,6 +28,14 @@
 #define SPANFORMER_HAS_C10D_NCCL 0
 #endif
 
+// Matrix products in float16 on the CPU: LibTorch 2.1 and later (1.13 has no Half addmm on the CPU). The
+// kernels' float16 tests measure them against the float16 composition computed there.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define SPANFORMER_HAS_CPU_HALF_MATMUL 1
+#else
+#define SPANFORMER_HAS_CPU_HALF_MATMUL 0
+#endif
+
 // The base class of a c10d backend's collectives (ProcessGroupGloo, ProcessGroupNCCL): ProcessGroup in
 // LibTorch 1.x, Backend from 2.0 on. Declared only; src/dist/impl.h includes the definitions.
 namespace c10d {

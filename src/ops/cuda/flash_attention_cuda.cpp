@@ -40,8 +40,8 @@ bool flash_supported(const at::Tensor& q) {
 
 Forward flash_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const FlashOptions& o) {
   auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  auto out = at::empty_like(q);                                                             // (B, K, N, D)
-  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (B, K, N)
+  auto out = cuda::uninitialized(q.sizes(), q.options());                                         // (B, K, N, D)
+  auto lse = cuda::uninitialized({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (B, K, N)
   auto p = make_params(q, k, v, o);
   p.out = out.data_ptr();
   p.lse = lse.data_ptr<float>();
@@ -57,7 +57,8 @@ FlashGrads flash_backward(const at::Tensor& grad_in, const at::Tensor& q_in, con
   auto grad_out = grad_in.to(q.scalar_type()).contiguous();                                  // (B, K, N, D)
   auto delta = (grad_out.to(at::kFloat) * out.to(at::kFloat)).sum(-1).contiguous();          // (B, K, N)
   auto f32 = q.options().dtype(at::kFloat);
-  auto dq = at::empty(q.sizes(), f32), dk = at::empty(k.sizes(), f32), dv = at::empty(v.sizes(), f32);
+  auto dq = cuda::uninitialized(q.sizes(), f32);  // (B, K, N, D)
+  auto dk = cuda::uninitialized(k.sizes(), f32), dv = cuda::uninitialized(v.sizes(), f32);  // (B, K, C, D)
   auto p = make_params(q, k, v, o);
   p.out = out.data_ptr();
   p.lse = lse.data_ptr<float>();

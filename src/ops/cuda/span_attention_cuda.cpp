@@ -60,8 +60,8 @@ Forward span_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in, c
   auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), pe = pe_in.contiguous();
   auto ratio = ratio_in.detach().to(at::kFloat).contiguous();
   auto visited = visited_tensor(o, q);
-  auto out = at::empty_like(q);                                                               // (B, K, M, D)
-  auto stats = at::empty({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (3, B, K, M)
+  auto out = cuda::uninitialized(q.sizes(), q.options());                                           // (B, K, M, D)
+  auto stats = cuda::uninitialized({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (3,B,K,M)
   auto p = make_params(q, k, v, pe, ratio, visited, o);
   p.out = out.data_ptr();
   p.row_max = stats[0].data_ptr<float>();

@@ -1,0 +1,56 @@
+"""Every GoogleTest test is run by some CTest test: none is dropped by a filter or a hand-made list.
+
+  python3 tests/ctest_inventory.py GTEST_BINARY BUILD_DIR
+
+The suite is one GoogleTest binary; CTest runs it through discovered tests (one per test, filter
+"-*Slow*:*Cuda*") and hand-made entries (the slow and CUDA tests, each a --gtest_filter pattern). A test
+whose name falls between them would never run and never fail: three emulator tests once were, until
+renamed. This lists the binary's tests (--gtest_list_tests), collects every CTest test's positive
+--gtest_filter patterns (ctest --show-only=json-v1), and fails naming each test no pattern matches.
+GoogleTest's patterns are shell wildcards ('*', '?') over "Suite.Test", as fnmatch's are.
+"""
+import fnmatch
+import json
+import subprocess
+import sys
+
+
+def gtest_names(binary):
+    listing = subprocess.run([binary, "--gtest_list_tests"], capture_output=True, text=True, check=True).stdout
+    names, suite = [], None
+    for line in listing.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            suite = line.split("#")[0].strip()            # "Suite." or "Prefix/Suite."
+        else:
+            names.append(suite + line.split("#")[0].strip())
+    return names
+
+
+def ctest_patterns(build_dir):
+    shown = subprocess.run(["ctest", "--show-only=json-v1"], cwd=build_dir, capture_output=True, text=True,
+                           check=True).stdout
+    patterns = []
+    for test in json.loads(shown)["tests"]:
+        for arg in test.get("command", []):
+            if arg.startswith("--gtest_filter="):
+                positive = arg.split("=", 1)[1].split("-", 1)[0]   # before '-': what the test runs
+                patterns += [p for p in positive.split(":") if p]
+    return patterns
+
+
+def main():
+    binary, build_dir = sys.argv[1:3]
+    names, patterns = gtest_names(binary), ctest_patterns(build_dir)
+    if not patterns:
+        sys.exit(f"ctest_inventory: no --gtest_filter in {build_dir}'s CTest tests")
+    missing = [n for n in names if not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    for name in missing:
+        print(f"ctest_inventory: {name} is in {binary} but no CTest test runs it", file=sys.stderr)
+    print(f"ctest_inventory: {len(names)} GoogleTest tests, {len(patterns)} CTest filters, {len(missing)} not run")
+    sys.exit(1 if missing else 0)
+
+
+if __name__ == "__main__":
+    main()
