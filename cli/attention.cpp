@@ -25,8 +25,11 @@ void add_attention(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--text", o->request.texts,
                   "seq2seq: source sentences to translate and draw (repeat); language models: the text whose last tokens are drawn");
   cmd->add_option("--split", o->request.split, "train | valid | test")->capture_default_str();
-  cmd->add_option("--layer", o->request.layer, "one layer (default: every layer: ViT by attention rollout, others a panel each)");
-  cmd->add_option("--head", o->request.head, "one head (default: the heads' mean; language models with --layer: a panel per head)");
+  // -1 in the request means "not chosen"; a user's value must be an index.
+  cmd->add_option("--layer", o->request.layer, "one layer (default: every layer: ViT by attention rollout, others a panel each)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--head", o->request.head, "one head (default: the heads' mean; language models with --layer: a panel per head)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--data", o->data, "image set or pairs file (default: the one the model was trained on)");
   cmd->add_option("--out,-o", o->request.out, "PNG to write")->capture_default_str();
   cmd->callback([o, g, &run] {

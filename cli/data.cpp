@@ -92,9 +92,10 @@ void add_data(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   cutoffs->callback([o, &run] {
     run = [o] {
       auto counts = data::read_word_counts(o->dir);
-      auto cut = nn::propose_cutoffs(counts, o->coverage, o->round_to);
       double total = 0;
       for (auto c : counts) total += static_cast<double>(c);
+      if (!(total > 0)) fail("{}/counts.txt counts no training tokens: no cutoffs to propose", o->dir);
+      auto cut = nn::propose_cutoffs(counts, o->coverage, o->round_to);
       std::vector<int64_t> bounds{0};
       bounds.insert(bounds.end(), cut.begin(), cut.end());
       bounds.push_back(static_cast<int64_t>(counts.size()));

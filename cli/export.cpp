@@ -21,10 +21,11 @@ void add_export(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   auto* cmd = app.add_subcommand("export", "write a checkpoint's weights in another implementation's format");
   cmd->add_option("kind", o->kind, "safetensors (every family: Hugging Face's format, config JSON beside it), "
                                    "adaptive-span or transformer-xl (a state_dict the Python reference loads)")->required();
-  cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
+  cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory");  // checked with the kind
   cmd->add_option("--out,-o", o->out, "file to write (model.safetensors; torch.save format for the reference kinds)")->required();
   cmd->callback([o, &run] {
     run = [o] {
+      check_kind_and_file("export", o->kind, o->checkpoint, "CHECKPOINT");
       train::Checkpoint ck(o->checkpoint);
       if (o->kind == "safetensors") {
         const std::string config = config_path_beside(o->out);

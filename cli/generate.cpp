@@ -18,7 +18,11 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint");
   cmd->add_option("checkpoint", o->checkpoint, "checkpoint file or run directory")->required();
   cmd->add_option("--prompt,-p", o->request.prompt, "text to continue (word models: words separated by spaces)");
-  cmd->add_option("--tokens,-n", o->request.tokens, "tokens to generate")->capture_default_str();
+  // The sample streams out, so memory does not grow with it; 2^40 bounds the time (and catches numbers
+  // beyond int64, which the parser would clamp to its largest value).
+  cmd->add_option("--tokens,-n", o->request.tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--temperature,-t", o->request.temperature, "sampling temperature")->capture_default_str();
   cmd->add_option("--top-k,-k", o->request.top_k, "sample among the k most likely (0 = all)")->capture_default_str();
   cmd->add_option("--top-p", o->request.top_p, "nucleus sampling: the most likely tokens up to this mass (1 = all)")

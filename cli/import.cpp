@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "spanformer/io/safetensors.h"
 #include "spanformer/train/family.h"
 #include "spanformer/util/error.h"
 
@@ -18,7 +19,7 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   cmd->add_option("kind", o->kind, "safetensors (written by `spanformer export safetensors`, any family), "
                                    "adaptive-span (facebookresearch/adaptive-span's state_dict) or transformer-xl "
                                    "(kimiyoung/transformer-xl's MemTransformerLM state_dict)")->required();
-  cmd->add_option("model", o->model, "the safetensors or state_dict file (see docs/usage.md for the one-line extraction)")->required();
+  cmd->add_option("model", o->model, "the safetensors or state_dict file (see docs/usage.md for the one-line extraction)");
   cmd->add_option("--config,-c", o->config, "spanformer config describing the model (reference kinds)");
   cmd->add_option("--vocab", o->vocab, "the model's vocabulary, in id order (vocab.txt: a byte value or <eos> per "
                                        "line; words.txt with --vocab-level word; reference kinds)");
@@ -28,11 +29,14 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   cmd->callback([cmd, o, &run] {
     auto overrides = config_overrides(*cmd);
     run = [o, overrides] {
+      check_kind_and_file("import", o->kind, o->model, "FILE");
       if (o->kind == "safetensors") {
         if (!o->config.empty() || !o->vocab.empty() || !overrides.empty())
           fail("import safetensors: the file carries its config and vocabulary; --config, --vocab and overrides "
                "are not used");
-        train::import_safetensors(o->model, o->out);
+        if (!train::import_safetensors(o->model, o->out))
+          fmt::print(stderr, "spanformer: note: {} carries no {} checksum (not written by spanformer, or edited): its "
+                             "tensors are taken as they are\n", o->model, io::kSafetensorsChecksumKey);
         fmt::print("imported {} -> {}\n", o->model, o->out);
         return;
       }

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include "command.h"
+#include "spanformer/dist/launcher.h"
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
@@ -78,6 +80,29 @@ std::string typed_command(const std::vector<std::string>& args) {
   }
   return "";
 }
+// Options that name a file or directory, in every command: an empty value (`--out ''`) would mean the
+// working directory or, joined with a file name, the root ("/train.bin"), so it is refused at parsing.
+void refuse_empty_paths(CLI::App& app) {
+  static const std::vector<std::string> kPathOptions = {"out", "data", "config", "init", "file", "vocab", "ids",
+                                                        "dump-logprobs"};
+  const CLI::Validator non_empty(
+      [](std::string& value) { return value.empty() ? std::string("a path, and empty") : std::string(); }, "PATH",
+      "NonEmptyPath");
+  for (CLI::Option* option : app.get_options())
+    for (const auto& name : kPathOptions)
+      if (option->check_lname(name)) option->check(non_empty);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_paths(*sub);
+}
+// The one error line: on stderr, or, in a worker of the --nproc-per-node launcher, into the file the
+// launcher reads, which prints the first failed worker's line once (src/dist/launcher.cpp).
+void report_error(const std::string& message) {
+  const std::string line = fmt::format("spanformer: error: {}\n", message);
+  if (const std::string file = spanformer::dist::worker_error_file(); !file.empty()) {
+    std::ofstream out(file, std::ios::app);
+    if (out << line << std::flush) return;
+  }
+  fmt::print(stderr, "{}", line);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,6 +120,7 @@ int main(int argc, char** argv) {
   app.add_option("--attn-impl", globals->attn_impl,
                  "adaptive span: auto | fused | plain, how attention is computed (default: the checkpoint's or config's)");
   for (const auto& command : spanformer::cli::commands()) command.add(app, globals, run);
+  refuse_empty_paths(app);
   std::vector<std::string> names;
   for (const auto& command : spanformer::cli::commands()) names.emplace_back(command.name);
   try {
@@ -119,10 +145,10 @@ int main(int argc, char** argv) {
       spanformer::fail("cannot write the results to standard output (closed or full)");
     return 0;
   } catch (const spanformer::UsageError& e) {
-    fmt::print(stderr, "spanformer: error: {}\n", spanformer::one_line_message(e));
+    report_error(spanformer::one_line_message(e));
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "spanformer: error: {}\n", spanformer::one_line_message(e));
+    report_error(spanformer::one_line_message(e));
     return 1;
   }
 }

@@ -1,8 +1,13 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cstdlib>
 
 #include "command.h"
 #include "spanformer/dist/launcher.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/usage.h"
 
 namespace spanformer::cli {
 
@@ -35,6 +40,22 @@ std::vector<std::string> config_overrides(const CLI::App& command) {
     }
   }
   return out;
+}
+
+const std::vector<std::string>& weight_kinds() {
+  static const std::vector<std::string> kinds = {"safetensors", "adaptive-span", "transformer-xl"};
+  return kinds;
+}
+
+void check_kind_and_file(const std::string& command, const std::string& kind, const std::string& file,
+                         const std::string& file_role) {
+  const auto& kinds = weight_kinds();
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
+    fail_usage("{}: '{}' is not a kind of weights ({}){}: spanformer {} KIND {} --out FILE", command, kind,
+               fmt::format("{}", fmt::join(kinds, ", ")), did_you_mean(kind, kinds), command, file_role);
+  if (file.empty())
+    fail_usage("{}: give the {} after the kind: spanformer {} {} {} --out FILE", command, file_role, command, kind,
+               file_role);
 }
 
 bool launch_workers(int nproc, const std::vector<std::string>& argv) {

@@ -2,6 +2,8 @@
 // from --text arguments or a file of one sentence per line (empty lines stay empty).
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "command.h"
 #include "spanformer/train/family.h"
 #include "spanformer/util/error.h"
@@ -22,14 +24,16 @@ void add_translate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--text", o->texts, "a source sentence (repeat for several)");
   cmd->add_option("--file,-f", o->file, "a file of source sentences, one per line");
   cmd->add_option("--out,-o", o->out, "write the translations to this file (default: standard output)");
-  cmd->add_option("--beam", o->request.beam, "beam width (1 = greedy; default: the config's)");
-  cmd->add_option("--length-penalty", o->request.length_penalty, "alpha of ((5 + |y|) / 6)^alpha (default: the config's)");
-  cmd->callback([o, g, &run] {
-    run = [o, g] {
+  // Given or not: the request's -1 means "the config's", which a user's value must never reach.
+  auto* beam = cmd->add_option("--beam", o->request.beam, "beam width (1 = greedy; default: the config's)");
+  auto* penalty =
+      cmd->add_option("--length-penalty", o->request.length_penalty, "alpha of ((5 + |y|) / 6)^alpha (default: the config's)");
+  cmd->callback([o, g, beam, penalty, &run] {
+    run = [o, g, given_beam = beam->count() > 0, given_penalty = penalty->count() > 0] {
       if (o->texts.empty() == o->file.empty()) fail("translate: give --text or --file (one of them)");
-      if (o->request.beam == 0 || o->request.beam < -1) fail("--beam must be positive (got {})", o->request.beam);
-      if (o->request.length_penalty < 0 && o->request.length_penalty != -1)
-        fail("--length-penalty must be >= 0 (got {})", o->request.length_penalty);
+      if (given_beam && o->request.beam < 1) fail("--beam must be positive (got {})", o->request.beam);
+      if (given_penalty && !(o->request.length_penalty >= 0 && std::isfinite(o->request.length_penalty)))
+        fail("--length-penalty must be a finite number >= 0 (got {})", o->request.length_penalty);
       set_threads(g->threads);
       train::Checkpoint ck(o->checkpoint);
       auto family = train::family_from_checkpoint(ck);

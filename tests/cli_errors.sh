@@ -66,9 +66,8 @@ leftovers=$(find "$tmp" -name '*.tmp.*' | wc -l)
 if [ "$leftovers" -ne 0 ]; then echo "FAIL: temporary files left: $(find "$tmp" -name '*.tmp.*')"; failures=$((failures + 1)); fi
 [ -e "$tmp/d2/train.bin" ] && { echo "FAIL: a failed prepare wrote train.bin"; failures=$((failures + 1)); }
 
-# Outputs: no run directory, a run directory in use, results to a closed or full stdout, a device as an
+# Outputs: a run directory in use, results to a closed or full stdout, a device as an
 # output file; a symbolic link is written through; stale temporaries of killed writers are removed.
-expect_error "no run directory" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out ""
 expect_error "is in use by another training run" flock "$tmp/run/.lock" \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run" --resume --nb_steps=4
 expect_error "cannot write the results to standard output" sh -c "exec \"\$0\" eval \"\$1\" --batch 2 >&-" "$bin" "$tmp/run"
@@ -90,7 +89,8 @@ expect_exit2() {  # expect_exit2 "message part" command...
     echo "FAIL: $* (rc $rc) -> $(cat "$tmp/err")"; failures=$((failures + 1))
   else passed=$((passed + 1)); fi
 }
-expect_exit2 "Could not convert: --tokens = 1e12" "$bin" generate "$tmp/run" --tokens 1e12
+expect_exit2 "--tokens: Value 1e12 not in range" "$bin" generate "$tmp/run" --tokens 1e12
+expect_exit2 "--tokens: Value 99999999999999999999 not in range" "$bin" generate "$tmp/run" --tokens 99999999999999999999
 expect_exit2 "unknown command 'frobnicate' (--help lists the commands)" "$bin" frobnicate
 expect_exit2 "unknown command 'trian' (did you mean 'train'?)" "$bin" --threads 1 trian -c "$tmp/tiny.json"
 expect_exit2 "unknown config key 'nb_layer' in override 'nb_layer=2' (did you mean 'nb_layers'?)" \
@@ -176,6 +176,53 @@ else echo "FAIL: summary of a session stopped before its first evaluation"; fail
 "$bin" generate "$tmp/run" --prompt "God§Z" --tokens 2 > /dev/null 2> "$tmp/err"
 if grep -q "warning: prompt characters not in the vocabulary were left out: 0xc2 0xa7 'Z'" "$tmp/err"; then passed=$((passed + 1))
 else echo "FAIL: prompt warning: $(cat "$tmp/err")"; failures=$((failures + 1)); fi
+
+# A directory where the run's checkpoint belongs: refused, and left alone (it used to be taken for "no
+# checkpoint" and removed).
+mkdir -p "$tmp/dirck/checkpoint.pt"
+expect_error "checkpoint.pt exists and is not a regular file (the run's checkpoint)" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/dirck" --resume
+if [ -d "$tmp/dirck/checkpoint.pt" ]; then passed=$((passed + 1)); else echo "FAIL: checkpoint.pt directory removed"; failures=$((failures + 1)); fi
+# --resume with --init: resuming wins, and says that --init was not used.
+cp "$tmp/run/checkpoint.pt" "$tmp/init.pt"
+if "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run" --resume --init "$tmp/init.pt" --nb_steps=5 --quiet \
+    > /dev/null 2> "$tmp/err" && grep -q "init.pt is not used: it only starts a new run" "$tmp/err"; then passed=$((passed + 1))
+else echo "FAIL: --resume --init -> $(cat "$tmp/err")"; failures=$((failures + 1)); fi
+# Empty paths: refused at parsing (data prepare --out '' used to write /train.bin).
+expect_exit2 "--out: a path, and empty" "$bin" data prepare "$tmp/text.txt" --out ''
+expect_exit2 "--data: a path, and empty" "$bin" train -c "$tmp/tiny.json" --data '' --out "$tmp/r21"
+expect_exit2 "--out: a path, and empty" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out ""
+# "Not given" values of the request are not the user's to give.
+expect_exit2 "--head: Value -1 not in range" "$bin" attention "$tmp/run" --text "In the" --layer 0 --head -1
+# Word counts that count nothing propose no cutoffs (it printed -nan%).
+mkdir -p "$tmp/zero_words"; printf '0\n0\n' > "$tmp/zero_words/counts.txt"
+expect_error "counts no training tokens: no cutoffs to propose" "$bin" data cutoffs "$tmp/zero_words"
+printf '123456789012345678901234\n' > "$tmp/zero_words/counts.txt"
+expect_error "counts.txt: '123456789012345678901234' is not a count" "$bin" data cutoffs "$tmp/zero_words"
+
+# A vocabulary edited after preparing is refused by meta.json's checksum (with two lines swapped, train
+# used to go on with a wrong id-to-byte map); a garbage one (no checksum) gets one line naming the file.
+cp -r "$tmp/data" "$tmp/swapped"
+{ sed -n 2p "$tmp/data/vocab.txt"; sed -n 1p "$tmp/data/vocab.txt"; sed -n '3,$p' "$tmp/data/vocab.txt"; } > "$tmp/swapped/vocab.txt"
+expect_error "swapped/vocab.txt was changed after the data was prepared" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/swapped" --out "$tmp/r22"
+expect_error "swapped/vocab.txt was changed after the data was prepared" "$bin" eval "$tmp/run" --data "$tmp/swapped"
+cp -r "$tmp/data" "$tmp/garbage"; rm "$tmp/garbage/meta.json"
+printf 'garbage\001\377 line\n\n' > "$tmp/garbage/vocab.txt"
+expect_error "garbage/vocab.txt line 1: expected a byte value" "$bin" train -c "$tmp/tiny.json" --data "$tmp/garbage" --out "$tmp/r23"
+expect_error "garbage/vocab.txt line 1: expected a byte value" "$bin" eval "$tmp/run" --data "$tmp/garbage"
+
+# The kind left out of export / import: the first argument named, with the kinds.
+expect_exit2 "export: '.*/run' is not a kind of weights (safetensors, adaptive-span, transformer-xl): spanformer export KIND CHECKPOINT" \
+  "$bin" export "$tmp/run" --out "$tmp/x.safetensors"
+expect_exit2 "import: 'safetensor' is not a kind of weights (safetensors, adaptive-span, transformer-xl) (did you mean 'safetensors'?)" \
+  "$bin" import safetensor "$tmp/x.safetensors" --out "$tmp/x.pt"
+expect_exit2 "import: give the FILE after the kind: spanformer import safetensors FILE --out FILE" \
+  "$bin" import safetensors --out "$tmp/x.pt"
+
+# A mistake every worker of --nproc-per-node makes is one line (it was one per worker plus the launcher's).
+expect_error "batch_size 3 must divide by the number of processes (2)" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r24" \
+  --nproc-per-node 2 --batch_size=3
 
 echo "cli errors: $passed passed, $failures failed"
 [ "$failures" -eq 0 ]

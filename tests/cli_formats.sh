@@ -43,7 +43,14 @@ r[0]['command'][1]=='train' and r[0]['host'] and r[0]['start'].endswith('Z') and
   # A file written by the independent Python writer (other values, other order) -> import -> export:
   # the same tensors, bit for bit.
   $py "$st" rewrite "$tmp/$family.safetensors" "$tmp/py.safetensors" 7
-  "$bin" import safetensors "$tmp/py.safetensors" -o "$tmp/py.pt" > /dev/null
+  "$bin" import safetensors "$tmp/py.safetensors" -o "$tmp/py.pt" > /dev/null 2> "$tmp/note"
+  # No spanformer.sha256 in a file written elsewhere: one note, and the tensors taken as they are. With the
+  # key kept while the values changed: refused.
+  grep -q "^spanformer: note: .*py.safetensors carries no spanformer.sha256 checksum" "$tmp/note"
+  $py "$st" rewrite "$tmp/$family.safetensors" "$tmp/stale.safetensors" 7 --keep-sum
+  if "$bin" import safetensors "$tmp/stale.safetensors" -o "$tmp/stale.pt" > /dev/null 2> "$tmp/err"; then
+    echo "FAIL: a stale spanformer.sha256 accepted"; exit 1; fi
+  grep -q "do not match the spanformer.sha256 in its metadata" "$tmp/err"
   "$bin" export safetensors "$tmp/py.pt" -o "$tmp/again.safetensors" > /dev/null
   $py "$st" same "$tmp/py.safetensors" "$tmp/again.safetensors"
   # The exported config trains the same model.
@@ -69,7 +76,7 @@ r['span_limit']==32 and r['family']=='adaptive-span', r" "$tmp/spans.json"
 test -s "$tmp/s.png"
 
 # Damaged files: one line, non-zero exit, no checkpoint written.
-for kind in hole overlap dtype header short; do
+for kind in hole overlap dtype header short flip; do
   $py "$st" damage "$tmp/span.safetensors" "$tmp/bad.safetensors" $kind
   if "$bin" import safetensors "$tmp/bad.safetensors" -o "$tmp/bad.pt" > /dev/null 2> "$tmp/err"; then
     echo "FAIL: damaged safetensors ($kind) accepted"; exit 1; fi

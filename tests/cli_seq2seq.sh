@@ -102,6 +102,8 @@ expect_error "translate: give --text or --file (one of them)" "$bin" translate "
 expect_error "--beam must be positive (got 0)" "$bin" translate "$tmp/tf" --text "Le chat ." --beam 0
 expect_error "file not found: $tmp/missing.txt" "$bin" translate "$tmp/tf" --file "$tmp/missing.txt"
 expect_error "--beam must be positive (got -3)" "$bin" translate "$tmp/tf" --text "   ."  --beam -3
+expect_error "--beam must be positive (got -1)" "$bin" translate "$tmp/tf" --text "Le chat ." --beam -1   # not "the config's"
+expect_error "--length-penalty must be a finite number >= 0 (got nan)" "$bin" translate "$tmp/tf" --text "Le chat ." --length-penalty nan
 expect_error "pair 200 is outside the test split (0 .. 199)" "$bin" attention "$tmp/tf" --pair 200
 expect_error "--layer must be in [0, 1) (got 1)" "$bin" attention "$tmp/tf" --text "Le chat ." --layer 1
 expect_error "unknown split 'dev' (train, valid or test)" "$bin" eval "$tmp/tf" --split dev

@@ -148,6 +148,10 @@ expect_error "another model" "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --o
 expect_error "another model: d_model" "$bin" eval "$tmp/txl" --d_model=8
 expect_error "train split is not on this machine" "$bin" data words "$wt2" --out "$tmp/e6"
 expect_error "no search records" "$bin" par plot "$tmp/txl" --out "$tmp/e7.png"
+printf '{"step": 5, "probs": []}\n' > "$tmp/empty_probs.jsonl"
+expect_error "the search record at step 5 has no block probabilities" "$bin" par plot "$tmp/empty_probs.jsonl" --out "$tmp/e7.png"
+printf '{"step": 5, "probs": [[0.5, 0.5]]}\n' > "$tmp/short_probs.jsonl"
+expect_error "a block without its three probabilities" "$bin" par plot "$tmp/short_probs.jsonl" --out "$tmp/e7.png"
 for f in e5.json e7.png e8.pt e9.pt; do  # a refused command writes nothing
   if [ -e "$tmp/$f" ]; then echo "FAIL: $f written by a refused command"; exit 1; fi
 done

@@ -8,6 +8,7 @@
 
 #include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
 
 namespace spanformer::data {
 namespace {
@@ -99,6 +100,12 @@ std::vector<int64_t> Vocab::byte_to_id() const {
 }
 
 Vocab read_vocab(const std::string& path) { return parse_vocab(read_file(path), path); }
+
+std::string vocab_checksum(const std::string& text) {
+  Sha256 hash;
+  hash.add(text.data(), text.size());
+  return hash.hex();
+}
 
 Vocab parse_vocab(const std::string& text, const std::string& path) {
   Vocab vocab;
@@ -218,8 +225,9 @@ PrepareStats prepare_bytes(const std::string& input, const std::string& out_dir,
       writer.close();
     });
   }
-  write_file_atomic(out_dir + "/vocab.txt", vocab_to_text(vocab));
-  nlohmann::json meta = {{"source", input},          {"input_bytes", n_raw},
+  const std::string vocab_text = vocab_to_text(vocab);
+  write_file_atomic(out_dir + "/vocab.txt", vocab_text);
+  nlohmann::json meta = {{"source", input},          {"input_bytes", n_raw}, {"vocab_sha256", vocab_checksum(vocab_text)},
                          {"crlf_to_lf", options.crlf_to_lf}, {"vocab_size", stats.vocab_size},
                          {"train_tokens", stats.train_tokens}, {"valid_tokens", stats.valid_tokens},
                          {"test_tokens", stats.test_tokens},   {"dropped_bytes", stats.dropped}};
@@ -284,12 +292,20 @@ const TokenFile& Corpus::split(const std::string& name) const {
 Corpus load_corpus(const std::string& dir, const std::string& only_split) {
   Corpus corpus;
   corpus.dir = dir;
-  if (!file_exists(dir + "/vocab.txt") && file_exists(dir + "/words.txt")) {
-    corpus.vocab = read_word_vocab(dir + "/words.txt");
-  } else if (!file_exists(dir + "/vocab.txt"))
+  const bool words = !file_exists(dir + "/vocab.txt") && file_exists(dir + "/words.txt");
+  if (!words && !file_exists(dir + "/vocab.txt"))
     fail("{}/vocab.txt not found: is '{}' a prepared data directory? (spanformer data prepare FILE --out DIR)", dir, dir);
-  else
-    corpus.vocab = read_vocab(dir + "/vocab.txt");
+  const std::string vocab_path = dir + (words ? "/words.txt" : "/vocab.txt");
+  // The vocabulary as prepared: meta.json's checksum where it has one (directories prepared before it
+  // was written are taken as they are).
+  if (file_exists(dir + "/meta.json")) {
+    const auto meta = nlohmann::json::parse(read_file(dir + "/meta.json"), nullptr, /*allow_exceptions=*/false);
+    if (meta.is_discarded() || !meta.is_object()) fail("{}/meta.json is not valid JSON (prepare the data again)", dir);
+    if (meta.contains("vocab_sha256") && meta["vocab_sha256"] != vocab_checksum(read_file(vocab_path)))
+      fail("{} was changed after the data was prepared (its checksum differs from meta.json's): prepare the data again",
+           vocab_path);
+  }
+  corpus.vocab = words ? read_word_vocab(vocab_path) : read_vocab(vocab_path);
   auto load = [&](const char* name, std::unique_ptr<TokenFile>& slot) {
     if (!only_split.empty() && only_split != name) return;
     slot = std::make_unique<TokenFile>(dir + "/" + name + ".bin");

@@ -123,7 +123,8 @@ WordPrepareStats prepare_words(const WordPrepareOptions& o, const std::string& o
   encode(o.train, "train", stats.train_tokens, stats.train_unk, true);
   encode(o.valid, "valid", stats.valid_tokens, stats.valid_unk, false);
   encode(o.test, "test", stats.test_tokens, stats.test_unk, false);
-  write_file_atomic(out_dir + "/words.txt", vocab_to_text(vocab));
+  const std::string vocab_text = vocab_to_text(vocab);
+  write_file_atomic(out_dir + "/words.txt", vocab_text);
   std::string counts_text;
   for (auto c : word_counts) counts_text += std::to_string(c) + "\n";
   write_file_atomic(out_dir + "/counts.txt", counts_text);
@@ -133,6 +134,7 @@ WordPrepareStats prepare_words(const WordPrepareOptions& o, const std::string& o
                          {"test", o.test},
                          {"vocab_from", o.vocab_from_all ? "train+valid+test" : "train"},
                          {"vocab_size", stats.vocab_size},
+                         {"vocab_sha256", vocab_checksum(vocab_text)},
                          {"tokens", {stats.train_tokens, stats.valid_tokens, stats.test_tokens}},
                          {"unk", {stats.train_unk, stats.valid_unk, stats.test_unk}}};
   write_file_atomic(out_dir + "/meta.json", meta.dump(1) + "\n");
@@ -149,7 +151,8 @@ std::vector<int64_t> read_word_counts(const std::string& dir) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();
     const std::string s = text.substr(start, end - start);
-    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) fail("{}: '{}' is not a count", path, s);
+    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+      fail("{}: '{}' is not a count", path, s.substr(0, 40));
     counts.push_back(std::stoll(s));
     start = end + 1;
   }

@@ -3,7 +3,8 @@
 // receive SIGTERM if the launcher dies (PR_SET_PDEATHSIG: no orphans after kill -9). When a worker
 // fails, the others cannot finish a step without it: they are killed at once, the last checkpoint is
 // kept, and the launcher returns the failure. After a forwarded signal the workers get a grace period
-// to save, then are killed.
+// to save, then are killed. Workers write their one-line errors into a folder of the launcher's
+// (SPANFORMER_WORKER_ERRORS/RANK), and the launcher prints the first failed worker's line alone.
 #include "spanformer/dist/launcher.h"
 
 #include <arpa/inet.h>
@@ -17,6 +18,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -47,8 +52,24 @@ int free_port() {  // chosen by the kernel
 
 }  // namespace
 
+std::string worker_error_file() {
+  const char* dir = std::getenv("SPANFORMER_WORKER_ERRORS");
+  const char* rank = std::getenv("RANK");
+  return dir && rank ? std::string(dir) + "/" + rank : std::string();
+}
+
 int spawn_local_workers(int n, const std::vector<std::string>& args) {
   const int port = free_port();
+  char errors_template[] = "/tmp/spanformer-workers-XXXXXX";
+  const char* errors_dir = ::mkdtemp(errors_template);
+  if (!errors_dir) fail("cannot create a folder for the workers' messages in /tmp: {}", std::strerror(errno));
+  struct RemoveFolder {
+    std::string path;
+    ~RemoveFolder() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_errors{errors_dir};
   struct sigaction action {};
   action.sa_handler = on_signal;  // no SA_RESTART: waitpid returns EINTR
   sigemptyset(&action.sa_mask);
@@ -72,6 +93,7 @@ int spawn_local_workers(int n, const std::vector<std::string>& args) {
       setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("SPANFORMER_WORKER_ERRORS", errors_dir, 1);
       // OpenBLAS starts one thread per core in every process: share the cores instead.
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
       setenv("OPENBLAS_NUM_THREADS", std::to_string(std::max(1u, cores / static_cast<unsigned>(n))).c_str(), 0);
@@ -90,8 +112,14 @@ int spawn_local_workers(int n, const std::vector<std::string>& args) {
       if (c > 0) out.push_back(c);
     return out;
   };
-  int status_out = 0;
-  bool stopping = false;
+  int status_out = 0, failed_rank = -1;
+  bool stopping = false, said = false;
+  auto message_of = [&](int rank) {  // the worker's one-line error, or ""
+    std::ifstream in(std::string(errors_dir) + "/" + std::to_string(rank));
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (!alive().empty()) {
     if (g_signal != 0) {  // forwarded once per signal; workers checkpoint collectively and exit
@@ -119,15 +147,23 @@ int spawn_local_workers(int n, const std::vector<std::string>& args) {
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0 && status_out == 0) {
       status_out = code;
+      failed_rank = rank;
       if (!stopping) {  // a failed worker: the others cannot finish a step without it
         const auto rest = alive();
         for (pid_t c : rest) ::kill(c, SIGKILL);
-        if (!rest.empty())
+        // Its own message says why, once; a worker that left none (killed, crashed) is named here.
+        const std::string message = message_of(rank);
+        if (!message.empty())
+          fmt::print(stderr, "{}", message);
+        else if (!rest.empty())
           fmt::print(stderr, "spanformer: worker {} failed (exit {}); stopped the other workers (the last checkpoint is kept)\n",
                      rank, code);
+        said = true;
       }
     }
   }
+  // Stopped by a signal and then failed (a checkpoint that could not be written): its message still.
+  if (status_out != 0 && !said && failed_rank >= 0) fmt::print(stderr, "{}", message_of(failed_rank));
   return status_out;
 }
 

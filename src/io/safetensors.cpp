@@ -125,6 +125,14 @@ SafeTensors read_safetensors(const std::string& path) {
     at = spans[i].end;
   }
   if (at != buffer) bad(fmt::format("{} bytes after the last tensor", buffer - at));
+  if (auto it = out.metadata.find(kSafetensorsChecksumKey); it != out.metadata.end()) {
+    Sha256 hash;
+    hash.add(data, buffer);
+    if (hash.hex() != it->second)
+      bad(fmt::format("its tensors' bytes do not match the {} in its metadata (damaged after it was written; a tool "
+                      "that changes tensors on purpose must drop that key)", kSafetensorsChecksumKey));
+    out.checksummed = true;
+  }
   std::vector<std::pair<std::string, at::Tensor>> sorted;
   for (size_t i : order) sorted.push_back(std::move(out.tensors[i]));
   out.tensors = std::move(sorted);
@@ -135,8 +143,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                        const std::map<std::string, std::string>& metadata) {
   require_little_endian();
   nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> contiguous;
+  Sha256 hash;  // of the data buffer: the tensors' bytes in the order written
   uint64_t offset = 0;
   std::set<std::string> names;
   for (const auto& [name, tensor] : tensors) {
@@ -147,8 +155,12 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     const uint64_t size = static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(d.size);
     header[name] = {{"dtype", d.name}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + size}}};
     offset += size;
+    if (size > 0) hash.add(t.data_ptr(), static_cast<size_t>(size));
     contiguous.push_back(std::move(t));
   }
+  auto with_checksum = metadata;
+  with_checksum[kSafetensorsChecksumKey] = hash.hex();
+  header["__metadata__"] = with_checksum;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   const uint64_t n = text.size();

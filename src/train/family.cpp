@@ -420,7 +420,7 @@ void export_safetensors(const Checkpoint& checkpoint, const std::string& path, c
   write_file_atomic(config_path, config.dump(2) + "\n");
 }
 
-void import_safetensors(const std::string& path, const std::string& checkpoint_path) {
+bool import_safetensors(const std::string& path, const std::string& checkpoint_path) {
   auto file = io::read_safetensors(path);
   for (const char* key : {"spanformer.family", "spanformer.config", "spanformer.vocab", "spanformer.vocab_level"})
     if (!file.metadata.count(key))
@@ -464,6 +464,7 @@ void import_safetensors(const std::string& path, const std::string& checkpoint_p
   if (!stored.empty())
     fail("{} has tensor '{}', which the {} model does not have", path, stored.begin()->first, family->name());
   save_weights(*family, vocab, checkpoint_path);
+  return file.checksummed;
 }
 
 }  // namespace spanformer::train

@@ -85,6 +85,12 @@ RunResult run_training(Family& family, const RunOptions& options) {
   if (main_rank) {
     lock = std::make_unique<DirectoryLock>(options.out_dir, "training run");
     remove_stale_temporaries(options.out_dir);
+    // A directory where a run file belongs would be taken for "no checkpoint" and removed (std::remove
+    // deletes an empty directory) or fail at the first save: refused before anything runs.
+    check_regular_or_absent(checkpoint_path, "the run's checkpoint");
+    check_regular_or_absent(best_path, "the run's best checkpoint");
+    check_regular_or_absent(log_path, "the run's log");
+    check_regular_or_absent(sessions_path, "the run's session records");
     if (!options.resume && !options.overwrite && (file_exists(checkpoint_path) || file_exists(log_path)))
       fail("{} already holds a run: continue it with --resume, or replace it with --overwrite", options.out_dir);
   }
@@ -169,6 +175,11 @@ RunResult run_training(Family& family, const RunOptions& options) {
       compat::set_generator_state(c10::DeviceType::CUDA, ck.tensor("state.cuda_rng"));
     say(fmt::format("spanformer: resumed {} at step {} ({} process{})", checkpoint_path, state.step, world,
                     world > 1 ? "es" : ""));
+    // --resume --init: resume wins once a checkpoint exists (a job relaunched after preemption keeps its
+    // progress); --init only seeds the run's first session.
+    if (!options.init_from.empty())
+      say(fmt::format("spanformer: --init {} is not used: it only starts a new run, and {} has a checkpoint",
+                      options.init_from, options.out_dir));
   } else {
     if (options.resume) say(fmt::format("spanformer: no checkpoint in {}, starting a new run", options.out_dir));
     if (!options.init_from.empty()) {

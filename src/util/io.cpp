@@ -44,6 +44,12 @@ bool file_exists(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec);
 }
 
+void check_regular_or_absent(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    fail("{} exists and is not a regular file ({}): move it away or choose another path", path, what);
+}
+
 void make_dirs(const std::string& path) {
   if (path.empty()) return;
   std::error_code ec;

@@ -31,11 +31,21 @@ SearchHistory read_search_history(const std::string& log_path) {
   SearchHistory h;
   for (const auto& j : read_jsonl(log_path)) {
     if (!j.contains("probs")) continue;
+    if (!j.contains("step") || !j["step"].is_number_integer()) fail("{}: a search record without an integer step", log_path);
+    const auto step = j["step"].get<int64_t>();
+    const auto& probs = j["probs"];
+    // One row per block: P(attention), P(feed-forward), P(identity).
+    if (!probs.is_array() || probs.empty())
+      fail("{}: the search record at step {} has no block probabilities", log_path, step);
     std::vector<std::array<double, 3>> rows;
-    for (const auto& r : j["probs"]) rows.push_back({r[0].get<double>(), r[1].get<double>(), r[2].get<double>()});
+    for (const auto& r : probs) {
+      if (!r.is_array() || r.size() != 3 || !r[0].is_number() || !r[1].is_number() || !r[2].is_number())
+        fail("{}: the search record at step {} has a block without its three probabilities", log_path, step);
+      rows.push_back({r[0].get<double>(), r[1].get<double>(), r[2].get<double>()});
+    }
     if (!h.probs.empty() && rows.size() != h.probs.back().size())
-      fail("{}: the number of blocks changed at step {}", log_path, j["step"].get<int64_t>());
-    h.steps.push_back(j["step"].get<int64_t>());
+      fail("{}: the number of blocks changed at step {}", log_path, step);
+    h.steps.push_back(step);
     h.probs.push_back(std::move(rows));
   }
   if (h.steps.empty()) fail("{} has no search records: was this run a super-network (model.search)?", log_path);

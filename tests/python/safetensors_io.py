@@ -2,10 +2,13 @@
 
     safetensors_io.py check FILE              validate FILE as the format's spec says, print its tensors
     safetensors_io.py rewrite FILE OUT SEED   write OUT with FILE's names, shapes and metadata, new
-                                              random values, tensors in reverse name order
+                                              random values, tensors in reverse name order (without
+                                              spanformer.sha256, which no longer holds; --keep-sum keeps it)
     safetensors_io.py same A B                exit 0 when A and B hold the same tensors, bit for bit
-    safetensors_io.py damage FILE OUT KIND    a broken copy: hole | overlap | dtype | header | short
+    safetensors_io.py damage FILE OUT KIND    a broken copy: hole | overlap | dtype | header | short | flip
+                                              (flip: one exponent bit of the first value, header unchanged)
 """
+import hashlib
 import json
 import struct
 import sys
@@ -64,8 +67,10 @@ def main():
     if cmd == "check":
         tensors, meta, n = read(sys.argv[2])
         assert n % 8 == 0, "spanformer pads its header to 8 bytes"
-        for key in ("spanformer.family", "spanformer.config", "spanformer.vocab", "spanformer.vocab_level"):
+        for key in ("spanformer.family", "spanformer.config", "spanformer.vocab", "spanformer.vocab_level",
+                    "spanformer.sha256"):
             assert key in meta, key
+        assert hashlib.sha256(open(sys.argv[2], "rb").read()[8 + n:]).hexdigest() == meta["spanformer.sha256"]
         json.loads(meta["spanformer.config"])
         for name, t in tensors.items():
             assert t.dtype == torch.float32 and torch.isfinite(t).all(), name
@@ -75,6 +80,8 @@ def main():
         g = torch.Generator().manual_seed(int(sys.argv[4]))
         # Small values: the span parameters stay inside [0, 1] and the model stays well behaved.
         new = {k: torch.rand(v.shape, generator=g, dtype=torch.float32) * 0.1 for k, v in tensors.items()}
+        if "--keep-sum" not in sys.argv:
+            meta.pop("spanformer.sha256", None)
         write(sys.argv[3], new, meta, sorted(new, reverse=True))
     elif cmd == "same":
         a, _, _ = read(sys.argv[2])
@@ -95,6 +102,10 @@ def main():
             return
         if kind == "short":
             open(out, "wb").write(raw[:len(raw) - 4])
+            return
+        if kind == "flip":  # the first value's exponent (little-endian float32: byte 3 holds sign and exponent)
+            at = 8 + n + header[first]["data_offsets"][0] + 3
+            open(out, "wb").write(raw[:at] + bytes([raw[at] ^ 0x20]) + raw[at + 1:])
             return
         if kind == "hole":
             header[first]["data_offsets"][0] += 4

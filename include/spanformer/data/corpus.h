@@ -45,6 +45,11 @@ Vocab read_word_vocab(const std::string& path);
 Vocab parse_vocab(const std::string& text, const std::string& origin);
 Vocab parse_word_vocab(const std::string& text, const std::string& origin);
 std::string vocab_to_text(const Vocab& vocab);
+
+// SHA-256 (hex) of a vocabulary file's text. `data prepare` / `data words` write it into meta.json as
+// "vocab_sha256", and load_corpus checks it when present: a vocabulary edited after preparing (two lines
+// swapped) would otherwise map ids to the wrong bytes without a word.
+std::string vocab_checksum(const std::string& text);
 // The same tokens of the same kind (and, for subwords, the same model bytes).
 bool same_vocabulary(const Vocab& a, const Vocab& b);
 // How stored vocabularies name their kind: "byte", "word" or "sentencepiece".

@@ -11,4 +11,9 @@ namespace spanformer::dist {
 // workers die with the launcher (src/dist/launcher.cpp).
 int spawn_local_workers(int n, const std::vector<std::string>& args);
 
+// Where a worker started by spawn_local_workers puts its one-line error message instead of stderr
+// (empty when this process is not such a worker). The launcher prints the first failed worker's
+// message once, so a mistake every rank makes (a batch the group cannot split) is one line, not N + 1.
+std::string worker_error_file();
+
 }  // namespace spanformer::dist

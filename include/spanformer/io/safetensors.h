@@ -12,6 +12,11 @@
 // spanformer writes every family's parameters under their own names (module.named_parameters()) and
 // puts what a checkpoint needs besides the weights into __metadata__ (spanformer.family, .config,
 // .vocab, .vocab_level), so `import safetensors` rebuilds a checkpoint from the file alone.
+//
+// The format has no checksum, and a flipped exponent bit reads as a valid (wildly wrong) weight. So
+// spanformer writes the SHA-256 of the whole data buffer into __metadata__ as "spanformer.sha256" and
+// a reader checks it where present; files from elsewhere have none and are read as they are
+// (SafeTensors::checksummed says which). A tool that changes the tensors on purpose drops that key.
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -22,16 +27,20 @@
 
 namespace spanformer::io {
 
+inline constexpr const char* kSafetensorsChecksumKey = "spanformer.sha256";
+
 struct SafeTensors {
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // in file order of their data
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata;              // spanformer.sha256 included when present
+  bool checksummed = false;                                 // spanformer.sha256 was present (and matched)
 };
 
 // Reads and validates a whole file (tensors are copied out of it, on the CPU).
 SafeTensors read_safetensors(const std::string& path);
 
-// Writes the tensors (any device, any layout: copied to contiguous CPU memory) and the metadata
-// atomically; names must be unique and non-empty and must not be "__metadata__".
+// Writes the tensors (any device, any layout: copied to contiguous CPU memory) and the metadata, with
+// spanformer.sha256 of the data added, atomically; names must be unique and non-empty and must not be
+// "__metadata__".
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata);
 

@@ -251,8 +251,9 @@ void save_weights(Family& family, const data::Vocab& vocab, const std::string& p
 // names, and the family, config and vocabulary in __metadata__ (plus the config as a JSON file beside
 // it, usable with `train -c`). Import rebuilds a weights-only checkpoint from the file alone; every
 // parameter must be present with its shape (float32, float64, float16 or bfloat16, stored as float32).
+// Import returns whether the file carried spanformer's checksum of its tensors (checked; io/safetensors.h).
 void export_safetensors(const Checkpoint& checkpoint, const std::string& path, const std::string& config_path);
-void import_safetensors(const std::string& path, const std::string& checkpoint_path);
+bool import_safetensors(const std::string& path, const std::string& checkpoint_path);
 
 // "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.
 torch::Device parse_device(const std::string& name);

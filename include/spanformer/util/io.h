@@ -23,6 +23,11 @@ void write_atomic_with(const std::string& path, const std::function<void(const s
 
 bool file_exists(const std::string& path);
 
+// Throws Error "PATH exists and is not a regular file (what): ..." when something other than a regular
+// file (a directory, a device, a pipe) is at `path`; an absent path or a regular file passes. `what`
+// names what the path is for, e.g. "the run's checkpoint".
+void check_regular_or_absent(const std::string& path, const std::string& what);
+
 // Throws Error "cannot open PATH: <reason>" unless `path` can be opened for reading (permission, a
 // directory): so that a reader whose own errors cannot tell why (an archive loader) names the real cause.
 void check_readable(const std::string& path);
