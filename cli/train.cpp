@@ -1,4 +1,5 @@
 // spanformer train: any family's config + overrides, on the one runner (train/runner.h).
+#include <cstdio>
 #include <thread>
 
 #include <fmt/format.h>
@@ -52,8 +53,12 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
         tc.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_world);
       }
       const bool main = !group || group->is_main();
-      if (main) fmt::print("spanformer: {} config {}\n", family->name(), family->config_json().dump());
       train::RunOptions options;
+      if (main)
+        options.on_started = [&family] {
+          fmt::print("spanformer: {} config {}\n", family->name(), family->config_json().dump());
+          std::fflush(stdout);
+        };
       options.out_dir = o->out;
       options.resume = o->resume;
       options.overwrite = o->overwrite;

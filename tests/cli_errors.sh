@@ -210,6 +210,8 @@ expect_error "swapped/vocab.txt was changed after the data was prepared" "$bin" 
 cp -r "$tmp/data" "$tmp/garbage"; rm "$tmp/garbage/meta.json"
 printf 'garbage\001\377 line\n\n' > "$tmp/garbage/vocab.txt"
 expect_error "garbage/vocab.txt line 1: expected a byte value" "$bin" train -c "$tmp/tiny.json" --data "$tmp/garbage" --out "$tmp/r23"
+# ... and nothing else: the config line comes only once the data and the run directory passed.
+if [ -s "$tmp/out" ]; then echo "FAIL: a refused train printed: $(cat "$tmp/out")"; failures=$((failures + 1)); else passed=$((passed + 1)); fi
 expect_error "garbage/vocab.txt line 1: expected a byte value" "$bin" eval "$tmp/run" --data "$tmp/garbage"
 
 # The kind left out of export / import: the first argument named, with the kinds.

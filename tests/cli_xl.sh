@@ -115,7 +115,10 @@ grep -q "derived layers" "$tmp/argmax.out"
 # A derived model without attention is announced (it cannot look back); one with attention is not.
 if grep -q ", 0 attention)" "$tmp/argmax.out"; then grep -q "warning: the derived model has no attention block" "$tmp/argmax.err"
 elif grep -q "warning" "$tmp/argmax.err"; then echo "FAIL: warning for a model with attention"; exit 1; fi
-"$bin" par derive "$tmp/par" --ratio 2 --out "$tmp/derived.json" | tee "$tmp/derive.out"
+"$bin" par derive "$tmp/par" --ratio 2 --out "$tmp/derived.json" 2> "$tmp/ratio.err" | tee "$tmp/derive.out"
+# The ratio rule keeps attention blocks (one in three here), so it must derive silently.
+if grep -q ", 0 attention)" "$tmp/derive.out"; then echo "FAIL: --ratio 2 derived no attention"; exit 1; fi
+if grep -q "warning" "$tmp/ratio.err"; then echo "FAIL: warning for a model with attention: $(cat "$tmp/ratio.err")"; exit 1; fi
 grep -q '"search": false' "$tmp/derived.json"
 "$bin" train -c "$tmp/derived.json" --data "$tmp/wt" --out "$tmp/derived" --nb_steps=10 --quiet | grep "trained 10 steps" > /dev/null
 "$bin" eval "$tmp/derived" --split test | grep "^test ppl" > /dev/null

@@ -198,6 +198,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
       std::remove(sessions_path.c_str());
     }
   }
+  if (options.on_started) options.on_started();
   if (main_rank) {
     write_file_atomic(options.out_dir + "/config.json", family.config_json().dump(2) + "\n");
     auto record = build_record(options.command_line);

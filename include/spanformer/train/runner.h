@@ -15,6 +15,7 @@
 // valid_acc instead), lr, ms_per_step, tokens_per_s (example data: <item>_per_s, e.g. images_per_s), elapsed_s, eta_s, processes, allreduce_ms_per_step (several processes),
 // best_valid_loss, then the family's fields (span_mean / span_max, tau / probs / argmax).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,9 @@ struct RunOptions {
   int64_t stop_after = -1;      // stop (with a checkpoint) after this many steps of this session
   std::string init_from;        // new run only: start from this checkpoint's weights (same model)
   std::shared_ptr<dist::Group> group;  // data-parallel run: this process's group (null = one process)
+  // Called once the data, the run directory and any checkpoint passed their checks, before the first
+  // step (the command line prints the config there, so a refused run prints its one error line only).
+  std::function<void()> on_started;
 };
 
 struct RunResult {
