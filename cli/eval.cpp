@@ -30,7 +30,7 @@ void record_in_run(const std::string& checkpoint, const nlohmann::json& record) 
 
 void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   struct Options {
-    std::string checkpoint, data, split = "test", unit, ids, vocab, dump;
+    std::string checkpoint, data, split = "test", unit, ids, vocab, dump, outputs;
     int64_t batch = -1;
     int nproc = 1;
     bool json = false;
@@ -47,6 +47,8 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--vocab", o->vocab, "vocab.txt the ids were made with; must be the checkpoint's vocabulary");
   cmd->add_option("--dump-logprobs", o->dump, "write the log-probability of every scored token to this file "
                                               "(one per line, in text order)");
+  cmd->add_option("--dump-outputs", o->outputs, "seq2seq, vit: write one line per example, in split order: the "
+                                                 "reference and the translation (or the label and the prediction), tab-separated");
   cmd->add_flag("--json", o->json, "print one JSON record instead of the text line (run directories also keep it "
                                    "in eval.jsonl either way)");
   cmd->add_option("--nproc-per-node", o->nproc, "split the streams over N local processes (or use torchrun/SLURM variables)");
@@ -74,6 +76,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       request.ids = o->ids;
       request.vocab = o->vocab;
       request.dump_logprobs = o->dump;
+      request.dump_outputs = o->outputs;
       request.group = group.get();
       request.progress = [tty](int64_t done, int64_t total) {
         if (tty && done % 10 == 0) fmt::print(stderr, "\r  eval block {}/{}", done, total);
@@ -83,6 +86,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (tty && family->data_restart() != train::DataRestart::kExamples) fmt::print(stderr, "\r{:40}\r", "");
       fmt::print("{}\n", o->json ? result.record.dump() : result.text);
       if (!o->dump.empty() && !o->json) fmt::print("log-probabilities: {} ({} tokens)\n", o->dump, result.record["tokens"].get<int64_t>());
+      if (!o->outputs.empty() && !o->json) fmt::print("outputs: {}\n", o->outputs);
       record_in_run(ck.path(), result.record);
     };
   });

@@ -17,12 +17,14 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("import", "convert another implementation's weights into a spanformer checkpoint");
   cmd->add_option("kind", o->kind, "safetensors (written by `spanformer export safetensors`, any family), "
+                                   "gpt2 (a directory transformers' save_pretrained wrote for a GPT2LMHeadModel), "
                                    "adaptive-span (facebookresearch/adaptive-span's state_dict) or transformer-xl "
                                    "(kimiyoung/transformer-xl's MemTransformerLM state_dict)")->required();
-  cmd->add_option("model", o->model, "the safetensors or state_dict file (see docs/usage.md for the one-line extraction)");
+  cmd->add_option("model", o->model, "the safetensors or state_dict file, or the gpt2 directory (see docs/usage.md)");
   cmd->add_option("--config,-c", o->config, "spanformer config describing the model (reference kinds)");
   cmd->add_option("--vocab", o->vocab, "the model's vocabulary, in id order (vocab.txt: a byte value or <eos> per "
-                                       "line; words.txt with --vocab-level word; reference kinds)");
+                                       "line; words.txt with --vocab-level word; reference kinds, and gpt2 "
+                                       "directories without vocab.txt)");
   cmd->add_option("--vocab-level", o->level, "byte or word")->check(CLI::IsMember({"byte", "word"}))->capture_default_str();
   cmd->add_option("--out,-o", o->out, "spanformer checkpoint to write")->required();
   cmd->allow_extras();
@@ -37,6 +39,15 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
         if (!train::import_safetensors(o->model, o->out))
           fmt::print(stderr, "spanformer: note: {} carries no {} checksum (not written by spanformer, or edited): its "
                              "tensors are taken as they are\n", o->model, io::kSafetensorsChecksumKey);
+        fmt::print("imported {} -> {}\n", o->model, o->out);
+        return;
+      }
+      if (o->kind == "gpt2") {
+        if (!o->config.empty() || !overrides.empty())
+          fail("import gpt2: the directory's config.json describes the model; --config and overrides are not used");
+        if (!train::import_gpt2(o->model, o->vocab, o->level, o->out))
+          fmt::print(stderr, "spanformer: note: {}/model.safetensors carries no {} checksum (not written by spanformer, "
+                             "or edited): its tensors are taken as they are\n", o->model, io::kSafetensorsChecksumKey);
         fmt::print("imported {} -> {}\n", o->model, o->out);
         return;
       }

@@ -84,7 +84,7 @@ std::string typed_command(const std::vector<std::string>& args) {
 // working directory or, joined with a file name, the root ("/train.bin"), so it is refused at parsing.
 void refuse_empty_paths(CLI::App& app) {
   static const std::vector<std::string> kPathOptions = {"out", "data", "config", "init", "file", "vocab", "ids",
-                                                        "dump-logprobs"};
+                                                        "dump-logprobs", "dump-outputs"};
   const CLI::Validator non_empty(
       [](std::string& value) { return value.empty() ? std::string("a path, and empty") : std::string(); }, "PATH",
       "NonEmptyPath");

@@ -43,7 +43,7 @@ std::vector<std::string> config_overrides(const CLI::App& command) {
 }
 
 const std::vector<std::string>& weight_kinds() {
-  static const std::vector<std::string> kinds = {"safetensors", "adaptive-span", "transformer-xl"};
+  static const std::vector<std::string> kinds = {"safetensors", "gpt2", "adaptive-span", "transformer-xl"};
   return kinds;
 }
 

@@ -4,6 +4,7 @@
 set -u
 py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes the one whose LibTorch the build uses)
 bin="$1"
+src="$(cd "$(dirname "$0")/.." && pwd)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -215,12 +216,40 @@ if [ -s "$tmp/out" ]; then echo "FAIL: a refused train printed: $(cat "$tmp/out"
 expect_error "garbage/vocab.txt line 1: expected a byte value" "$bin" eval "$tmp/run" --data "$tmp/garbage"
 
 # The kind left out of export / import: the first argument named, with the kinds.
-expect_exit2 "export: '.*/run' is not a kind of weights (safetensors, adaptive-span, transformer-xl): spanformer export KIND CHECKPOINT" \
+expect_exit2 "export: '.*/run' is not a kind of weights (safetensors, gpt2, adaptive-span, transformer-xl): spanformer export KIND CHECKPOINT" \
   "$bin" export "$tmp/run" --out "$tmp/x.safetensors"
-expect_exit2 "import: 'safetensor' is not a kind of weights (safetensors, adaptive-span, transformer-xl) (did you mean 'safetensors'?)" \
+expect_exit2 "import: 'safetensor' is not a kind of weights (safetensors, gpt2, adaptive-span, transformer-xl) (did you mean 'safetensors'?)" \
   "$bin" import safetensor "$tmp/x.safetensors" --out "$tmp/x.pt"
 expect_exit2 "import: give the FILE after the kind: spanformer import safetensors FILE --out FILE" \
   "$bin" import safetensors --out "$tmp/x.pt"
+
+# The GPT-2 layout (Hugging Face transformers): models GPT-2 cannot express, and directories that are not
+# one, each refused in one line naming what it got.
+gpt_small=(--n_layer=1 --d_model=16 --n_head=2 --context=16 --batch_size=2 --nb_steps=2 --eval_interval=2 --eval_blocks=1
+           --lr_warmup=0 --eval_batch_size=2 --quiet)
+"$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/gpt" "${gpt_small[@]}" > /dev/null 2>&1 &&
+"$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/gptw" "${gpt_small[@]}" --attention=window \
+  --window=4 > /dev/null 2>&1 && "$bin" export gpt2 "$tmp/gpt" --out "$tmp/hf" > /dev/null || { echo "FAIL: gpt runs"; exit 1; }
+expect_error "export gpt2: .*/run/checkpoint.pt is of the adaptive-span family; the GPT-2 layout is for the gpt family" \
+  "$bin" export gpt2 "$tmp/run" --out "$tmp/hf1"
+expect_error "export gpt2: GPT-2 has dense attention only, and this model's attention is window" \
+  "$bin" export gpt2 "$tmp/gptw" --out "$tmp/hf2"
+expect_error "export gpt2: .*/text.txt is a file; the GPT-2 layout is a directory" "$bin" export gpt2 "$tmp/gpt" --out "$tmp/text.txt"
+expect_error "import gpt2: .*/hf/config.json is not a directory" "$bin" import gpt2 "$tmp/hf/config.json" --out "$tmp/g1.pt"
+mkdir -p "$tmp/hf_bin" && cp "$tmp/hf/config.json" "$tmp/hf_bin/" && : > "$tmp/hf_bin/pytorch_model.bin"
+expect_error "import gpt2: .*/hf_bin has no model.safetensors" "$bin" import gpt2 "$tmp/hf_bin" --out "$tmp/g2.pt"
+cp -r "$tmp/hf" "$tmp/hf_llama" && sed -i 's/"model_type": "gpt2"/"model_type": "llama"/' "$tmp/hf_llama/config.json"
+expect_error "hf_llama/config.json: a 'llama' model, not gpt2" "$bin" import gpt2 "$tmp/hf_llama" --out "$tmp/g3.pt"
+cp -r "$tmp/hf" "$tmp/hf_novocab" && rm "$tmp/hf_novocab/vocab.txt"
+expect_error "import gpt2: .*/hf_novocab has no vocab.txt: give --vocab" "$bin" import gpt2 "$tmp/hf_novocab" --out "$tmp/g4.pt"
+head -n 5 "$tmp/data/vocab.txt" > "$tmp/short_vocab.txt"
+expect_error "vocab_size" "$bin" import gpt2 "$tmp/hf_novocab" --vocab "$tmp/short_vocab.txt" --out "$tmp/g5.pt"
+expect_error "import gpt2: the directory's config.json describes the model; --config and overrides are not used" \
+  "$bin" import gpt2 "$tmp/hf" --config "$tmp/tiny.json" --out "$tmp/g6.pt"
+expect_error "dump-outputs is for the example families (seq2seq, vit); language models have --dump-logprobs" \
+  "$bin" eval "$tmp/run" --dump-outputs "$tmp/outputs.tsv"
+[ ! -e "$tmp/outputs.tsv" ] || { echo "FAIL: a refused eval wrote outputs.tsv"; failures=$((failures + 1)); }
+for f in g1 g2 g3 g4 g5 g6; do [ ! -e "$tmp/$f.pt" ] || { echo "FAIL: a refused import wrote $f.pt"; failures=$((failures + 1)); }; done
 
 # A mistake every worker of --nproc-per-node makes is one line (it was one per worker plus the launcher's).
 expect_error "batch_size 3 must divide by the number of processes (2)" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r24" \

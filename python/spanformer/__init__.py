@@ -10,8 +10,10 @@
     m.generate("The ", tokens=100, seed=1) # sampled text (language models)
     m.translate(["Il fait froid."])        # seq2seq
     m.spans()                              # (layers, heads) learned spans, float64 tensor
+    m.logits([5, 17, 3])                   # next-token logits (N, V) of token ids (gpt)
     m.attention(text="...")                # the weights `spanformer attention` draws, as tensors
     m.state_dict()                         # parameters by name (load them into a PyTorch module)
+    spanformer.bleu(hyps, [refs])          # corpus BLEU as `spanformer eval` scores translations
 
 Both operators are registered with torch.library (fake kernels, autograd): torch.compile(model,
 fullgraph=True) compiles a module that calls them. The library is found through $SPANFORMER_TORCH_OPS,
@@ -82,6 +84,10 @@ class Model:
             sentences = [sentences]
         return self._m.translate(list(sentences), beam, length_penalty)
 
+    def logits(self, ids):
+        """The gpt family's next-token logits (N, V) for token ids at positions 0 .. N - 1 (N <= context)."""
+        return self._m.logits([int(i) for i in ids])
+
     def spans(self):
         """Learned spans in tokens, (layers, heads) float64 (adaptive-span models)."""
         return self._m.spans()
@@ -104,6 +110,22 @@ def report(run_dir, out=None, refresh=0):
     refresh > 0 makes the page reload itself every `refresh` seconds."""
     out = out or os.path.join(run_dir, "report.html")
     return torch.ops.spanformer.report(os.fspath(run_dir), os.fspath(out), int(refresh))
+
+
+def bleu(hyps, refs, tokenize=True):
+    """Corpus BLEU as `spanformer eval` scores translations (sacrebleu's 13a tokenisation and defaults):
+    hyps, a list of lines; refs, a list of reference streams, each a list as long as hyps. Returns a dict:
+    score (0..100), bp, sys_len, ref_len, counts and totals (n-grams of order 1..4)."""
+    hyps = list(hyps)
+    flat = [line for stream in refs for line in stream]
+    r = torch.ops.spanformer.corpus_bleu(hyps, flat, bool(tokenize))
+    return {"score": r[0], "bp": r[1], "sys_len": int(r[2]), "ref_len": int(r[3]),
+            "counts": [int(c) for c in r[4:8]], "totals": [int(t) for t in r[8:12]]}
+
+
+def tokenize_13a(line):
+    """sacrebleu's 13a tokenisation of one line, as spanformer's BLEU applies it."""
+    return torch.ops.spanformer.tokenize_13a(line)
 
 
 def load(path, **overrides):

@@ -10,9 +10,11 @@
 //   generate(prompt, tokens, temperature, top_k, top_p, seed)          the sampled continuation
 //   translate(sentences, beam, length_penalty)                       seq2seq
 //   spans()                       (L, K) float64 learned spans in tokens (adaptive span)
+//   logits(ids)                   (N, V) next-token logits of ids at positions 0 .. N - 1 (gpt)
 //   attention(texts, indices, split)  the weights `spanformer attention` draws, as tensors
 //                                 (train/family.h: AttentionRequest::weights)
 //   state_dict()                  the model's parameters by name (float32, CPU)
+// and two functions: corpus_bleu(hyps, refs, tokenize), tokenize_13a(line) (metrics/bleu.h).
 //
 // Everything runs on the CPU with the threads torch.set_num_threads() gives. Errors are the CLI's
 // one-line messages, raised as RuntimeError.
@@ -24,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/metrics/bleu.h"
+#include "spanformer/models/gpt.h"
 #include "spanformer/train/eval_checkpoint.h"
 #include "spanformer/train/family.h"
 #include "spanformer/util/error.h"
@@ -75,6 +79,19 @@ class Model : public torch::CustomClassHolder {
     request.beam = beam;
     request.length_penalty = length_penalty;
     return family_->translate(sentences, request);
+  }
+
+  // The gpt family's next-token logits of token ids at positions 0 .. N - 1 (N <= context): (N, V) float32.
+  at::Tensor logits(std::vector<int64_t> ids) {
+    auto guard = ready();
+    auto* gpt = dynamic_cast<models::GptModelImpl*>(&family_->module());
+    if (!gpt) spanformer::fail("logits: the {} family has no logits from Python (the gpt family has)", family_->name());
+    const auto V = checkpoint_.vocab().size();
+    for (auto id : ids)
+      if (id < 0 || id >= V) spanformer::fail("logits: token id {} is outside the vocabulary (0 .. {})", id, V - 1);
+    if (ids.empty()) spanformer::fail("logits: no token ids");
+    auto x = torch::tensor(ids, torch::kLong).unsqueeze(0);  // (1, N)
+    return gpt->logits(gpt->forward(x)).squeeze(0);          // (N, V)
   }
 
   at::Tensor spans() const {
@@ -137,8 +154,27 @@ TORCH_LIBRARY_FRAGMENT(spanformer, m) {
       .def("generate", &Model::generate)
       .def("translate", &Model::translate)
       .def("spans", &Model::spans)
+      .def("logits", &Model::logits)
       .def("attention", &Model::attention)
       .def("state_dict", &Model::state_dict);
+  // BLEU (metrics/bleu.h) from Python: refs holds the reference streams one after another (each as long
+  // as hyps); returns [score, brevity penalty, sys_len, ref_len, correct 1..4, total 1..4].
+  m.def("corpus_bleu(str[] hyps, str[] refs, bool tokenize=True) -> float[]",
+        [](std::vector<std::string> hyps, std::vector<std::string> refs, bool tokenize) {
+          const size_t n = hyps.size();
+          if (n == 0 || refs.size() % n != 0 || refs.empty())
+            spanformer::fail("corpus_bleu: {} references for {} hypotheses: give whole streams, each as long as hyps",
+                             refs.size(), n);
+          std::vector<std::vector<std::string>> streams;
+          for (size_t i = 0; i < refs.size(); i += n) streams.emplace_back(refs.begin() + i, refs.begin() + i + n);
+          const auto b = spanformer::metrics::corpus_bleu(hyps, streams, tokenize);
+          std::vector<double> out = {b.score, b.brevity_penalty, static_cast<double>(b.stats.sys_len),
+                                     static_cast<double>(b.stats.ref_len)};
+          for (auto c : b.stats.correct) out.push_back(static_cast<double>(c));
+          for (auto t : b.stats.total) out.push_back(static_cast<double>(t));
+          return out;
+        });
+  m.def("tokenize_13a(str line) -> str", [](std::string line) { return spanformer::metrics::tokenize_13a(line); });
   // `spanformer report` from Python: the run's page written to out (atomic); returns out.
   m.def("report(str run_dir, str out, int refresh_seconds=0) -> str",
         [](std::string run_dir, std::string out, int64_t refresh_seconds) {

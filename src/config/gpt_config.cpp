@@ -26,6 +26,8 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
       field("context", &C::context, "T: tokens per training example, the longest context"),
       config_detail::enum_field("positions", &C::positions, parse_positions, positions_name,
                                 "learned (GPT-2) | sinusoidal (Vaswani et al.)"),
+      config_detail::enum_field("activation", &C::activation, parse_activation, activation_name,
+                                "feed-forward GELU: gelu (exact, erf) | gelu_tanh (GPT-2's tanh approximation)"),
       field("tie_weights", &C::tie_weights, "output projection = token embedding"),
       field("dropout", &C::dropout, "embeddings and each residual branch"),
       field("attn_dropout", &C::attn_dropout, "attention probabilities"),
@@ -56,6 +58,14 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
 }  // namespace
 
 const char* positions_name(Positions p) { return p == Positions::kSinusoidal ? "sinusoidal" : "learned"; }
+
+const char* activation_name(Activation a) { return a == Activation::kGeluTanh ? "gelu_tanh" : "gelu"; }
+
+Activation parse_activation(const std::string& name) {
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  fail("activation must be gelu or gelu_tanh (got '{}')", name);
+}
 
 Positions parse_positions(const std::string& name) {
   if (name == "learned") return Positions::kLearned;

@@ -16,6 +16,32 @@ namespace {
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); }
 
+// Bytes of the whitespace character starting at s[i] (0: none), as Python's str.split() sees
+// whitespace: the ASCII ones above and, in UTF-8, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
+// U+2029, U+202F, U+205F and U+3000.
+size_t space_at(const std::string& s, size_t i) {
+  const auto byte = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  const unsigned a = byte(i), b = byte(i + 1), c = byte(i + 2);
+  if (is_space(s[i])) return 1;
+  if (a == 0xC2 && (b == 0x85 || b == 0xA0)) return 2;
+  if (a == 0xE1 && b == 0x9A && c == 0x80) return 3;
+  if (a == 0xE2 && b == 0x80 && ((c >= 0x80 && c <= 0x8A) || c == 0xA8 || c == 0xA9 || c == 0xAF)) return 3;
+  if (a == 0xE2 && b == 0x81 && c == 0x9F) return 3;
+  if (a == 0xE3 && b == 0x80 && c == 0x80) return 3;
+  return 0;
+}
+
+// Python's str.rstrip(): trailing whitespace (of space_at's kinds) removed.
+std::string rstrip(const std::string& s) {
+  size_t end = 0;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = space_at(s, i);
+    if (n == 0) end = ++i;
+    else i += n;
+  }
+  return s.substr(0, end);
+}
+
 // mteval's symbol class [{-~[-` -&(-+:-@/]: the ASCII punctuation except ' , - . (and digits, letters).
 bool is_13a_symbol(char c) {
   return (c >= '{' && c <= '~') || (c >= '[' && c <= '`') || (c >= ' ' && c <= '&') || (c >= '(' && c <= '+') ||
@@ -49,9 +75,9 @@ std::vector<std::string> split_words(const std::string& s) {
   std::vector<std::string> words;
   size_t i = 0;
   while (i < s.size()) {
-    while (i < s.size() && is_space(s[i])) ++i;
+    for (size_t n; i < s.size() && (n = space_at(s, i)) > 0;) i += n;
     const size_t start = i;
-    while (i < s.size() && !is_space(s[i])) ++i;
+    while (i < s.size() && space_at(s, i) == 0) ++i;
     if (i > start) words.push_back(s.substr(start, i - start));
   }
   return words;
@@ -124,8 +150,7 @@ Bleu corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::ve
     if (refs[s].size() != hyps.size())
       fail("BLEU: reference stream {} has {} lines for {} hypotheses", s + 1, refs[s].size(), hyps.size());
   auto words_of = [&](const std::string& line) {
-    std::string trimmed = line;
-    while (!trimmed.empty() && is_space(trimmed.back())) trimmed.pop_back();  // sacrebleu's rstrip
+    const std::string trimmed = rstrip(line);  // sacrebleu's rstrip
     return split_words(tokenize ? tokenize_13a(trimmed) : trimmed);
   };
   BleuStats st;

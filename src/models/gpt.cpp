@@ -73,7 +73,7 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
 }
 
 GptBlockImpl::GptBlockImpl(const GptModelConfig& config, int64_t layer)
-    : dropout_(config.dropout), ff_chunks_(config.ff_chunks) {
+    : dropout_(config.dropout), ff_chunks_(config.ff_chunks), activation_(config.activation) {
   const int64_t H = config.d_model;
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   attn = register_module("attn", GptAttention(config, layer));
@@ -88,7 +88,10 @@ torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tens
 }
 
 torch::Tensor GptBlockImpl::ff_branch(const torch::Tensor& h) {
-  auto mlp = [&](const torch::Tensor& x) { return torch::dropout(fc2(torch::gelu(fc1(ln2(x)))), dropout_, is_training()); };
+  const char* approximate = activation_ == Activation::kGeluTanh ? "tanh" : "none";
+  auto mlp = [&](const torch::Tensor& x) {
+    return torch::dropout(fc2(torch::gelu(fc1(ln2(x)), approximate)), dropout_, is_training());  // (B, n, H)
+  };
   if (ff_chunks_ <= 1 || h.size(1) <= 1) return mlp(h);  // (B, N, H)
   std::vector<torch::Tensor> parts;
   for (const auto& x : h.chunk(std::min(ff_chunks_, h.size(1)), 1)) parts.push_back(mlp(x));  // (B, n, H) each

@@ -7,6 +7,7 @@
 
 #include "spanformer/dist/group.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
 
 namespace spanformer::train {
@@ -16,6 +17,8 @@ CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, con
   if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || !r.unit.empty())
     fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());
   const std::string dir = r.data.empty() ? family.train().data : r.data;
+  if (!r.dump_outputs.empty() && r.group && r.group->world() > 1) fail("--dump-outputs runs in one process");
+  if (!r.dump_outputs.empty()) check_regular_or_absent(r.dump_outputs, "--dump-outputs");
   if (r.batch > 0) family.train().eval_batch_size = r.batch;
   const double start = now_seconds();
   auto data = family.open_examples(dir);
@@ -34,6 +37,11 @@ CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, con
     out.main = false;
     return out;
   }
+  if (!r.dump_outputs.empty()) {
+    std::string text;
+    for (const auto& line : score.outputs) text += line + "\n";
+    write_file_atomic(r.dump_outputs, text);
+  }
   const double accuracy = score.correct / score.count, nll = score.nll_sum / score.count;
   const double seconds = now_seconds() - start;
   out.record = nlohmann::json{{"checkpoint", ck.path()}, {"split", r.split}, {"data", dir}, {"unit", "accuracy"},
@@ -50,6 +58,8 @@ CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, con
 
 CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, const CheckpointEval& r) {
   if (r.batch == 0 || r.batch < -1) fail("--batch must be positive (got {})", r.batch);
+  if (!r.dump_outputs.empty() && family.data_restart() != DataRestart::kExamples)
+    fail("--dump-outputs is for the example families (seq2seq, vit); language models have --dump-logprobs");
   if (!r.unit.empty() && r.unit != "bpc" && r.unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", r.unit);
   if (!r.vocab.empty()) {
     auto v = ck.vocab().word_level ? data::read_word_vocab(r.vocab) : data::read_vocab(r.vocab);

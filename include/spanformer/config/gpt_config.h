@@ -28,6 +28,12 @@ enum class Positions { kLearned, kSinusoidal };
 const char* positions_name(Positions p);
 Positions parse_positions(const std::string& name);
 
+// The feed-forward's GELU: exact, x Phi(x) (erf), or the tanh approximation GPT-2 was trained with
+// (0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); Hugging Face's "gelu_new").
+enum class Activation { kGelu, kGeluTanh };
+const char* activation_name(Activation a);
+Activation parse_activation(const std::string& name);
+
 struct GptModelConfig {
   int64_t vocab_size = 0;      // V; taken from the prepared data when 0
   int64_t n_layer = 4;         // N
@@ -36,6 +42,7 @@ struct GptModelConfig {
   int64_t d_inner = 0;         // I (0 = 4 H)
   int64_t context = 256;       // T: tokens per training example, the longest context of the model
   Positions positions = Positions::kLearned;  // learned (GPT-2) | sinusoidal (Vaswani et al.)
+  Activation activation = Activation::kGelu;  // gelu (exact) | gelu_tanh (GPT-2's approximation)
   bool tie_weights = true;     // output projection = token embedding
   double dropout = 0.1;        // embeddings and each residual branch
   double attn_dropout = 0.0;   // attention probabilities

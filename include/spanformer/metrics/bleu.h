@@ -6,9 +6,10 @@
 //   BP = 1 if c >= r, else exp(1 - r / c)  (0 when c = 0);  c, r: hypothesis and reference token counts
 //   BLEU = BP exp(mean_n log p_n), in [0, 100]; 0 when no n-gram matches at all or some total_n is 0.
 //
-// tests/test_bleu.cpp holds both functions to sacrebleu 2.6.0's own outputs (tests/data/bleu_cases.json,
-// written by tests/python/bleu_oracle.py). One known difference: whitespace is ASCII whitespace here,
-// while Python's str.split also splits at non-ASCII spaces (U+00A0 and others).
+// Whitespace is what Python's str.split() takes for it (the ASCII kinds and, in UTF-8, U+00A0, U+2000..
+// U+200A, U+3000 and the other Unicode spaces). tests/python/test_oracles.py holds both functions to
+// sacrebleu 2.6.0 itself on random lines and corpora (unicode, empty lines, long sentences) and on a
+// trained model's fra-eng translations.
 #pragma once
 #include <array>
 #include <cstdint>

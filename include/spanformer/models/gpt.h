@@ -5,7 +5,7 @@
 //   h = drop(wte(x) + P[p0 : p0 + N])          (B, N, H)   P learned (T, H) or sinusoidal
 //   for each layer l (pre-norm):
 //       h = h + drop(proj(Attn(LN1(h))))        Attn: K heads of D = H / K, causal, over the KV cache
-//       h = h + drop(fc2(GELU(fc1(LN2(h)))))    fc1: H -> I, fc2: I -> H
+//       h = h + drop(fc2(GELU(fc1(LN2(h)))))    fc1: H -> I, fc2: I -> H; GELU exact or tanh (model.activation)
 //   h = LN_f(h);  logits = h W^T                (B, N, V)   W = wte.weight when tied
 // With `reversible` (Gomez et al. 2017; Kitaev et al. 2020, sec. 3) the layers carry two streams,
 //   x1 = x2 = h;  per layer  y1 = x1 + F(x2),  y2 = x2 + G(y1);  then h = (y1 + y2) / 2,
@@ -93,6 +93,7 @@ class GptBlockImpl : public torch::nn::Module {
  private:
   double dropout_;
   int64_t ff_chunks_;
+  Activation activation_;
 };
 TORCH_MODULE(GptBlock);
 

@@ -25,6 +25,7 @@ struct CheckpointEval {
   std::string ids;            // language models: score this headerless one-byte id file instead of a split
   std::string vocab;          // vocab.txt the ids were made with (must be the checkpoint's)
   std::string dump_logprobs;  // language models: one log-probability per scored token to this file
+  std::string dump_outputs;   // example families: "expected<TAB>produced" per example to this file
   dist::Group* group = nullptr;
   std::function<void(int64_t, int64_t)> progress;  // (blocks done, total), language models
 };

@@ -72,6 +72,10 @@ struct ExampleScore {
   double correct = 0;   // examples (or tokens) predicted right
   double count = 0;     // examples (or tokens) scored
   std::vector<double> sums;  // further additive figures the family defines (seq2seq: BLEU statistics)
+  // With `full`: one line per scored example, in split order, "expected<TAB>produced" (seq2seq: the
+  // normalised reference and the translation; ViT: the label and the predicted class), for eval
+  // --dump-outputs (an outside scorer, e.g. sacrebleu, reads them).
+  std::vector<std::string> outputs;
 };
 
 // Full-evaluation result, in nats; `unit` figures derive from it.
@@ -254,6 +258,16 @@ void save_weights(Family& family, const data::Vocab& vocab, const std::string& p
 // Import returns whether the file carried spanformer's checksum of its tensors (checked; io/safetensors.h).
 void export_safetensors(const Checkpoint& checkpoint, const std::string& path, const std::string& config_path);
 bool import_safetensors(const std::string& path, const std::string& checkpoint_path);
+
+// Hugging Face's GPT-2 layout (transformers' GPT2LMHeadModel; the mapping in train/families/gpt.cpp): a
+// directory with config.json, model.safetensors and spanformer's vocab.txt. Export takes a gpt-family
+// checkpoint whose model GPT-2 can express (dense or flash attention, learned positions, not reversible)
+// and refuses any other in one line; import reads what save_pretrained writes (the vocabulary from
+// --vocab, else the directory's vocab.txt) into a weights-only checkpoint, and returns whether the
+// weights carried spanformer's checksum.
+void export_gpt2(const Checkpoint& checkpoint, const std::string& dir);
+bool import_gpt2(const std::string& dir, const std::string& vocab_path, const std::string& vocab_level,
+                 const std::string& checkpoint_path);
 
 // "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.
 torch::Device parse_device(const std::string& name);

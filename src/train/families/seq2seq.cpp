@@ -182,6 +182,8 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
     net_.module->train();
     auto bleu = metrics::corpus_bleu(hyps, {refs});
     const auto& s = bleu.stats;
+    if (full)
+      for (size_t k = 0; k < hyps.size(); ++k) score.outputs.push_back(refs[k] + "\t" + hyps[k]);
     for (int k = 0; k < 4; ++k) score.sums.push_back(static_cast<double>(s.correct[k]));
     for (int k = 0; k < 4; ++k) score.sums.push_back(static_cast<double>(s.total[k]));
     score.sums.push_back(static_cast<double>(s.sys_len));

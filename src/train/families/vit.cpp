@@ -94,7 +94,7 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
     unsupported("token-stream validation");
   }
 
-  ExampleScore score_examples(const std::string& split_name, int64_t part, int64_t parts, bool) override {
+  ExampleScore score_examples(const std::string& split_name, int64_t part, int64_t parts, bool full) override {
     if (!data_) fail("vit: no image set is open");
     const auto& split = data_->split(split_name);
     const int64_t n = split.images.size(0), begin = part * n / parts, end = (part + 1) * n / parts;
@@ -107,7 +107,14 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
       auto logits = model_->forward(split.images.narrow(0, i, b).to(device())).to(torch::kDouble);  // (b, C)
       auto y = split.labels.narrow(0, i, b).to(device());                                           // (b)
       score.nll_sum += torch::nll_loss(torch::log_softmax(logits, -1), y, {}, at::Reduction::Sum).item<double>();
-      score.correct += logits.argmax(-1).eq(y).sum().item<double>();
+      auto predicted = logits.argmax(-1);  // (b)
+      score.correct += predicted.eq(y).sum().item<double>();
+      if (full) {
+        auto labels = y.cpu(), guesses = predicted.cpu();  // (b), (b)
+        for (int64_t k = 0; k < b; ++k)
+          score.outputs.push_back(data_->classes.at(static_cast<size_t>(labels[k].item<int64_t>())) + "\t" +
+                                  data_->classes.at(static_cast<size_t>(guesses[k].item<int64_t>())));
+      }
       score.count += static_cast<double>(b);
     }
     model_->train();

@@ -1,0 +1,433 @@
+"""spanformer beside what a user would pick instead in PyTorch 2.x, on the CPU (issue 35's table):
+FlexAttention, scaled_dot_product_attention and torch.compile, one process, interleaved rounds, medians.
+
+    SPANFORMER_TORCH_OPS=build/libspanformer_torch_ops.so SPANFORMER_CLI=build/spanformer \
+        .venv/bin/python bench/python/peers.py [--rounds 3] [--rows gemm,span,flash,gpt] [--threads 2]
+
+Each round times every implementation of a row once, one after another, so that the shared machine's
+drift falls on all of them alike; a row prints the median of each over the rounds. What is timed:
+
+  gemm    the ceiling: torch.mm of two 2048 x 2048 float32 matrices (GFLOP/s)
+  span    the adaptive-span operator, B 1, K 8, D 64, M 512, L 8192, float32, spans bimodal (per issue
+          37's rule: 3 of 4 heads in [16, 256], 1 of 4 in [2048, L]) and all at L:
+            ours      spanformer.adaptive_span_attention (the fused CPU kernel), forward + backward
+            eager     the reference's formula in PyTorch (the op's plain composition, written below)
+            compiled  the same function under torch.compile
+            flex      FlexAttention, torch.compile'd, score_mod = score + position + log m and each
+                      head's span as the block mask: the exact function up to the 1e-8 Z term
+                      (tests/python/test_oracles.py), forward only (no FlexAttention backward on the CPU)
+  flash   causal attention, B 1, K 8, D 64, T 1k / 4k / 16k, forward + backward:
+            ours      spanformer.flash_attention (tiles, no T x T tensor)
+            sdpa      scaled_dot_product_attention(is_causal=True): PyTorch's CPU flash kernel
+  gpt     a GPT training step (forward, backward, AdamW), 4 layers x 4 heads, H 256, bytes, T 1k (batch
+          8) and 4k (batch 2), dense and window 128 attention:
+            ours      `spanformer bench --json` (configs/gpt/bench_attention.json), its ms per step
+            eager     the same model in PyTorch (nanoGPT's layout, models/gpt.h), SDPA with the mask
+            compiled  that model under torch.compile (compile time excluded: warm-up steps first)
+
+  lm      the adaptive-span language model's training step (forward, backward, clipped Adagrad, the
+          caches carried): configs/bench_small.json (4 x 4, H 256, L 1024, M 256, batch 8) at spans 40 and
+          540, and configs/bench_span8k.json (2 x 8, H 512, L 8192, M 512, batch 1) with bimodal spans:
+            ours      `spanformer bench --json`
+            eager     bench/python/reference_semantics.py's model (the reference's operations: skew by
+                      padding, memory trimmed to the largest span, per-tensor clipped Adagrad)
+            compiled  that model's forward under torch.compile
+  seq2seq the encoder-decoder Transformer's training step, configs/seq2seq/transformer.json (3 + 3 blocks
+          of H 256, 4 heads, FFN 1024, dropout 0.1, shared 16000-word table, 8000 target words, label
+          smoothing 0.1, Adam; batch 128 pairs of 16 + 17 tokens):
+            ours      `spanformer bench --json`
+            eager     torch.nn.Transformer of the same sizes (post-norm), the same embeddings and loss
+            compiled  that model under torch.compile
+
+Prints a Markdown table (milliseconds per call or step; ratio = peer / ours, > 1 means ours is faster).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import spanformer  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def timed(fn, warmup=1):
+    for _ in range(warmup):
+        fn()
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def interleave(impls, rounds, warmup):
+    """impls: {name: callable}; returns {name: median ms} over rounds, each round every impl once."""
+    times = {name: [] for name in impls}
+    for name, fn in impls.items():  # warm-up (and compilation) before the first timed round
+        for _ in range(warmup):
+            fn()
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            times[name].append(timed(fn, warmup=0))
+    return {name: statistics.median(t) for name, t in times.items()}, times
+
+
+# ---- the GEMM ceiling ----------------------------------------------------------------------------
+
+def gemm_ceiling(rounds):
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    med, _ = interleave({"mm": lambda: torch.mm(a, b)}, rounds * 3, 2)
+    return 2 * 2048 ** 3 / (med["mm"] * 1e-3) / 1e9
+
+
+# ---- the span operator ---------------------------------------------------------------------------
+
+def bimodal_spans(K, L, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    spans = []
+    for h in range(K):
+        lo, hi = (16, min(256, L)) if h % 4 != 3 else (min(2048, L), L)
+        spans.append(lo + (hi - lo) * torch.rand(1, generator=g).item())
+    return spans
+
+
+def span_reference(q, k, v, key_pe, span_ratio, L, R):
+    """The op's plain composition in PyTorch (include/spanformer/ops/adaptive_span_attention.h): scores
+    over the whole window (query i reads key rows i .. i + L - 1, distances L .. 1), softmax, the soft
+    mask m_d = clamp((R + z - (d - 1)) / R, 0, 1), renormalised by sum + 1e-8, times the values."""
+    B, K, M, D = q.shape
+    W = L
+    idx = torch.arange(M).unsqueeze(1) + torch.arange(W).unsqueeze(0)       # (M, W): key row of (i, column c)
+    keys = k[:, :, idx]                                                        # (B, K, M, W, D)
+    values = v[:, :, idx]
+    scores = (torch.einsum("bkmd,bkmwd->bkmw", q, keys) + q @ key_pe) / math.sqrt(D)  # column c = distance W - c
+    p = scores.softmax(-1)
+    distance_minus_one = torch.arange(W - 1, -1, -1, dtype=q.dtype)
+    m = ((span_ratio * L).view(K, 1, 1) - distance_minus_one) / R + 1
+    w = p * m.clamp(0, 1)
+    a = w / (w.sum(-1, keepdim=True) + 1e-8)
+    return torch.einsum("bkmw,bkmwd->bkmd", a, values)
+
+
+def span_row(pattern, rounds):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    B, K, D, M, L, R = 1, 8, 64, 512, 8192, 32.0
+    spans = bimodal_spans(K, L) if pattern == "bimodal" else [float(L)] * K
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, K, M, D, generator=g).requires_grad_()
+    k = torch.randn(B, K, L + M, D, generator=g).requires_grad_()
+    v = torch.randn(B, K, L + M, D, generator=g).requires_grad_()
+    pe = (0.1 * torch.randn(D, L, generator=g)).requires_grad_()
+    ratio = torch.tensor([s / L for s in spans])
+    grad = torch.randn(B, K, M, D, generator=g)
+
+    def fwd_bwd(f):
+        def run():
+            out = f(q, k, v, pe, ratio, L, R)
+            torch.autograd.grad(out, (q, k, v, pe), grad)
+        return run
+
+    compiled = torch.compile(span_reference, dynamic=False)
+    visited = [max(1, min(L, math.floor(s + R) + 1)) for s in spans]
+    visited_t = torch.tensor(visited)
+    z = torch.tensor(spans)
+
+    def flex_forward():
+        with torch.no_grad():
+            pos = q @ pe / math.sqrt(D)  # (B, K, M, L): distance d at column L - d
+
+            def score_mod(score, b, h, i, j):
+                d = i + L - j
+                m = torch.clamp((R + z[h] - (d - 1)) / R, 0.0, 1.0)
+                return score + pos[b, h, i, L - d] + torch.log(m)
+
+            def in_span(b, h, i, j):
+                return (i + L - j >= 1) & (i + L - j <= visited_t[h])
+
+            block = create_block_mask(in_span, None, K, M, L + M, device="cpu")
+            return flex_compiled(q.detach(), k.detach(), v.detach(), score_mod=score_mod, block_mask=block)
+
+    flex_compiled = torch.compile(flex_attention, dynamic=False)
+    impls = {"ours": fwd_bwd(lambda *a: spanformer.adaptive_span_attention(*a)),
+             "eager": fwd_bwd(span_reference), "compiled": fwd_bwd(compiled),
+             "ours fwd": lambda: spanformer.adaptive_span_attention(q.detach(), k.detach(), v.detach(), pe.detach(), ratio, L, R),
+             "flex fwd": flex_forward}
+    med, _ = interleave(impls, rounds, 1)
+    return med, visited
+
+
+# ---- causal flash attention ----------------------------------------------------------------------
+
+def flash_row(T, rounds):
+    B, K, D = 1, 8, 64
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, K, T, D, generator=g).requires_grad_() for _ in range(3))
+    grad = torch.randn(B, K, T, D, generator=g)
+
+    def fwd_bwd(f):
+        def run():
+            torch.autograd.grad(f(q, k, v), (q, k, v), grad)
+        return run
+
+    impls = {"ours": fwd_bwd(lambda q, k, v: spanformer.flash_attention(q, k, v)),
+             "sdpa": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
+    med, _ = interleave(impls, rounds, 1)
+    return med
+
+
+# ---- a GPT training step ---------------------------------------------------------------------------
+
+class Block(nn.Module):
+    """models/gpt.h's block: pre-norm, fused qkv, GELU (exact) MLP of 4 H."""
+
+    def __init__(self, H, K, window):
+        super().__init__()
+        self.K, self.window = K, window
+        self.ln1, self.ln2 = nn.LayerNorm(H), nn.LayerNorm(H)
+        self.qkv, self.proj = nn.Linear(H, 3 * H), nn.Linear(H, H)
+        self.fc1, self.fc2 = nn.Linear(H, 4 * H), nn.Linear(4 * H, H)
+
+    def forward(self, x, mask):
+        B, N, H = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, N, 3, self.K, H // self.K).permute(2, 0, 3, 1, 4)
+        if mask is None:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, N, H))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    def __init__(self, V, T, H, K, layers, window):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, H), nn.Embedding(T, H)
+        self.blocks = nn.ModuleList(Block(H, K, window) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(H)
+        i = torch.arange(T)
+        self.mask = None if window == 0 else (i.unsqueeze(1) - i.unsqueeze(0)).ge(0) & (i.unsqueeze(1) - i.unsqueeze(0)).lt(window)
+
+    def forward(self, x, y):
+        h = self.wte(x) + self.wpe.weight[: x.shape[1]]
+        for b in self.blocks:
+            h = b(h, self.mask)
+        logits = self.ln_f(h) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+
+
+def gpt_row(attention, T, batch, rounds, cli, threads):
+    V, H, K, layers, window = 256, 256, 4, 4, 128
+    config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
+
+    def ours():
+        out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, f"--attention={attention}",
+                              f"--context={T}", f"--batch_size={batch}", "--steps", "1", "--warmup", "1", "--json"],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+
+    model = Gpt(V, T, H, K, layers, window if attention == "window" else 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-9)
+    x = torch.randint(V, (batch, T))
+    y = torch.randint(V, (batch, T))
+
+    def step(loss_fn):
+        def run():
+            opt.zero_grad(set_to_none=True)
+            loss_fn(x, y).backward()
+            opt.step()
+        return run
+
+    compiled = torch.compile(model)
+    impls = {"eager": step(model), "compiled": step(compiled)}
+    for fn in impls.values():  # compile and warm up
+        fn()
+        fn()
+    times = {"ours": [], "eager": [], "compiled": []}
+    for _ in range(rounds):
+        times["ours"].append(ours())  # the tool's own timer (one step after one warm-up step)
+        for name, fn in impls.items():
+            times[name].append(timed(fn, warmup=0))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+# ---- the adaptive-span language model -------------------------------------------------------------
+
+def lm_row(config_name, spans, rounds, cli, threads):
+    """spans: a number (every head) or "bimodal"."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from reference_semantics import Model
+    c = json.load(open(os.path.join(ROOT, "configs", config_name)))["model"]
+    B = json.load(open(os.path.join(ROOT, "configs", config_name)))["train"]["batch_size"]
+    V, H, K, I, L, M, layers = 256, c["hidden_size"], c["nb_heads"], c["inner_hidden_size"], c["attn_span"], c["block_size"], c["nb_layers"]
+    span_args = ["--span-dist", "bimodal"] if spans == "bimodal" else ["--span", str(spans)]
+
+    def ours():
+        out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", os.path.join(ROOT, "configs", config_name),
+                              *span_args, "--steps", "1", "--warmup", "1", "--json"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+
+    torch.manual_seed(0)
+    model = Model(V, H, K, I, L, layers, 32, 0.0)
+    with torch.no_grad():
+        for index, layer in enumerate(model.layers):
+            z = bimodal_spans(K, L, seed=index) if spans == "bimodal" else [float(spans)] * K
+            layer.ratio.copy_(torch.tensor(z).view(K, 1, 1) / L)
+    params = list(model.parameters())
+    sums = [torch.zeros_like(q) for q in params]
+    state = {"caches": [torch.zeros(B, layer.cache_size(), H) for layer in model.layers]}
+    compiled = torch.compile(model)
+
+    def step(net):
+        def run():
+            x, y = torch.randint(V, (B, M)), torch.randint(V, (B, M))
+            for q in params:
+                q.grad = None
+            out, state["caches"] = net(x, state["caches"])
+            loss = F.nll_loss(out.view(-1, V), y.view(-1)) + sum(2e-6 * L * layer.ratio.mean() for layer in model.layers)
+            loss.backward()
+            with torch.no_grad():
+                for q, s in zip(params, sums):  # Adagrad, per-tensor clip (the reference's optimizer)
+                    lr = 1e-9
+                    n = q.grad.norm().item()
+                    if n > 0.03:
+                        lr *= 0.03 / (n + 1e-10)
+                    s.addcmul_(q.grad, q.grad)
+                    q.addcdiv_(q.grad, s.sqrt().add_(1e-10), value=-lr)
+            loss.item()
+        return run
+
+    impls = {"eager": step(model), "compiled": step(compiled)}
+    for fn in impls.values():
+        fn()
+        fn()
+    times = {"ours": [], "eager": [], "compiled": []}
+    for _ in range(rounds):
+        times["ours"].append(ours())
+        for name, fn in impls.items():
+            times[name].append(timed(fn, warmup=0))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+# ---- the encoder-decoder Transformer ----------------------------------------------------------------
+
+class Seq2seq(nn.Module):
+    """models/seq2seq.h's Transformer: shared embedding table scaled by sqrt(H), sinusoidal positions,
+    post-norm encoder and decoder, output = the table's first Vt rows."""
+
+    def __init__(self, V, Vt, H, K, I, layers, dropout):
+        super().__init__()
+        self.H, self.Vt = H, Vt
+        self.emb = nn.Embedding(V, H)
+        self.core = nn.Transformer(H, K, layers, layers, I, dropout, batch_first=True)
+        pos = torch.arange(512).unsqueeze(1) * torch.exp(torch.arange(0, H, 2) * (-math.log(10000.0) / H))
+        self.register_buffer("pe", torch.stack([pos.sin(), pos.cos()], -1).view(512, H))
+        self.drop = nn.Dropout(dropout)
+
+    def embed(self, x):
+        return self.drop(self.emb(x) * math.sqrt(self.H) + self.pe[: x.shape[1]])
+
+    def forward(self, x, y_in, y_out):
+        T = y_in.shape[1]
+        causal = torch.triu(torch.full((T, T), float("-inf")), 1)
+        h = self.core(self.embed(x), self.embed(y_in), tgt_mask=causal)
+        logits = h @ self.emb.weight[: self.Vt].t()
+        return F.cross_entropy(logits.reshape(-1, self.Vt), y_out.reshape(-1), label_smoothing=0.1)
+
+
+def seq2seq_row(rounds, cli, threads):
+    config = os.path.join(ROOT, "configs", "seq2seq", "transformer.json")
+    c = json.load(open(config))
+    m, B, N = c["model"], c["train"]["batch_size"], c["data"]["max_length"]
+    V, Vt = 16000, 8000  # `spanformer bench`'s sizes for this family
+
+    def ours():
+        out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, "--steps", "1", "--warmup", "1", "--json"],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+
+    torch.manual_seed(0)
+    model = Seq2seq(V, Vt, m["d_model"], m["n_head"], m["d_inner"], m["n_layer"], m["dropout"])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-9, betas=(0.9, 0.98))
+    compiled = torch.compile(model)
+
+    def step(net):
+        def run():
+            x = torch.randint(4, V, (B, N))
+            y = torch.randint(4, Vt, (B, N + 2))
+            opt.zero_grad(set_to_none=True)
+            net(x, y[:, :-1], y[:, 1:]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        return run
+
+    impls = {"eager": step(model), "compiled": step(compiled)}
+    for fn in impls.values():
+        fn()
+        fn()
+    times = {"ours": [], "eager": [], "compiled": []}
+    for _ in range(rounds):
+        times["ours"].append(ours())
+        for name, fn in impls.items():
+            times[name].append(timed(fn, warmup=0))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", default="gemm,span,flash,gpt,lm,seq2seq")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--gpt-lengths", default="1024:8,4096:2")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cli = os.environ.get("SPANFORMER_CLI", os.path.join(ROOT, "build", "spanformer"))
+    rows = args.rows.split(",")
+    print(f"# peers: torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, medians (ms)")
+    if "gemm" in rows:
+        print(f"gemm ceiling: {gemm_ceiling(args.rounds):.1f} GFLOP/s (float32 2048^3 mm)", flush=True)
+    print("| what | ours | peer | peer ms | ratio (peer / ours) |")
+    print("|---|---|---|---|---|")
+    if "span" in rows:
+        for pattern in ("bimodal", "all at L"):
+            med, visited = span_row(pattern, args.rounds)
+            what = f"span op B 1 K 8 D 64 M 512 L 8192, {pattern} (visited {visited})"
+            for peer in ("eager", "compiled"):
+                print(f"| {what}, fwd+bwd | {med['ours']:.0f} | PyTorch {peer} | {med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+            print(f"| {what}, forward | {med['ours fwd']:.0f} | FlexAttention (compiled) | {med['flex fwd']:.0f} | "
+                  f"{med['flex fwd'] / med['ours fwd']:.2f} |", flush=True)
+    if "flash" in rows:
+        for T in (1024, 4096, 16384):
+            med = flash_row(T, args.rounds)
+            print(f"| flash causal B 1 K 8 D 64 T {T}, fwd+bwd | {med['ours']:.0f} | SDPA (CPU flash) | {med['sdpa']:.0f} | "
+                  f"{med['sdpa'] / med['ours']:.2f} |", flush=True)
+    if "gpt" in rows:
+        for spec in args.gpt_lengths.split(","):
+            T, batch = (int(s) for s in spec.split(":"))
+            for attention in ("dense", "window"):
+                med = gpt_row(attention, T, batch, args.rounds, cli, args.threads)
+                what = f"GPT 4x4 H 256 T {T} B {batch} {attention}{' 128' if attention == 'window' else ''}, train step"
+                for peer in ("eager", "compiled"):
+                    print(f"| {what} | {med['ours']:.0f} | PyTorch {peer} (SDPA) | {med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+    if "lm" in rows:
+        for config_name, spans in (("bench_small.json", 40), ("bench_small.json", 540), ("bench_span8k.json", "bimodal")):
+            med = lm_row(config_name, spans, args.rounds, cli, args.threads)
+            what = f"adaptive-span LM {config_name[:-5]} span {spans}, train step"
+            for peer in ("eager", "compiled"):
+                print(f"| {what} | {med['ours']:.0f} | PyTorch {peer} | {med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+    if "seq2seq" in rows:
+        med = seq2seq_row(args.rounds, cli, args.threads)
+        for peer in ("eager", "compiled"):
+            print(f"| seq2seq Transformer 3+3 H 256 B 128, train step | {med['ours']:.0f} | nn.Transformer {peer} | "
+                  f"{med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
