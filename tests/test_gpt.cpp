@@ -117,7 +117,7 @@ models::GptModel double_model(const GptModelConfig& config, uint64_t seed = 3) {
 
 }  // namespace
 
-// Every pattern and both implementations against the loop oracle; fused against plain on every
+// Every pattern and every implementation (plain, fused, auto) against the loop oracle; fused and auto against plain on every
 // gradient (q, k, v and the spans), on shapes with and without a cache, tiles that split and spans
 // shorter and longer than the keys. Double precision: the three computations differ by rounding only
 // (~1e-15 relative), so 1e-12 is tight yet safe.
@@ -181,6 +181,11 @@ TEST(GptAttention, EveryPatternMatchesTheLoopOracleAndFusedEqualsPlain) {
       auto gp = torch::autograd::grad({(plain * weight).sum()}, inputs);
       auto gf = torch::autograd::grad({(fused * weight).sum()}, inputs);
       for (size_t i = 0; i < inputs.size(); ++i) EXPECT_LT(max_diff(gp[i], gf[i]), 1e-11) << "gradient " << i;
+      // auto: what models run (dense with N = C: PyTorch's fused kernel on LibTorch 2.x).
+      auto automatic = attention::causal_attention(q, k, v, spec, AttnImpl::kAuto);
+      EXPECT_LT(max_diff(automatic, oracle), 1e-12);
+      auto ga = torch::autograd::grad({(automatic * weight).sum()}, inputs);
+      for (size_t i = 0; i < inputs.size(); ++i) EXPECT_LT(max_diff(gp[i], ga[i]), 1e-11) << "auto gradient " << i;
       // Groups: sparse patterns split long inputs' query rows (three here; these shapes take one pass);
       // adaptive span splits the heads by band (two and three groups; these spans give one or two).
       std::vector<attention::CausalSpec> grouped_specs;

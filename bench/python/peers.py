@@ -14,15 +14,17 @@ drift falls on all of them alike; a row prints the median of each over the round
             eager     the reference's formula in PyTorch (the op's plain composition, written below)
             compiled  the same function under torch.compile
             flex      FlexAttention, torch.compile'd, score_mod = score + position + log m and each
-                      head's span as the block mask: the exact function up to the 1e-8 Z term
-                      (tests/python/test_oracles.py), forward only (no FlexAttention backward on the CPU)
+                      head's span as the block mask (made once, outside the timing): the exact
+                      function up to the 1e-8 Z term (tests/python/test_oracles.py), forward only
+                      (FlexAttention has no backward on the CPU); ours forward beside it
   flash   causal attention, B 1, K 8, D 64, T 1k / 4k / 16k, forward + backward:
             ours      spanformer.flash_attention (tiles, no T x T tensor)
             sdpa      scaled_dot_product_attention(is_causal=True): PyTorch's CPU flash kernel
-  gpt     a GPT training step (forward, backward, AdamW), 4 layers x 4 heads, H 256, bytes, T 1k (batch
-          8) and 4k (batch 2), dense and window 128 attention:
+  gpt     a GPT training step (forward, backward, global clipping at 1, AdamW), 4 layers x 4 heads, H 256, bytes, T 1k (batch
+          8) and 4k (batch 2), dense, window 128 and adaptive span attention (bimodal spans):
             ours      `spanformer bench --json` (configs/gpt/bench_attention.json), its ms per step
             eager     the same model in PyTorch (nanoGPT's layout, models/gpt.h), SDPA with the mask
+                      (adaptive span: the float mask log m, as FlexAttention cannot train on the CPU)
             compiled  that model under torch.compile (compile time excluded: warm-up steps first)
 
   lm      the adaptive-span language model's training step (forward, backward, clipped Adagrad, the
@@ -58,6 +60,25 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import spanformer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_semantics import Model as ReferenceLm, skew, unskew  # noqa: E402
+
+
+def prefer_this_torchs_libraries():
+    """Inductor links its CPU kernels with -L<Python's LIBDIR> before torch/lib. Where Debian's
+    libtorch-dev sits in that LIBDIR (/usr/lib/x86_64-linux-gnu, as on the machines that build both
+    LibTorch versions), the linker takes Debian's libtorch_cpu 1.13, which lacks the SLEEF symbols 2.x's
+    vectorised kernels call: Inductor's ISA probe then fails and every compiled kernel is scalar code
+    ("trans_b requires AVX512 or AVX2 vec ISA" for matrix products). Putting this torch's lib directory
+    first gives the compiled peer its real, vectorised kernels."""
+    import torch._inductor.cpp_builder as builder
+    original = builder._get_python_related_args
+
+    def python_related_args():
+        include_dirs, lib_dirs = original()
+        return include_dirs, [os.path.join(os.path.dirname(torch.__file__), "lib")] + lib_dirs
+
+    builder._get_python_related_args = python_related_args
 
 
 def timed(fn, warmup=1):
@@ -100,21 +121,19 @@ def bimodal_spans(K, L, seed=0):
 
 
 def span_reference(q, k, v, key_pe, span_ratio, L, R):
-    """The op's plain composition in PyTorch (include/spanformer/ops/adaptive_span_attention.h): scores
-    over the whole window (query i reads key rows i .. i + L - 1, distances L .. 1), softmax, the soft
-    mask m_d = clamp((R + z - (d - 1)) / R, 0, 1), renormalised by sum + 1e-8, times the values."""
+    """The op's plain composition in PyTorch (include/spanformer/ops/adaptive_span_attention.h, the
+    reference's operations): scores over the whole window (query i reads key rows i .. i + L - 1,
+    distances L .. 1) by unskewing q k^T, softmax, the soft mask m_d = clamp((R + z - (d - 1)) / R, 0, 1),
+    renormalised by sum + 1e-8, skewed back and multiplied by the values."""
     B, K, M, D = q.shape
     W = L
-    idx = torch.arange(M).unsqueeze(1) + torch.arange(W).unsqueeze(0)       # (M, W): key row of (i, column c)
-    keys = k[:, :, idx]                                                        # (B, K, M, W, D)
-    values = v[:, :, idx]
-    scores = (torch.einsum("bkmd,bkmwd->bkmw", q, keys) + q @ key_pe) / math.sqrt(D)  # column c = distance W - c
-    p = scores.softmax(-1)
+    scores = unskew((q @ k.transpose(-1, -2)).view(B * K, M, W + M)).view(B, K, M, W)  # column c = distance W - c
+    p = ((scores + q @ key_pe) / math.sqrt(D)).softmax(-1)
     distance_minus_one = torch.arange(W - 1, -1, -1, dtype=q.dtype)
     m = ((span_ratio * L).view(K, 1, 1) - distance_minus_one) / R + 1
     w = p * m.clamp(0, 1)
     a = w / (w.sum(-1, keepdim=True) + 1e-8)
-    return torch.einsum("bkmw,bkmwd->bkmd", a, values)
+    return skew(a.view(B * K, M, W)).view(B, K, M, W + M) @ v
 
 
 def span_row(pattern, rounds):
@@ -140,19 +159,20 @@ def span_row(pattern, rounds):
     visited_t = torch.tensor(visited)
     z = torch.tensor(spans)
 
+    def score_mod(score, b, h, i, j):
+        d = i + L - j  # 1 .. L inside the window; the block mask keeps only 1 .. S_h, but whole
+        m = torch.clamp((R + z[h] - (d - 1)) / R, 0.0, 1.0)  # blocks are scored, so the index is clamped
+        return score + flex_pos[0][b, h, i, torch.clamp(L - d, 0, L - 1)] + torch.log(m)
+
+    def in_span(b, h, i, j):
+        return (i + L - j >= 1) & (i + L - j <= visited_t[h])
+
+    block = create_block_mask(in_span, None, K, M, L + M, device="cpu")  # once: the spans are fixed here
+    flex_pos = [None]
+
     def flex_forward():
         with torch.no_grad():
-            pos = q @ pe / math.sqrt(D)  # (B, K, M, L): distance d at column L - d
-
-            def score_mod(score, b, h, i, j):
-                d = i + L - j
-                m = torch.clamp((R + z[h] - (d - 1)) / R, 0.0, 1.0)
-                return score + pos[b, h, i, L - d] + torch.log(m)
-
-            def in_span(b, h, i, j):
-                return (i + L - j >= 1) & (i + L - j <= visited_t[h])
-
-            block = create_block_mask(in_span, None, K, M, L + M, device="cpu")
+            flex_pos[0] = q @ pe / math.sqrt(D)  # (B, K, M, L): distance d at column L - d
             return flex_compiled(q.detach(), k.detach(), v.detach(), score_mod=score_mod, block_mask=block)
 
     flex_compiled = torch.compile(flex_attention, dynamic=False)
@@ -207,13 +227,23 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, V, T, H, K, layers, window):
+    """window 0: dense (SDPA's causal kernel); window > 0: SDPA with the band as a boolean mask;
+    spans (one z per head): adaptive span, SDPA with the float mask log m_z(d) (-inf beyond the span):
+    softmax(s + log m) is the GPT family's formula (attention/causal_attention.h), the soft mask inside
+    the softmax."""
+
+    def __init__(self, V, T, H, K, layers, window, spans=None, ramp=32.0):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(V, H), nn.Embedding(T, H)
         self.blocks = nn.ModuleList(Block(H, K, window) for _ in range(layers))
         self.ln_f = nn.LayerNorm(H)
         i = torch.arange(T)
-        self.mask = None if window == 0 else (i.unsqueeze(1) - i.unsqueeze(0)).ge(0) & (i.unsqueeze(1) - i.unsqueeze(0)).lt(window)
+        d = i.unsqueeze(1) - i.unsqueeze(0) + 1  # (T, T): distance, 1 = the query itself
+        if spans is not None:
+            z = torch.tensor(spans).view(-1, 1, 1)
+            self.mask = ((ramp + z - (d - 1)) / ramp).clamp(0, 1).log().masked_fill(d < 1, float("-inf"))  # (K, T, T)
+        else:
+            self.mask = None if window == 0 else (d >= 1) & (d <= window)
 
     def forward(self, x, y):
         h = self.wte(x) + self.wpe.weight[: x.shape[1]]
@@ -226,15 +256,17 @@ class Gpt(nn.Module):
 def gpt_row(attention, T, batch, rounds, cli, threads):
     V, H, K, layers, window = 256, 256, 4, 4, 128
     config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
+    span_args = ["--span-dist", "bimodal"] if attention == "adaptive_span" else []
 
     def ours():
         out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, f"--attention={attention}",
-                              f"--context={T}", f"--batch_size={batch}", "--steps", "1", "--warmup", "1", "--json"],
-                             capture_output=True, text=True, check=True)
+                              f"--context={T}", f"--batch_size={batch}", *span_args, "--steps", "1", "--warmup", "1",
+                              "--json"], capture_output=True, text=True, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
 
-    model = Gpt(V, T, H, K, layers, window if attention == "window" else 0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-9)
+    spans = bimodal_spans(K, T) if attention == "adaptive_span" else None  # issue 37's rule (Python's draws)
+    model = Gpt(V, T, H, K, layers, window if attention == "window" else 0, spans)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-9, betas=(0.9, 0.95), weight_decay=0.1)  # the gpt defaults
     x = torch.randint(V, (batch, T))
     y = torch.randint(V, (batch, T))
 
@@ -242,6 +274,7 @@ def gpt_row(attention, T, batch, rounds, cli, threads):
         def run():
             opt.zero_grad(set_to_none=True)
             loss_fn(x, y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # train.grad_clip
             opt.step()
         return run
 
@@ -262,8 +295,6 @@ def gpt_row(attention, T, batch, rounds, cli, threads):
 
 def lm_row(config_name, spans, rounds, cli, threads):
     """spans: a number (every head) or "bimodal"."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from reference_semantics import Model
     c = json.load(open(os.path.join(ROOT, "configs", config_name)))["model"]
     B = json.load(open(os.path.join(ROOT, "configs", config_name)))["train"]["batch_size"]
     V, H, K, I, L, M, layers = 256, c["hidden_size"], c["nb_heads"], c["inner_hidden_size"], c["attn_span"], c["block_size"], c["nb_layers"]
@@ -275,7 +306,7 @@ def lm_row(config_name, spans, rounds, cli, threads):
         return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
 
     torch.manual_seed(0)
-    model = Model(V, H, K, I, L, layers, 32, 0.0)
+    model = ReferenceLm(V, H, K, I, L, layers, 32, 0.0)
     with torch.no_grad():
         for index, layer in enumerate(model.layers):
             z = bimodal_spans(K, L, seed=index) if spans == "bimodal" else [float(spans)] * K
@@ -386,8 +417,10 @@ def main():
     parser.add_argument("--rows", default="gemm,span,flash,gpt,lm,seq2seq")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--gpt-lengths", default="1024:8,4096:2")
+    parser.add_argument("--gpt-attentions", default="dense,window,adaptive_span")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    prefer_this_torchs_libraries()
     cli = os.environ.get("SPANFORMER_CLI", os.path.join(ROOT, "build", "spanformer"))
     rows = args.rows.split(",")
     print(f"# peers: torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, medians (ms)")
@@ -411,7 +444,7 @@ def main():
     if "gpt" in rows:
         for spec in args.gpt_lengths.split(","):
             T, batch = (int(s) for s in spec.split(":"))
-            for attention in ("dense", "window"):
+            for attention in args.gpt_attentions.split(","):
                 med = gpt_row(attention, T, batch, args.rounds, cli, args.threads)
                 what = f"GPT 4x4 H 256 T {T} B {batch} {attention}{' 128' if attention == 'window' else ''}, train step"
                 for peer in ("eager", "compiled"):

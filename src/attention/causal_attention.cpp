@@ -13,6 +13,7 @@
 #include "spanformer/ops/flash_attention.h"
 #include "spanformer/ops/lsh_attention.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/torch_compat.h"
 
 namespace spanformer::attention {
 
@@ -412,6 +413,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
       first = end;
     }
     return parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // (B, K, N, D)
+  }
+  if (impl == AttnImpl::kAuto && spec.kind == CausalKind::kDense && N == C && (!spec.training || spec.dropout == 0)) {
+    if (auto out = compat::sdpa_causal(q, k, v); out.defined()) return out;  // (B, K, N, D)
   }
   const auto groups = head_groups(spec, N, C, K);
   double read = 0;  // query-key pairs the tiles read, as a fraction of the plain composition's N x C per head

@@ -145,4 +145,16 @@ class AutocastGuard {
   at::ScalarType dtype_ = at::kFloat;
 };
 
+// PyTorch's fused attention (LibTorch 2.0+: at::scaled_dot_product_attention, the CPU flash kernel or
+// the CUDA ones), causal with query i reading keys 0 .. i, no dropout: q (B, K, N, D), k, v (B, K, N, D).
+// Undefined where LibTorch has none (1.13): the caller then takes its own path.
+inline at::Tensor sdpa_causal(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+  (void)q, (void)k, (void)v;
+  return {};
+#endif
+}
+
 }  // namespace spanformer::compat
