@@ -17,6 +17,10 @@ void check(const SamplingOptions& o) {
 int64_t sample_token(const torch::Tensor& logits_in, const SamplingOptions& o) {
   const float kNegInf = -std::numeric_limits<float>::infinity();
   auto logits = logits_in.to(torch::kCPU, torch::kFloat) / o.temperature;        // (V)
+  // Weights that are finite but overflow in the forward (found by fuzzing imported safetensors:
+  // tests/fuzz/crashes/safetensors) would reach multinomial as NaN probabilities.
+  if (!torch::isfinite(logits).all().item<bool>())
+    fail("the model's next-token scores are not finite (NaN or infinite): its weights overflow in the forward pass");
   if (o.top_k > 0 && o.top_k < logits.size(0)) {
     auto kth = std::get<0>(logits.topk(o.top_k)).min();
     logits = logits.masked_fill(logits < kth, kNegInf);

@@ -106,6 +106,7 @@ void CheckpointWriter::save(const std::string& path) {
 Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_in)) {
   if (!file_exists(path_)) fail("checkpoint not found: {}", path_in);
   check_readable(path_);
+  check_zip_container(path_);
   try {
     archive_.load_from(path_);
   } catch (const std::exception&) {

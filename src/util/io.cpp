@@ -1,6 +1,7 @@
 #include "spanformer/util/io.h"
 
 #include <openssl/evp.h>
+#include <zlib.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,6 +16,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "spanformer/util/error.h"
 
@@ -192,6 +195,51 @@ std::string Sha256::hex() {
   unsigned int length = 0;
   EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out, &length);
   return hex_encode(std::string(reinterpret_cast<const char*>(out), length));
+}
+
+namespace {
+uint32_t le32(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24); }
+uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+}  // namespace
+
+void check_zip_container(const std::string& path) {
+  MappedFile file(path);
+  const uint8_t* d = file.data();
+  const size_t n = file.size();
+  auto damaged = [&](const std::string& what) {
+    fail("{} is damaged: {} (the file changed after it was written, or is not a checkpoint)", path, what);
+  };
+  // End of central directory: 22 bytes + a comment of at most 65535, searched from the end.
+  if (n < 22) damaged("too short for a zip archive");
+  size_t eocd = std::string::npos;
+  for (size_t i = n - 22 + 1; i-- > 0 && n - i <= 22 + 65535;)
+    if (le32(d + i) == 0x06054b50u) {
+      eocd = i;
+      break;
+    }
+  if (eocd == std::string::npos) damaged("no end of the zip's central directory");
+  const uint32_t entries = le16(d + eocd + 10), cd_size = le32(d + eocd + 12), cd_offset = le32(d + eocd + 16);
+  if (entries == 0xFFFF || cd_size == 0xFFFFFFFFu || cd_offset == 0xFFFFFFFFu) return;  // zip64
+  if (static_cast<uint64_t>(cd_offset) + cd_size > eocd) damaged("a central directory outside the file");
+  size_t at = cd_offset;
+  for (uint32_t e = 0; e < entries; ++e) {
+    if (at + 46 > eocd || le32(d + at) != 0x02014b50u) damaged(fmt::format("central directory entry {} is broken", e));
+    const uint16_t method = le16(d + at + 10), name_len = le16(d + at + 28), extra_len = le16(d + at + 30),
+                   comment_len = le16(d + at + 32);
+    const uint32_t crc = le32(d + at + 16), packed = le32(d + at + 20), size = le32(d + at + 24), local = le32(d + at + 42);
+    if (at + 46 + name_len > eocd) damaged(fmt::format("central directory entry {} is broken", e));
+    const std::string name(reinterpret_cast<const char*>(d + at + 46), name_len);
+    at += 46 + static_cast<size_t>(name_len) + extra_len + comment_len;
+    if (packed == 0xFFFFFFFFu || size == 0xFFFFFFFFu || local == 0xFFFFFFFFu) return;  // zip64
+    if (static_cast<uint64_t>(local) + 30 > n || le32(d + local) != 0x04034b50u)
+      damaged(fmt::format("entry '{}' has no local header where the directory says", name));
+    const uint64_t begin = static_cast<uint64_t>(local) + 30 + le16(d + local + 26) + le16(d + local + 28);
+    if (begin + packed > n) damaged(fmt::format("entry '{}' runs past the end of the file", name));
+    if (method != 0) continue;  // compressed entries (not written by LibTorch): its reader checks them
+    if (packed != size) damaged(fmt::format("entry '{}' is stored with two different sizes", name));
+    const auto actual = static_cast<uint32_t>(crc32(0L, d + begin, size));
+    if (actual != crc) damaged(fmt::format("entry '{}' fails its CRC-32", name));
+  }
 }
 
 }  // namespace spanformer

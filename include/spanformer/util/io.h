@@ -68,6 +68,14 @@ class DirectoryLock {
 };
 void make_dirs(const std::string& path);
 
+// The zip container of a checkpoint (torch::serialize archives, torch.save files) checked before
+// LibTorch's reader parses it: the end-of-central-directory record found, every entry's local header
+// and stored bytes inside the file, and every entry's CRC-32 equal to the one the central directory
+// records. LibTorch's reader verifies no CRC and trusts the lengths inside its pickle: a damaged byte
+// could make it allocate gigabytes (found by fuzzing: tests/fuzz/crashes/checkpoint). Fails with one
+// line naming the file and the entry. Zip64 archives (over 4 GB) are left to LibTorch's own checks.
+void check_zip_container(const std::string& path);
+
 // A read-only memory map of a whole file (move-only).
 class MappedFile {
  public:

@@ -1,0 +1,21 @@
+// A run's log.jsonl as `report` and `par plot` read it: the records, then the report page of a run
+// directory holding that log.
+#include <filesystem>
+
+#include "fuzz.h"
+#include "spanformer/util/jsonl.h"
+#include "spanformer/viz/report.h"
+
+SPANFORMER_FUZZ_TARGET(jsonl) {
+  const std::string run = spanformer::fuzz::scratch_dir() + "/run";
+  std::filesystem::create_directories(run);
+  const std::string log = spanformer::fuzz::as_file(data, size, ".jsonl");
+  std::filesystem::copy_file(log, run + "/log.jsonl", std::filesystem::copy_options::overwrite_existing);
+  return spanformer::fuzz::expect_refusal([&] {
+    try {
+      (void)spanformer::read_jsonl(log, /*allow_cut_tail=*/true);
+    } catch (const spanformer::Error&) {
+    }
+    spanformer::viz::write_report(run, spanformer::fuzz::scratch_dir() + "/report.html");
+  });
+}
