@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -292,7 +293,22 @@ TEST(Checkpoint, FlippedBytesFailTheirChecksum) {
     std::string bad = bytes;
     bad[at + raw.size() / 2] = static_cast<char>(bad[at + raw.size() / 2] ^ 0x40);
     tu::write_text(tmp.file("bad.pt"), bad);
-    const auto message = error_of([&] { train::Checkpoint c(tmp.file("bad.pt")); });
+    // First line of defence: the zip's CRC-32 of the entry, checked before LibTorch parses anything.
+    auto message = error_of([&] { train::Checkpoint c(tmp.file("bad.pt")); });
+    EXPECT_NE(message.find("fails its CRC-32"), std::string::npos) << key << ": " << message;
+    // With the CRC rewritten to match (a tool that edits files on purpose), spanformer's SHA-256 of the
+    // value still refuses it, naming the key. The entry's bytes are the tensor's: its CRC is theirs.
+    const auto crc_of = [](const std::string& s) {
+      const auto c = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
+      return std::string{static_cast<char>(c & 0xff), static_cast<char>((c >> 8) & 0xff), static_cast<char>((c >> 16) & 0xff),
+                         static_cast<char>(c >> 24)};
+    };
+    const std::string old_crc = crc_of(raw), new_crc = crc_of(bad.substr(at, raw.size()));
+    int patched = 0;
+    for (size_t p = bad.find(old_crc); p != std::string::npos; p = bad.find(old_crc, p + 4), ++patched) bad.replace(p, 4, new_crc);
+    EXPECT_GE(patched, 1) << key;
+    tu::write_text(tmp.file("bad.pt"), bad);
+    message = error_of([&] { train::Checkpoint c(tmp.file("bad.pt")); });
     EXPECT_NE(message.find("fails its checksum"), std::string::npos) << key << ": " << message;
   }
   EXPECT_EQ(ok.family(), "adaptive-span");

@@ -86,9 +86,9 @@ std::vector<int64_t> AdaptiveSpanImpl::visited(int64_t window) const {
 int64_t AdaptiveSpanImpl::max_size(bool include_ramp) const {
   const int64_t L = options_.attn_span();
   const double max_ratio = *std::max_element(host_ratios_.begin(), host_ratios_.end());
-  auto size = static_cast<int64_t>(std::ceil(max_ratio * static_cast<double>(L)));
-  if (include_ramp) size += options_.ramp();
-  return std::clamp<int64_t>(size, 0, L);
+  const double span = std::ceil(max_ratio * static_cast<double>(L)) + (include_ramp ? static_cast<double>(options_.ramp()) : 0.0);
+  if (!(span < static_cast<double>(L))) return L;  // also a span far outside [0, 1] x L, or NaN (converted without overflow)
+  return std::max<int64_t>(0, static_cast<int64_t>(std::max(span, 0.0)));
 }
 
 double AdaptiveSpanImpl::avg_size(bool include_ramp) const {
@@ -119,7 +119,9 @@ double span_mask_value(double z, int64_t distance, int64_t ramp) {
 }
 
 int64_t span_trim_len(double max_ratio, int64_t attn_span, int64_t ramp) {
-  int64_t S = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(max_ratio * attn_span)) + ramp, 0, attn_span);
+  const double span = std::ceil(max_ratio * static_cast<double>(attn_span)) + static_cast<double>(ramp);
+  const int64_t S = !(span < static_cast<double>(attn_span)) ? attn_span  // NaN and huge spans too
+                                                             : std::max<int64_t>(0, static_cast<int64_t>(std::max(span, 0.0)));
   int64_t trim = std::min(attn_span - 1, attn_span - S);
   return (trim / 64) * 64;
 }

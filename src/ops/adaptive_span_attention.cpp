@@ -25,8 +25,11 @@
 namespace spanformer::ops {
 
 int64_t visited_distance(double z, double ramp, int64_t window) {
-  const auto last = static_cast<int64_t>(std::floor(z + ramp)) + 1;  // the mask reaches 0 here
-  return std::clamp<int64_t>(last, 1, window);
+  // The mask reaches 0 at floor(z + R) + 1; clamped in double first, so that a span far outside [0, L]
+  // (a damaged or foreign weight file: found by fuzzing) converts to an integer without overflow.
+  const double last = std::floor(z + ramp) + 1;
+  if (!(last < static_cast<double>(window))) return window;  // NaN included
+  return std::max<int64_t>(1, static_cast<int64_t>(std::max(last, 1.0)));
 }
 
 std::vector<int64_t> visited_distances(const at::Tensor& span_ratio, int64_t attn_span, double ramp, int64_t window) {

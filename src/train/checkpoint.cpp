@@ -106,7 +106,11 @@ void CheckpointWriter::save(const std::string& path) {
 Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_in)) {
   if (!file_exists(path_)) fail("checkpoint not found: {}", path_in);
   check_readable(path_);
-  check_zip_container(path_);
+  if (const auto zip = zip_container_problem(path_); !zip.zip) {
+    fail("{} is not a readable spanformer checkpoint (truncated, corrupt, or another format)", path_);
+  } else if (!zip.what.empty()) {
+    fail("{} is damaged: {} (the file changed after it was written)", path_, zip.what);
+  }
   try {
     archive_.load_from(path_);
   } catch (const std::exception&) {

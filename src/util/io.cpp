@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -202,44 +203,83 @@ uint32_t le32(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (st
 uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 }  // namespace
 
-void check_zip_container(const std::string& path) {
+ZipProblem zip_container_problem(const std::string& path) {
+  struct Found {
+    ZipProblem problem;
+  };
   MappedFile file(path);
   const uint8_t* d = file.data();
   const size_t n = file.size();
-  auto damaged = [&](const std::string& what) {
-    fail("{} is damaged: {} (the file changed after it was written, or is not a checkpoint)", path, what);
-  };
+  auto damaged = [](const std::string& what) { throw Found{{true, what}}; };
+  auto le64 = [&](size_t at) { return static_cast<uint64_t>(le32(d + at)) | (static_cast<uint64_t>(le32(d + at + 4)) << 32); };
   // End of central directory: 22 bytes + a comment of at most 65535, searched from the end.
-  if (n < 22) damaged("too short for a zip archive");
+  if (n < 22) return {false, "too short for a zip archive"};
   size_t eocd = std::string::npos;
   for (size_t i = n - 22 + 1; i-- > 0 && n - i <= 22 + 65535;)
     if (le32(d + i) == 0x06054b50u) {
       eocd = i;
       break;
     }
-  if (eocd == std::string::npos) damaged("no end of the zip's central directory");
-  const uint32_t entries = le16(d + eocd + 10), cd_size = le32(d + eocd + 12), cd_offset = le32(d + eocd + 16);
-  if (entries == 0xFFFF || cd_size == 0xFFFFFFFFu || cd_offset == 0xFFFFFFFFu) return;  // zip64
-  if (static_cast<uint64_t>(cd_offset) + cd_size > eocd) damaged("a central directory outside the file");
-  size_t at = cd_offset;
-  for (uint32_t e = 0; e < entries; ++e) {
-    if (at + 46 > eocd || le32(d + at) != 0x02014b50u) damaged(fmt::format("central directory entry {} is broken", e));
-    const uint16_t method = le16(d + at + 10), name_len = le16(d + at + 28), extra_len = le16(d + at + 30),
-                   comment_len = le16(d + at + 32);
-    const uint32_t crc = le32(d + at + 16), packed = le32(d + at + 20), size = le32(d + at + 24), local = le32(d + at + 42);
-    if (at + 46 + name_len > eocd) damaged(fmt::format("central directory entry {} is broken", e));
-    const std::string name(reinterpret_cast<const char*>(d + at + 46), name_len);
-    at += 46 + static_cast<size_t>(name_len) + extra_len + comment_len;
-    if (packed == 0xFFFFFFFFu || size == 0xFFFFFFFFu || local == 0xFFFFFFFFu) return;  // zip64
-    if (static_cast<uint64_t>(local) + 30 > n || le32(d + local) != 0x04034b50u)
-      damaged(fmt::format("entry '{}' has no local header where the directory says", name));
-    const uint64_t begin = static_cast<uint64_t>(local) + 30 + le16(d + local + 26) + le16(d + local + 28);
-    if (begin + packed > n) damaged(fmt::format("entry '{}' runs past the end of the file", name));
-    if (method != 0) continue;  // compressed entries (not written by LibTorch): its reader checks them
-    if (packed != size) damaged(fmt::format("entry '{}' is stored with two different sizes", name));
-    const auto actual = static_cast<uint32_t>(crc32(0L, d + begin, size));
-    if (actual != crc) damaged(fmt::format("entry '{}' fails its CRC-32", name));
+  if (eocd == std::string::npos) return {false, "no end of a zip's central directory"};
+  try {
+    uint64_t entries = le16(d + eocd + 10), cd_size = le32(d + eocd + 12), cd_offset = le32(d + eocd + 16);
+    size_t cd_end = eocd;
+    // Zip64 (LibTorch writes it always): the locator just before the record points at the zip64 record,
+    // which holds the counts and offsets in 64 bits.
+    if (eocd >= 20 && le32(d + eocd - 20) == 0x07064b50u) {
+      const uint64_t record = le64(eocd - 20 + 8);
+      if (record + 56 > eocd - 20 || le32(d + record) != 0x06064b50u) damaged("a zip64 locator pointing nowhere");
+      entries = le64(record + 32);
+      cd_size = le64(record + 40);
+      cd_offset = le64(record + 48);
+      cd_end = record;
+    }
+    if (entries == 0) damaged("a zip archive without entries");
+    if (cd_offset > cd_end || cd_size > cd_end - cd_offset) damaged("a central directory outside the file");
+    size_t at = cd_offset;
+    for (uint64_t e = 0; e < entries; ++e) {
+      if (at + 46 > cd_end || le32(d + at) != 0x02014b50u) damaged(fmt::format("central directory entry {} is broken", e));
+      const uint16_t method = le16(d + at + 10), name_len = le16(d + at + 28), extra_len = le16(d + at + 30),
+                     comment_len = le16(d + at + 32);
+      const uint32_t crc = le32(d + at + 16);
+      uint64_t packed = le32(d + at + 20), size = le32(d + at + 24), local = le32(d + at + 42);
+      if (at + 46 + name_len + extra_len > cd_end) damaged(fmt::format("central directory entry {} is broken", e));
+      const std::string name(reinterpret_cast<const char*>(d + at + 46), name_len);
+      // The zip64 extra field (id 1) holds, in this order, whichever of size, packed size and offset are 0xFFFFFFFF.
+      for (size_t x = at + 46 + name_len; x + 4 <= at + 46 + name_len + extra_len;) {
+        const uint16_t id = le16(d + x), len = le16(d + x + 2);
+        if (x + 4 + len > at + 46 + name_len + extra_len) damaged(fmt::format("entry '{}' has a broken extra field", name));
+        if (id == 1) {
+          size_t v = x + 4;
+          for (uint64_t* field : {&size, &packed, &local})
+            if (*field == 0xFFFFFFFFu) {
+              if (v + 8 > x + 4 + len) damaged(fmt::format("entry '{}' has a broken zip64 field", name));
+              *field = le64(v);
+              v += 8;
+            }
+        }
+        x += 4 + static_cast<size_t>(len);
+      }
+      at += 46 + static_cast<size_t>(name_len) + extra_len + comment_len;
+      if (local > n || n - local < 30 || le32(d + local) != 0x04034b50u)
+        damaged(fmt::format("entry '{}' has no local header where the directory says", name));
+      const uint64_t begin = local + 30 + le16(d + local + 26) + le16(d + local + 28);
+      if (begin > n || packed > n - begin) damaged(fmt::format("entry '{}' runs past the end of the file", name));
+      if (method == 8) continue;  // deflated (LibTorch's code entries): the inflating reader checks the CRC itself
+      if (method != 0) damaged(fmt::format("entry '{}' has compression method {}, neither stored nor deflated", name, method));
+      if (packed != size) damaged(fmt::format("entry '{}' is stored with two different sizes", name));
+      uint32_t actual = static_cast<uint32_t>(crc32(0L, Z_NULL, 0));
+      for (uint64_t done = 0; done < size;) {  // zlib takes 32-bit lengths
+        const auto chunk = static_cast<uInt>(std::min<uint64_t>(size - done, 1u << 30));
+        actual = static_cast<uint32_t>(crc32(actual, d + begin + done, chunk));
+        done += chunk;
+      }
+      if (actual != crc) damaged(fmt::format("entry '{}' fails its CRC-32", name));
+    }
+  } catch (const Found& found) {
+    return found.problem;
   }
+  return {};
 }
 
 }  // namespace spanformer

@@ -72,9 +72,15 @@ void make_dirs(const std::string& path);
 // LibTorch's reader parses it: the end-of-central-directory record found, every entry's local header
 // and stored bytes inside the file, and every entry's CRC-32 equal to the one the central directory
 // records. LibTorch's reader verifies no CRC and trusts the lengths inside its pickle: a damaged byte
-// could make it allocate gigabytes (found by fuzzing: tests/fuzz/crashes/checkpoint). Fails with one
-// line naming the file and the entry. Zip64 archives (over 4 GB) are left to LibTorch's own checks.
-void check_zip_container(const std::string& path);
+// could make it allocate gigabytes (found by fuzzing: tests/fuzz/crashes/checkpoint). The problem
+// names the entry. Stored entries (the tensors and the pickles) are checked here,
+// deflated ones (LibTorch's code entries) by the inflating reader; zip64 records (LibTorch writes them
+// always) are followed.
+struct ZipProblem {
+  bool zip = true;   // false: no zip archive at all (too short, no central directory)
+  std::string what;  // "" when the container is sound
+};
+ZipProblem zip_container_problem(const std::string& path);
 
 // A read-only memory map of a whole file (move-only).
 class MappedFile {
