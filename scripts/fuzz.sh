@@ -91,6 +91,7 @@ export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=0" UBSAN_OPTIONS="
 for t in "${run[@]}"; do
   mkdir -p "build-fuzz/corpus/$t" "build-fuzz/crashes/$t"
   log="build-fuzz/fuzz_$t.log"
+  touch "build-fuzz/.start_$t"
   set +e
   "build-fuzz/tests/fuzz/fuzz_$t" "build-fuzz/corpus/$t" "build-fuzz/seeds/$t" -max_total_time="$seconds" -rss_limit_mb=6144 \
     -timeout=60 -artifact_prefix="build-fuzz/crashes/$t/" -print_final_stats=1 > "$log" 2>&1
@@ -98,6 +99,6 @@ for t in "${run[@]}"; do
   set -e
   runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo "?")
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 || echo "cov: ?")
-  crashes=$(find "build-fuzz/crashes/$t" -type f | wc -l)
-  echo "fuzz $t: ${seconds} s, $runs executions, $cov, exit $status, $crashes crashing inputs (log: $log)"
+  crashes=$(find "build-fuzz/crashes/$t" -type f -newer "build-fuzz/.start_$t" | wc -l)
+  echo "fuzz $t: ${seconds} s, $runs executions, $cov, exit $status, $crashes new crashing inputs (log: $log)"
 done
