@@ -101,6 +101,27 @@ def interleave(impls, rounds, warmup):
     return {name: statistics.median(t) for name, t in times.items()}, times
 
 
+def bench_ms(cli, threads, *args):
+    """`spanformer bench ... --json` (one timed step after one warm-up step): its ms per step."""
+    out = subprocess.run([cli, "--threads", str(threads), "bench", *args, "--steps", "1", "--warmup", "1", "--json"],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+
+
+def beside_ours(ours, impls, rounds):
+    """Our step (a fresh `spanformer bench` process each round, its own timer) and the PyTorch twins
+    (compiled and warmed up by two steps first), each once per round; medians in ms."""
+    for fn in impls.values():
+        fn()
+        fn()
+    times = {"ours": [], **{name: [] for name in impls}}
+    for _ in range(rounds):
+        times["ours"].append(ours())
+        for name, fn in impls.items():
+            times[name].append(timed(fn, warmup=0))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 # ---- the GEMM ceiling ----------------------------------------------------------------------------
 
 def gemm_ceiling(rounds):
@@ -259,10 +280,8 @@ def gpt_row(attention, T, batch, rounds, cli, threads):
     span_args = ["--span-dist", "bimodal"] if attention == "adaptive_span" else []
 
     def ours():
-        out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, f"--attention={attention}",
-                              f"--context={T}", f"--batch_size={batch}", *span_args, "--steps", "1", "--warmup", "1",
-                              "--json"], capture_output=True, text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+        return bench_ms(cli, threads, "-c", config, f"--attention={attention}", f"--context={T}",
+                        f"--batch_size={batch}", *span_args)
 
     spans = bimodal_spans(K, T) if attention == "adaptive_span" else None  # issue 37's rule (Python's draws)
     model = Gpt(V, T, H, K, layers, window if attention == "window" else 0, spans)
@@ -278,17 +297,7 @@ def gpt_row(attention, T, batch, rounds, cli, threads):
             opt.step()
         return run
 
-    compiled = torch.compile(model)
-    impls = {"eager": step(model), "compiled": step(compiled)}
-    for fn in impls.values():  # compile and warm up
-        fn()
-        fn()
-    times = {"ours": [], "eager": [], "compiled": []}
-    for _ in range(rounds):
-        times["ours"].append(ours())  # the tool's own timer (one step after one warm-up step)
-        for name, fn in impls.items():
-            times[name].append(timed(fn, warmup=0))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return beside_ours(ours, {"eager": step(model), "compiled": step(torch.compile(model))}, rounds)
 
 
 # ---- the adaptive-span language model -------------------------------------------------------------
@@ -301,9 +310,7 @@ def lm_row(config_name, spans, rounds, cli, threads):
     span_args = ["--span-dist", "bimodal"] if spans == "bimodal" else ["--span", str(spans)]
 
     def ours():
-        out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", os.path.join(ROOT, "configs", config_name),
-                              *span_args, "--steps", "1", "--warmup", "1", "--json"], capture_output=True, text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+        return bench_ms(cli, threads, "-c", os.path.join(ROOT, "configs", config_name), *span_args)
 
     torch.manual_seed(0)
     model = ReferenceLm(V, H, K, I, L, layers, 32, 0.0)
@@ -335,16 +342,7 @@ def lm_row(config_name, spans, rounds, cli, threads):
             loss.item()
         return run
 
-    impls = {"eager": step(model), "compiled": step(compiled)}
-    for fn in impls.values():
-        fn()
-        fn()
-    times = {"ours": [], "eager": [], "compiled": []}
-    for _ in range(rounds):
-        times["ours"].append(ours())
-        for name, fn in impls.items():
-            times[name].append(timed(fn, warmup=0))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return beside_ours(ours, {"eager": step(model), "compiled": step(compiled)}, rounds)
 
 
 # ---- the encoder-decoder Transformer ----------------------------------------------------------------
@@ -380,9 +378,7 @@ def seq2seq_row(rounds, cli, threads):
     V, Vt = 16000, 8000  # `spanformer bench`'s sizes for this family
 
     def ours():
-        out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, "--steps", "1", "--warmup", "1", "--json"],
-                             capture_output=True, text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+        return bench_ms(cli, threads, "-c", config)
 
     torch.manual_seed(0)
     model = Seq2seq(V, Vt, m["d_model"], m["n_head"], m["d_inner"], m["n_layer"], m["dropout"])
@@ -399,16 +395,7 @@ def seq2seq_row(rounds, cli, threads):
             opt.step()
         return run
 
-    impls = {"eager": step(model), "compiled": step(compiled)}
-    for fn in impls.values():
-        fn()
-        fn()
-    times = {"ours": [], "eager": [], "compiled": []}
-    for _ in range(rounds):
-        times["ours"].append(ours())
-        for name, fn in impls.items():
-            times[name].append(timed(fn, warmup=0))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return beside_ours(ours, {"eager": step(model), "compiled": step(compiled)}, rounds)
 
 
 def main():
