@@ -40,7 +40,7 @@ void add_attention(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (!o->data.empty()) family->train().data = o->data;
       if (!o->request.texts.empty() && !o->request.indices.empty()) fail("attention: give --text or --pair/--image, not both");
       o->request.vocab = &ck.vocab();
-      family->draw_attention(o->request);
+      family->need<train::AttentionPictures>().draw_attention(o->request);
       fmt::print("attention picture: {}\n", o->request.out);
     };
   });

@@ -1,7 +1,11 @@
-// spanformer bench: training-step or evaluation speed and memory of any family on random tokens.
+// spanformer bench: training-step or evaluation speed and memory of any family on random inputs. The
+// common flags are here; each family's own settings come from the family table (train/registry.h).
+#include <map>
+
 #include "command.h"
-#include "spanformer/util/error.h"
 #include "spanformer/train/family.h"
+#include "spanformer/train/registry.h"
+#include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
 
 namespace spanformer::cli {
@@ -10,10 +14,11 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   struct Options {
     std::string config, mode = "train";
     train::BenchRequest request;
+    std::map<std::string, std::string> given;  // every family's settings, as given
   };
   auto o = std::make_shared<Options>();
   auto& r = o->request;
-  auto* cmd = app.add_subcommand("bench", "training-step speed and memory on random tokens");
+  auto* cmd = app.add_subcommand("bench", "training-step speed and memory on random inputs");
   cmd->add_option("--config,-c", o->config, "JSON config")->required();
   cmd->add_option("--mode", o->mode, "train (step time), eval (forward only, no gradients; Transformer-XL/PAR: "
                                      "time per token with a full memory) or generate (GPT: tokens/s with and "
@@ -22,30 +27,31 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       ->check(CLI::IsMember({"train", "eval", "generate"}));
   cmd->add_option("--steps", r.steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", r.warmup, "untimed steps first")->capture_default_str();
-  cmd->add_option("--span", r.span, "adaptive span: set every head's span z to this many tokens");
-  cmd->add_option("--span-dist", r.span_dist,
-                  "adaptive span, bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)")
-      ->check(CLI::IsMember({"bimodal"}));
-  cmd->add_option("--spans-from", r.spans_from, "adaptive span: every head's span from this checkpoint (same layers "
-                                                "and heads), e.g. an imported reference model's learned spans");
-  cmd->add_option("--mem-len", r.mem_len, "Transformer-XL/PAR eval mode: memory length (default: eval_mem_len)");
-  cmd->add_option("--tgt-len", r.tgt_len, "Transformer-XL/PAR eval mode: segment length (default: eval_tgt_len)");
-  cmd->add_option("--tokens", r.tokens, "GPT generate mode: generate this many tokens, the last at a full context "
-                                       "(default: the second half of the context)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_flag("--json", r.json, "print one JSON record of the figures instead of the two text lines");
+  // The families' settings: one option each, its help from the first family that lists it, plus who reads it.
+  std::map<std::string, std::pair<std::string, std::string>> settings;  // name -> (help, families)
+  std::vector<std::string> order;
+  for (const auto& f : train::families())
+    for (const auto& s : f.bench_settings()) {
+      auto [it, added] = settings.try_emplace(s.name, s.help, f.name);
+      if (added) order.push_back(s.name);
+      else it->second.second += std::string(", ") + f.name;
+    }
+  for (const auto& name : order)
+    cmd->add_option("--" + name, o->given[name], settings[name].first + " [" + settings[name].second + "]");
   cmd->allow_extras();
   cmd->callback([cmd, o, g, &run] {
     auto overrides = config_overrides(*cmd);
+    for (const auto& [name, value] : o->given)
+      if (cmd->count("--" + name) > 0) o->request.settings[name] = value;
     run = [o, g, overrides] {
       auto all = execution_overrides(*g);
       all.insert(all.end(), overrides.begin(), overrides.end());
-      if (o->request.tokens > 0 && o->mode != "generate") fail("bench: --tokens is for --mode generate");
       auto family = train::family_from_config_file(o->config, all);
+      train::check_bench_settings(train::family_info(family->name(), o->config), o->request);
       if (g->threads > 0) family->train().threads = g->threads;
       auto request = o->request;
-      request.eval = o->mode == "eval";
-      request.generate = o->mode == "generate";
+      request.mode = train::parse_bench_mode(o->mode);
       request.threads = set_threads(static_cast<int>(family->train().threads));
       request.device = train::parse_device(g->device.empty() ? "cpu" : g->device);
       family->bench(request);

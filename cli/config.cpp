@@ -1,24 +1,33 @@
-// spanformer config keys: every config key of a family with its type, default and meaning.
+// spanformer config keys: every config key of a family with its type, default and meaning;
+// spanformer config families: the families (train/registry.h).
 #include <fmt/format.h>
 
 #include "command.h"
-#include "spanformer/config/train_config.h"
+#include "spanformer/train/registry.h"
 
 namespace spanformer::cli {
 
 void add_config(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
-  auto arch = std::make_shared<std::string>("adaptive-span");
+  auto arch = std::make_shared<std::string>(train::families().front().name);
   auto* config = app.add_subcommand("config", "describe configs");
   config->require_subcommand(1);
+  std::vector<std::string> names;
+  for (const auto& f : train::families()) names.push_back(f.name);
   auto* keys = config->add_subcommand("keys", "list every key of a family's config: section.key, type, default, help");
-  keys->add_option("--arch", *arch, "adaptive-span | xl | gpt | vit | seq2seq")->capture_default_str()->check(CLI::IsMember({"adaptive-span", "xl", "gpt", "vit", "seq2seq"}));
+  keys->add_option("--arch", *arch, "the family: " + train::family_names())->capture_default_str()->check(CLI::IsMember(names));
   keys->callback([arch, &run] {
     run = [arch] {
       fmt::print("# {} config: {{\"arch\": \"{}\", \"model\": {{...}}, \"train\": {{...}}}}; any key can be given as "
                  "--key=value or --section.key=value after the command\n",
                  *arch, *arch);
-      for (const auto& k : config_keys(*arch))
+      for (const auto& k : train::family_info(*arch, "--arch").config_keys())
         fmt::print("{:<28} {:<12} {:<12} {}\n", k.section + "." + k.name, k.type, k.default_value, k.help);
+    };
+  });
+  auto* list = config->add_subcommand("families", "list the model families (a config's \"arch\"), one per line");
+  list->callback([&run] {
+    run = [] {
+      for (const auto& f : train::families()) fmt::print("{:<14} {}\n", f.name, f.description);
     };
   });
 }

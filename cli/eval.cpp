@@ -12,6 +12,7 @@
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
+#include "spanformer/util/run_paths.h"
 
 namespace spanformer::cli {
 namespace {
@@ -19,11 +20,11 @@ namespace {
 // A checkpoint inside a run directory: the result joins the run's records (RUN/eval.jsonl).
 void record_in_run(const std::string& checkpoint, const nlohmann::json& record) {
   const std::string dir = std::filesystem::path(checkpoint).parent_path().string();
-  const std::string run_dir = dir.empty() ? "." : dir;
-  if (!file_exists(run_dir + "/log.jsonl")) return;
-  std::ofstream out(run_dir + "/eval.jsonl", std::ios::app);
+  const RunPaths run(dir.empty() ? "." : dir);
+  if (!file_exists(run.log())) return;
+  std::ofstream out(run.evals(), std::ios::app);
   out << record.dump() << "\n";
-  if (!out) fmt::print(stderr, "spanformer: warning: cannot record the result in {}/eval.jsonl\n", run_dir);
+  if (!out) fmt::print(stderr, "spanformer: warning: cannot record the result in {}\n", run.evals());
 }
 
 }  // namespace
@@ -83,7 +84,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       };
       auto result = train::evaluate_checkpoint(ck, *family, request);
       if (!result.main) return;
-      if (tty && family->data_restart() != train::DataRestart::kExamples) fmt::print(stderr, "\r{:40}\r", "");
+      if (tty && family->as<train::TokenStreams>()) fmt::print(stderr, "\r{:40}\r", "");
       fmt::print("{}\n", o->json ? result.record.dump() : result.text);
       if (!o->dump.empty() && !o->json) fmt::print("log-probabilities: {} ({} tokens)\n", o->dump, result.record["tokens"].get<int64_t>());
       if (!o->outputs.empty() && !o->json) fmt::print("outputs: {}\n", o->outputs);

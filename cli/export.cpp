@@ -42,7 +42,7 @@ void add_export(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
         return;
       }
       auto family = train::family_from_checkpoint(ck);
-      family->export_weights(o->kind, o->out);
+      family->need<train::ReferenceWeights>("export to " + o->kind).export_weights(o->kind, o->out);
       fmt::print("exported {} -> {} (load in Python with model.load_state_dict(torch.load(path)))\n", o->checkpoint,
                  o->out);
     };

@@ -38,7 +38,7 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       auto request = o->request;
       request.on_text = [](const std::string& piece) { std::cout << piece << std::flush; };
       std::cout << request.prompt << (ck.vocab().word_level ? " " : "") << std::flush;
-      family->sample(ck.vocab(), request);
+      family->need<train::Sampling>().sample(ck.vocab(), request);
       std::cout << std::endl;
     };
   });

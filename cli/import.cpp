@@ -57,10 +57,10 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
       family->set_vocab_size(vocab.size(), o->vocab);
       family->validate();
       family->build();
-      family->import_weights(o->kind, o->model);
+      family->need<train::ReferenceWeights>("import from " + o->kind).import_weights(o->kind, o->model);
       train::save_weights(*family, vocab, o->out);
       fmt::print("imported {} -> {}\n", o->model, o->out);
-      print_spans(family->spans());
+      if (const auto* spans = family->as<train::Spans>()) print_spans(spans->spans());
     };
   });
 }

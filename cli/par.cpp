@@ -11,6 +11,7 @@
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/viz/search_plot.h"
+#include "spanformer/util/run_paths.h"
 
 namespace spanformer::cli {
 
@@ -64,7 +65,8 @@ void add_par(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   plot->add_option("--out,-o", o->picture, "PNG to write")->capture_default_str();
   plot->callback([o, &run] {
     run = [o] {
-      const std::string log = file_exists(o->run_dir + "/log.jsonl") ? o->run_dir + "/log.jsonl" : o->run_dir;
+      const std::string run_log = RunPaths(o->run_dir).log();
+      const std::string log = file_exists(run_log) ? run_log : o->run_dir;
       auto history = viz::read_search_history(log);
       viz::write_search_plot(o->picture, history, fmt::format("PAR search: {}", o->run_dir));
       fmt::print("search picture: {} ({} records, {} blocks)\n", o->picture, history.steps.size(), history.probs[0].size());

@@ -11,15 +11,17 @@
 #include "spanformer/util/io.h"
 #include "spanformer/util/jsonl.h"
 #include "spanformer/viz/report.h"
+#include "spanformer/util/run_paths.h"
 
 namespace spanformer::cli {
 namespace {
 
 // The run is finished when its log reached train.nb_steps.
 bool run_finished(const std::string& run_dir) {
-  const std::string log = run_dir + "/log.jsonl";
+  const RunPaths run(run_dir);
+  const std::string log = run.log();
   if (!file_exists(log)) return false;
-  const auto config = nlohmann::json::parse(read_file(run_dir + "/config.json"), nullptr, false);
+  const auto config = nlohmann::json::parse(read_file(run.config()), nullptr, false);
   if (config.is_discarded() || !config.contains("train") || !config["train"].contains("nb_steps")) return false;
   const auto records = read_jsonl(log, /*allow_cut_tail=*/true);
   return !records.empty() && records.back().contains("step") && records.back()["step"] >= config["train"]["nb_steps"];
@@ -28,7 +30,7 @@ bool run_finished(const std::string& run_dir) {
 // What changes when the runner appends to the log: its size and time.
 std::string log_stamp(const std::string& run_dir) {
   std::error_code ec;
-  const auto path = std::filesystem::path(run_dir) / "log.jsonl";
+  const std::filesystem::path path = RunPaths(run_dir).log();
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) return "";
   return fmt::format("{}:{}", size, std::filesystem::last_write_time(path, ec).time_since_epoch().count());

@@ -38,18 +38,19 @@ void add_spans(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
       const auto layout = viz::parse_span_layout(o->layout);
       train::Checkpoint ck(o->checkpoint);
       auto family = train::family_from_checkpoint(ck);
-      const auto spans = family->spans();
+      const auto& learned = family->need<train::Spans>();
+      const auto spans = learned.spans();
       if (spans.empty()) fail("{}: this {} model learns no spans (adapt_span is off)", o->checkpoint, family->name());
       if (!o->json) print_spans(spans);
       viz::SpanPlotOptions options;
       options.layout = layout;
-      options.attn_span = family->span_limit();
-      options.ramp = family->span_ramp();
+      options.attn_span = learned.span_limit();
+      options.ramp = learned.span_ramp();
       options.title = fmt::format("Learned spans: {}", o->checkpoint);
       viz::write_span_plot(o->out, spans, options);
       if (o->json)
         fmt::print("{}\n", nlohmann::json{{"checkpoint", ck.path()}, {"family", family->name()}, {"spans", spans},
-                                          {"span_limit", family->span_limit()}, {"ramp", family->span_ramp()},
+                                          {"span_limit", learned.span_limit()}, {"ramp", learned.span_ramp()},
                                           {"picture", o->out}}.dump());
       else
         fmt::print("span picture: {}\n", o->out);

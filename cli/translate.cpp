@@ -57,7 +57,7 @@ void add_translate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       for (const auto& l : lines)
         if (l.find_first_not_of(" \t") != std::string::npos) sentences.push_back(l);
       const double start = now_seconds();
-      auto translated = family->translate(sentences, o->request);
+      auto translated = family->need<train::Translation>().translate(sentences, o->request);
       std::string out;
       size_t k = 0;
       for (const auto& l : lines) out += (l.find_first_not_of(" \t") != std::string::npos ? translated[k++] : "") + "\n";

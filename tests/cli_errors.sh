@@ -59,6 +59,7 @@ expect_error "--unit must be bpc or ppl" "$bin" eval "$tmp/run" --unit=bits
 expect_error "unknown dataset" "$bin" data get enwik9 --out "$tmp/d3"
 expect_error "nccl backend needs a CUDA build" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11" --dist_backend=nccl
+expect_error "dist_backend must be auto, gloo or nccl (got 'mpi')" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11b" --dist_backend=mpi
 expect_error "MASTER_ADDR is not set" env RANK=0 WORLD_SIZE=2 MASTER_ADDR= \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r12"
 
@@ -254,6 +255,20 @@ for f in g1 g2 g3 g4 g5 g6; do [ ! -e "$tmp/$f.pt" ] || { echo "FAIL: a refused 
 # A mistake every worker of --nproc-per-node makes is one line (it was one per worker plus the launcher's).
 expect_error "batch_size 3 must divide by the number of processes (2)" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r24" \
   --nproc-per-node 2 --batch_size=3
+
+# The family list (train/registry.h): an unknown arch names every family, and docs/usage.md's table
+# lists exactly the families `config families` prints, with their descriptions.
+printf '{"arch": "nonesuch"}\n' > "$tmp/nonesuch.json"
+names=$("$bin" config families | awk '{ print $1 }' | paste -sd, - | sed 's/,/, /g; s/\(.*\), /\1 or /')
+expect_error "$tmp/nonesuch.json: unknown arch 'nonesuch' ($names)" "$bin" train -c "$tmp/nonesuch.json" --out "$tmp/r25"
+documented=$(grep -E '^\| `[a-z0-9-]+` \| ' "$src/docs/usage.md" | sed -E 's/^\| `([^`]*)` \| (.*) \|$/\1 \2/')
+listed=$("$bin" config families | sed -E 's/^([^ ]+) +/\1 /')
+if [ -z "$listed" ] || [ "$documented" != "$listed" ]; then
+  echo "FAIL: docs/usage.md's family table differs from \`spanformer config families\`:"; diff <(echo "$documented") <(echo "$listed")
+  failures=$((failures + 1))
+else
+  passed=$((passed + 1))
+fi
 
 echo "cli errors: $passed passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -112,4 +112,14 @@ expect_error "--span and --span-dist need model.attention = adaptive_span" "$bin
 expect_error "the xl family has no bench --mode generate" "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1
 expect_error "bench --tokens 64: must be below the context 64" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 64
 expect_error "bench: --tokens is for --mode generate" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --tokens 5
+# Each family's bench settings come from the family table: another family's setting is one line naming
+# the settings this family has; values are checked before anything is built.
+expect_error "bench: --mem-len is not a setting of the gpt family (its settings: --span, --span-dist, --tokens)" \
+  "$bin" bench -c "$src/configs/gpt/demo.json" --mem-len 16 --steps 1
+expect_error "bench: --span is not a setting of the vit family (it has none beyond --mode, --steps, --warmup and --json)" \
+  "$bin" bench -c "$src/configs/vit/fashion_mnist.json" --span 16 --steps 1
+expect_error "bench: --span must be a number (got 'wide')" "$bin" bench -c "$src/configs/gpt/demo.json" --attention=adaptive_span --span wide --steps 1
+expect_error "bench: --span-dist must be bimodal (got 'flat')" "$bin" bench -c "$src/configs/gpt/demo.json" --attention=adaptive_span --span-dist flat --steps 1
+expect_error "bench: --tokens must be >= 1 (got 0)" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 0
+expect_error "bench: --mem-len and --tgt-len are for --mode eval" "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mem-len 16 --steps 1
 echo "cli gpt: passed"

@@ -4,6 +4,7 @@
 
 #include "spanformer/config/config.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -59,6 +60,24 @@ TEST(Config, ValidationNamesTheBadValue) {
   EXPECT_NE(error_of([&] { apply_overrides(c, {"--optim=rmsprop"}); }).find("'optim': optim must be adagrad, sgd, adam or adamw"),
             std::string::npos);
   EXPECT_NE(error_of([&] { apply_overrides(c, {"--scheduler=step"}); }).find("scheduler must be"), std::string::npos);
+}
+
+// The one name table every closed choice uses (util/names.h): each name reads back as its value, the
+// first entry wins for a value listed twice, an unknown value is a table's "?" and an unknown name the
+// one error line listing every choice in order.
+TEST(Config, NameTablesReadBothWaysAndListTheChoices) {
+  enum class Colour { kRed, kGreen, kBlue, kNone };
+  constexpr auto names =
+      name_table("colour", std::pair{Colour::kRed, "red"}, std::pair{Colour::kGreen, "green"}, std::pair{Colour::kBlue, "blue"});
+  for (auto c : {Colour::kRed, Colour::kGreen, Colour::kBlue}) EXPECT_EQ(names.parse(names.name(c)), c);
+  EXPECT_STREQ(names.name(Colour::kGreen), "green");
+  EXPECT_STREQ(names.name(Colour::kNone), "?");
+  EXPECT_EQ(names.choices(), "red, green or blue");
+  EXPECT_EQ(error_of([&] { names.parse("Red"); }), "colour must be red, green or blue (got 'Red')");
+  for (auto kind : {OptimKind::kAdagrad, OptimKind::kSgd, OptimKind::kAdam, OptimKind::kAdamW})
+    EXPECT_EQ(parse_optim(optim_name(kind)), kind);
+  for (auto s : {Schedule::kConstant, Schedule::kCosine, Schedule::kInverseSqrt}) EXPECT_EQ(parse_schedule(schedule_name(s)), s);
+  EXPECT_EQ(error_of([] { parse_amp("fp16"); }), "amp must be off or bf16 (got 'fp16')");
 }
 
 TEST(Config, FilesReportMissingCorruptAndUnknownKeys) {

@@ -1,5 +1,5 @@
 // The CUDA kernels (src/ops/cuda/*.cu) and their LibTorch glue run on the CPU model of CUDA
-// (src/ops/cuda/emulator.h) in every CI run, held to the double-precision reference with the measure and
+// (tests/cuda_emulated/emulator.h) in every CI run, held to the double-precision reference with the measure and
 // cases the GPU tests use (tests/kernel_cases.h): float32 within 4x, bfloat16 within 2x of the same-dtype
 // composition's own error. The model runs every CUDA thread in lockstep at each barrier and shuffle, so it
 // checks indexing, tiling, barriers, warp reductions, dropout streams and the backward formulas; timing

@@ -118,7 +118,7 @@ TEST_F(Distributed, TwoProcessesGiveTheParametersOfOne) {
   // them back at exactly 0 on every rank (a missing or rank-local clamp leaves them negative or apart).
   for (const char* run : {"one", "two"}) {
     train::Checkpoint ck(tmp_.file(std::string(run) + "/checkpoint.pt"));
-    for (const auto& layer : train::family_from_checkpoint(ck)->spans())
+    for (const auto& layer : train::family_from_checkpoint(ck)->need<train::Spans>().spans())
       for (double z : layer) EXPECT_EQ(z, 0.0) << run;
   }
 }

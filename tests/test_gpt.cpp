@@ -332,7 +332,7 @@ TEST(GptModel, SinusoidalTableFollowsTheFormula) {
 }
 
 // The sliding-window evaluation against a direct computation: each target t scored once, by the window
-// the rule in src/train/families/gpt.cpp assigns (written out again here).
+// the rule in src/train/families/gpt/family.cpp assigns (written out again here).
 TEST(GptEval, SlidingWindowScoresEveryTokenOnceAsTheRuleSays) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 3000);
@@ -353,7 +353,7 @@ TEST(GptEval, SlidingWindowScoresEveryTokenOnceAsTheRuleSays) {
     train::EvalRequest request;
     request.batch = 3;
     request.dump_logprobs = tmp.file("lp.txt");
-    auto report = family->evaluate(tokens, request);
+    auto report = family->need<train::TokenStreams>().evaluate(tokens, request);
     EXPECT_EQ(report.tokens, n - 1);
     // Direct: target t (predicting token t + 1) is scored in the window that ends at e(t) =
     // the first of T, T + stride, T + 2 stride, ... (capped at n - 1) above t, starting at e(t) - T.

@@ -292,7 +292,7 @@ TEST(XlModelTest, AdaptiveSpanTrimsMemoriesAndSegmentsStillEqualOnePass) {
   std::vector<torch::Tensor> parts;
   for (int64_t s = 0; s < 5; ++s) parts.push_back(model->forward(x.narrow(1, 40 * s, 40), mems, lengths));
   for (size_t b = 0; b < mems.size(); ++b)
-    if (model->blocks()[b] == 'a') EXPECT_EQ(mems[b].size(1), 136) << b;  // min(L, L - 128 + 64)
+    if (model->blocks()[b] == BlockKind::kAttention) EXPECT_EQ(mems[b].size(1), 136) << b;  // min(L, L - 128 + 64)
   auto whole_lengths = lengths;
   whole_lengths.mem_len = 0;
   auto one = model->initial_mems(2);

@@ -13,49 +13,30 @@
 #include "spanformer/ops/flash_attention.h"
 #include "spanformer/ops/lsh_attention.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 #include "spanformer/util/torch_compat.h"
 
 namespace spanformer::attention {
 
-const char* causal_kind_name(CausalKind kind) {
-  switch (kind) {
-    case CausalKind::kDense: return "dense";
-    case CausalKind::kFlash: return "flash";
-    case CausalKind::kWindow: return "window";
-    case CausalKind::kAdaptiveSpan: return "adaptive_span";
-    case CausalKind::kSparseStrided: return "sparse_strided";
-    case CausalKind::kSparseFixed: return "sparse_fixed";
-    case CausalKind::kLsh: return "lsh";
-  }
-  return "?";
-}
+constexpr auto kCausalKindNames = name_table("attention",
+    std::pair{CausalKind::kDense, "dense"},
+    std::pair{CausalKind::kFlash, "flash"},
+    std::pair{CausalKind::kWindow, "window"},
+    std::pair{CausalKind::kAdaptiveSpan, "adaptive_span"},
+    std::pair{CausalKind::kSparseStrided, "sparse_strided"},
+    std::pair{CausalKind::kSparseFixed, "sparse_fixed"},
+    std::pair{CausalKind::kLsh, "lsh"});
 
-CausalKind parse_causal_kind(const std::string& name) {
-  if (name == "dense") return CausalKind::kDense;
-  if (name == "flash") return CausalKind::kFlash;
-  if (name == "window") return CausalKind::kWindow;
-  if (name == "adaptive_span") return CausalKind::kAdaptiveSpan;
-  if (name == "sparse_strided") return CausalKind::kSparseStrided;
-  if (name == "sparse_fixed") return CausalKind::kSparseFixed;
-  if (name == "lsh") return CausalKind::kLsh;
-  fail("attention must be dense, flash, window, adaptive_span, sparse_strided, sparse_fixed or lsh (got '{}')", name);
-}
+const char* causal_kind_name(CausalKind value) { return kCausalKindNames.name(value); }
+CausalKind parse_causal_kind(const std::string& name) { return kCausalKindNames.parse(name); }
 
-const char* sparse_combine_name(SparseCombine c) {
-  switch (c) {
-    case SparseCombine::kMerged: return "merged";
-    case SparseCombine::kAlternating: return "alternating";
-    case SparseCombine::kPerHead: return "per_head";
-  }
-  return "?";
-}
+constexpr auto kSparseCombineNames = name_table("sparse_combine",
+    std::pair{SparseCombine::kMerged, "merged"},
+    std::pair{SparseCombine::kAlternating, "alternating"},
+    std::pair{SparseCombine::kPerHead, "per_head"});
 
-SparseCombine parse_sparse_combine(const std::string& name) {
-  if (name == "merged") return SparseCombine::kMerged;
-  if (name == "alternating") return SparseCombine::kAlternating;
-  if (name == "per_head") return SparseCombine::kPerHead;
-  fail("sparse_combine must be merged, alternating or per_head (got '{}')", name);
-}
+const char* sparse_combine_name(SparseCombine value) { return kSparseCombineNames.name(value); }
+SparseCombine parse_sparse_combine(const std::string& name) { return kSparseCombineNames.parse(name); }
 
 namespace {
 

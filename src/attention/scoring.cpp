@@ -6,28 +6,18 @@
 
 #include "spanformer/ops/masked_softmax.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 
 namespace spanformer::attention {
 
-const char* score_kind_name(ScoreKind kind) {
-  switch (kind) {
-    case ScoreKind::kAdditive:
-      return "additive";
-    case ScoreKind::kDot:
-      return "dot";
-    case ScoreKind::kScaledDot:
-      return "scaled_dot";
-    case ScoreKind::kGeneral:
-      return "general";
-  }
-  return "?";
-}
+constexpr auto kScoreKindNames = name_table("score",
+    std::pair{ScoreKind::kAdditive, "additive"},
+    std::pair{ScoreKind::kDot, "dot"},
+    std::pair{ScoreKind::kScaledDot, "scaled_dot"},
+    std::pair{ScoreKind::kGeneral, "general"});
 
-ScoreKind parse_score_kind(const std::string& name) {
-  for (auto k : {ScoreKind::kAdditive, ScoreKind::kDot, ScoreKind::kScaledDot, ScoreKind::kGeneral})
-    if (name == score_kind_name(k)) return k;
-  fail("score must be additive, dot, scaled_dot or general (got '{}')", name);
-}
+const char* score_kind_name(ScoreKind value) { return kScoreKindNames.name(value); }
+ScoreKind parse_score_kind(const std::string& name) { return kScoreKindNames.parse(name); }
 
 AttentionScoringImpl::AttentionScoringImpl(const ScoringOptions& o) : options_(o) {
   if (o.query_size < 1 || o.key_size < 1)

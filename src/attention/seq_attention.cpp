@@ -8,6 +8,7 @@
 
 #include "spanformer/attention/record.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/skew.h"
@@ -59,21 +60,13 @@ torch::Tensor take_last_states(const torch::Tensor& cache, int64_t width) {
   return F::pad(cache, F::PadFuncOptions({0, 0, width - C, 0}));  // zeros on the left
 }
 
-const char* attn_impl_name(AttnImpl impl) {
-  switch (impl) {
-    case AttnImpl::kAuto: return "auto";
-    case AttnImpl::kFused: return "fused";
-    case AttnImpl::kPlain: return "plain";
-  }
-  return "?";
-}
+constexpr auto kAttnImplNames = name_table("attn_impl",
+    std::pair{AttnImpl::kAuto, "auto"},
+    std::pair{AttnImpl::kFused, "fused"},
+    std::pair{AttnImpl::kPlain, "plain"});
 
-AttnImpl parse_attn_impl(const std::string& name) {
-  if (name == "auto") return AttnImpl::kAuto;
-  if (name == "fused") return AttnImpl::kFused;
-  if (name == "plain") return AttnImpl::kPlain;
-  fail("attn_impl must be auto, fused or plain (got '{}')", name);
-}
+const char* attn_impl_name(AttnImpl value) { return kAttnImplNames.name(value); }
+AttnImpl parse_attn_impl(const std::string& name) { return kAttnImplNames.parse(name); }
 
 bool SeqAttentionImpl::uses_fused_op(int64_t B, int64_t M) const {
   if (!span || options_.pers_mem_size() > 0 || WeightRecorder::active()) return false;

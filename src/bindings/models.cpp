@@ -69,7 +69,7 @@ class Model : public torch::CustomClassHolder {
     request.top_p = top_p;
     std::ostringstream text;
     request.on_text = [&text](const std::string& piece) { text << piece; };
-    family_->sample(checkpoint_.vocab(), request);
+    family_->need<train::Sampling>().sample(checkpoint_.vocab(), request);
     return text.str();
   }
 
@@ -78,7 +78,7 @@ class Model : public torch::CustomClassHolder {
     train::TranslateRequest request;
     request.beam = beam;
     request.length_penalty = length_penalty;
-    return family_->translate(sentences, request);
+    return family_->need<train::Translation>().translate(sentences, request);
   }
 
   // The gpt family's next-token logits of token ids at positions 0 .. N - 1 (N <= context): (N, V) float32.
@@ -95,7 +95,7 @@ class Model : public torch::CustomClassHolder {
   }
 
   at::Tensor spans() const {
-    const auto spans = family_->spans();
+    const auto spans = family_->need<train::Spans>().spans();
     if (spans.empty()) spanformer::fail("{}: this {} model learns no spans", checkpoint_.path(), family_->name());
     auto out = torch::zeros({static_cast<int64_t>(spans.size()), static_cast<int64_t>(spans[0].size())}, torch::kDouble);
     for (size_t l = 0; l < spans.size(); ++l)
@@ -113,7 +113,7 @@ class Model : public torch::CustomClassHolder {
     request.out = "";  // nothing drawn
     std::vector<at::Tensor> weights;
     request.weights = &weights;
-    family_->draw_attention(request);
+    family_->need<train::AttentionPictures>().draw_attention(request);
     return weights;
   }
 

@@ -5,8 +5,28 @@
 
 #include "schema.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 
 namespace spanformer {
+
+TrainConfig gpt_train_defaults() {
+  TrainConfig t;
+  t.batch_size = 16;
+  t.optim = OptimKind::kAdamW;
+  t.weight_decay = 0.1;
+  t.adam_beta2 = 0.95;
+  t.lr = 1e-3;
+  t.lr_min = 1e-4;
+  t.scheduler = Schedule::kCosine;
+  t.lr_warmup = 100;
+  t.grad_clip = 1.0;
+  t.nb_steps = 5000;
+  t.eval_interval = 250;
+  t.eval_blocks = 20;
+  t.eval_batch_size = 4;
+  return t;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -57,21 +77,19 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
 
 }  // namespace
 
-const char* positions_name(Positions p) { return p == Positions::kSinusoidal ? "sinusoidal" : "learned"; }
+constexpr auto kPositionsNames = name_table("positions",
+    std::pair{Positions::kLearned, "learned"},
+    std::pair{Positions::kSinusoidal, "sinusoidal"});
 
-const char* activation_name(Activation a) { return a == Activation::kGeluTanh ? "gelu_tanh" : "gelu"; }
+const char* positions_name(Positions value) { return kPositionsNames.name(value); }
+Positions parse_positions(const std::string& name) { return kPositionsNames.parse(name); }
 
-Activation parse_activation(const std::string& name) {
-  if (name == "gelu") return Activation::kGelu;
-  if (name == "gelu_tanh") return Activation::kGeluTanh;
-  fail("activation must be gelu or gelu_tanh (got '{}')", name);
-}
+constexpr auto kActivationNames = name_table("activation",
+    std::pair{Activation::kGelu, "gelu"},
+    std::pair{Activation::kGeluTanh, "gelu_tanh"});
 
-Positions parse_positions(const std::string& name) {
-  if (name == "learned") return Positions::kLearned;
-  if (name == "sinusoidal") return Positions::kSinusoidal;
-  fail("positions must be learned or sinusoidal (got '{}')", name);
-}
+const char* activation_name(Activation value) { return kActivationNames.name(value); }
+Activation parse_activation(const std::string& name) { return kActivationNames.parse(name); }
 
 namespace {
 

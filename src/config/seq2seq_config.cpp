@@ -1,6 +1,7 @@
 #include "spanformer/config/seq2seq_config.h"
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 #include "schema.h"
 
 namespace spanformer {
@@ -65,35 +66,25 @@ const std::vector<Field<data::PairsOptions>>& data_fields() {
 }  // namespace
 
 namespace data {
-const char* tokenizer_name(Tokenizer t) { return t == Tokenizer::kWords ? "words" : "sentencepiece"; }
-Tokenizer parse_tokenizer(const std::string& name) {
-  for (auto t : {Tokenizer::kWords, Tokenizer::kSentencePiece})
-    if (name == tokenizer_name(t)) return t;
-  fail("tokenizer must be words or sentencepiece (got '{}')", name);
-}
-const char* subword_kind_name(SubwordKind k) { return k == SubwordKind::kUnigram ? "unigram" : "bpe"; }
-SubwordKind parse_subword_kind(const std::string& name) {
-  for (auto k : {SubwordKind::kUnigram, SubwordKind::kBpe})
-    if (name == subword_kind_name(k)) return k;
-  fail("subword_kind must be unigram or bpe (got '{}')", name);
-}
+constexpr auto kTokenizerNames =
+    name_table("tokenizer", std::pair{Tokenizer::kWords, "words"}, std::pair{Tokenizer::kSentencePiece, "sentencepiece"});
+const char* tokenizer_name(Tokenizer value) { return kTokenizerNames.name(value); }
+Tokenizer parse_tokenizer(const std::string& name) { return kTokenizerNames.parse(name); }
+
+constexpr auto kSubwordKindNames =
+    name_table("subword_kind", std::pair{SubwordKind::kUnigram, "unigram"}, std::pair{SubwordKind::kBpe, "bpe"});
+const char* subword_kind_name(SubwordKind value) { return kSubwordKindNames.name(value); }
+SubwordKind parse_subword_kind(const std::string& name) { return kSubwordKindNames.parse(name); }
 }  // namespace data
 
-const char* seq2seq_kind_name(Seq2SeqKind kind) {
-  switch (kind) {
-    case Seq2SeqKind::kGru: return "gru";
-    case Seq2SeqKind::kBahdanau: return "bahdanau";
-    case Seq2SeqKind::kLuong: return "luong";
-    case Seq2SeqKind::kTransformer: return "transformer";
-  }
-  return "?";
-}
+constexpr auto kSeq2SeqKindNames = name_table("kind",
+    std::pair{Seq2SeqKind::kGru, "gru"},
+    std::pair{Seq2SeqKind::kBahdanau, "bahdanau"},
+    std::pair{Seq2SeqKind::kLuong, "luong"},
+    std::pair{Seq2SeqKind::kTransformer, "transformer"});
 
-Seq2SeqKind parse_seq2seq_kind(const std::string& name) {
-  for (auto k : {Seq2SeqKind::kGru, Seq2SeqKind::kBahdanau, Seq2SeqKind::kLuong, Seq2SeqKind::kTransformer})
-    if (name == seq2seq_kind_name(k)) return k;
-  fail("kind must be gru, bahdanau, luong or transformer (got '{}')", name);
-}
+const char* seq2seq_kind_name(Seq2SeqKind value) { return kSeq2SeqKindNames.name(value); }
+Seq2SeqKind parse_seq2seq_kind(const std::string& name) { return kSeq2SeqKindNames.parse(name); }
 
 TrainConfig seq2seq_train_defaults() {
   TrainConfig t;

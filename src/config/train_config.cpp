@@ -7,80 +7,34 @@
 
 #include "train_fields.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 #include "spanformer/util/io.h"
 
 namespace spanformer {
 
-const char* optim_name(OptimKind kind) {
-  switch (kind) {
-    case OptimKind::kAdagrad: return "adagrad";
-    case OptimKind::kSgd: return "sgd";
-    case OptimKind::kAdam: return "adam";
-    case OptimKind::kAdamW: return "adamw";
-  }
-  return "?";
-}
+constexpr auto kOptimNames = name_table("optim",
+    std::pair{OptimKind::kAdagrad, "adagrad"},
+    std::pair{OptimKind::kSgd, "sgd"},
+    std::pair{OptimKind::kAdam, "adam"},
+    std::pair{OptimKind::kAdamW, "adamw"});
 
-OptimKind parse_optim(const std::string& name) {
-  if (name == "adagrad") return OptimKind::kAdagrad;
-  if (name == "sgd") return OptimKind::kSgd;
-  if (name == "adam") return OptimKind::kAdam;
-  if (name == "adamw") return OptimKind::kAdamW;
-  fail("optim must be adagrad, sgd, adam or adamw (got '{}')", name);
-}
+const char* optim_name(OptimKind value) { return kOptimNames.name(value); }
+OptimKind parse_optim(const std::string& name) { return kOptimNames.parse(name); }
 
-const char* schedule_name(Schedule schedule) {
-  return schedule == Schedule::kCosine ? "cosine" : schedule == Schedule::kInverseSqrt ? "inverse_sqrt" : "constant";
-}
+constexpr auto kScheduleNames = name_table("scheduler",
+    std::pair{Schedule::kConstant, "constant"},
+    std::pair{Schedule::kCosine, "cosine"},
+    std::pair{Schedule::kInverseSqrt, "inverse_sqrt"});
 
-Schedule parse_schedule(const std::string& name) {
-  if (name == "constant") return Schedule::kConstant;
-  if (name == "cosine") return Schedule::kCosine;
-  if (name == "inverse_sqrt") return Schedule::kInverseSqrt;
-  fail("scheduler must be constant, cosine or inverse_sqrt (got '{}')", name);
-}
+const char* schedule_name(Schedule value) { return kScheduleNames.name(value); }
+Schedule parse_schedule(const std::string& name) { return kScheduleNames.parse(name); }
 
-const char* amp_name(Amp amp) { return amp == Amp::kBf16 ? "bf16" : "off"; }
+constexpr auto kAmpNames = name_table("amp",
+    std::pair{Amp::kOff, "off"},
+    std::pair{Amp::kBf16, "bf16"});
 
-Amp parse_amp(const std::string& name) {
-  if (name == "off") return Amp::kOff;
-  if (name == "bf16") return Amp::kBf16;
-  fail("amp must be off or bf16 (got '{}')", name);
-}
-
-TrainConfig xl_train_defaults() {
-  TrainConfig t;
-  t.batch_size = 22;
-  t.optim = OptimKind::kAdam;
-  t.lr = 2.5e-4;
-  t.scheduler = Schedule::kCosine;
-  t.lr_warmup = 0;
-  t.grad_clip = 0.25;
-  t.nb_steps = 400000;
-  t.eval_interval = 4000;
-  t.eval_blocks = 0;
-  t.seed = 1111;
-  t.eval_batch_size = 10;
-  return t;
-}
-
-TrainConfig gpt_train_defaults() {
-  TrainConfig t;
-  t.batch_size = 16;
-  t.optim = OptimKind::kAdamW;
-  t.weight_decay = 0.1;
-  t.adam_beta2 = 0.95;
-  t.lr = 1e-3;
-  t.lr_min = 1e-4;
-  t.scheduler = Schedule::kCosine;
-  t.lr_warmup = 100;
-  t.grad_clip = 1.0;
-  t.nb_steps = 5000;
-  t.eval_interval = 250;
-  t.eval_blocks = 20;
-  t.eval_batch_size = 4;
-  return t;
-}
+const char* amp_name(Amp value) { return kAmpNames.name(value); }
+Amp parse_amp(const std::string& name) { return kAmpNames.parse(name); }
 
 void validate(const TrainConfig& t) {
   config_detail::require_positive("batch_size", t.batch_size);
@@ -103,26 +57,9 @@ void validate(const TrainConfig& t) {
   if (t.threads < 0) fail("config: threads must be >= 0 (got {})", t.threads);
   if (t.device != "cpu" && t.device.rfind("cuda", 0) != 0)
     fail("config: device must be cpu, cuda or cuda:N (got '{}')", t.device);
-  if (t.dist_backend != "auto" && t.dist_backend != "gloo" && t.dist_backend != "nccl")
-    fail("config: dist_backend must be auto, gloo or nccl (got '{}')", t.dist_backend);
   if (t.dist_bucket_kb < 0) fail("config: dist_bucket_kb must be >= 0 (got {})", t.dist_bucket_kb);
   if (!(t.dist_timeout > 0)) fail("config: dist_timeout must be positive (got {})", t.dist_timeout);
   config_detail::require_positive("eval_batch_size", t.eval_batch_size);
-}
-
-std::vector<ConfigKey> adaptive_span_config_keys();  // config.cpp
-std::vector<ConfigKey> xl_config_keys();             // xl_config.cpp
-std::vector<ConfigKey> gpt_config_keys();            // gpt_config.cpp
-std::vector<ConfigKey> vit_config_keys();            // vit_config.cpp
-std::vector<ConfigKey> seq2seq_config_keys();        // seq2seq_config.cpp
-
-std::vector<ConfigKey> config_keys(const std::string& arch) {
-  if (arch == "adaptive-span") return adaptive_span_config_keys();
-  if (arch == "xl") return xl_config_keys();
-  if (arch == "gpt") return gpt_config_keys();
-  if (arch == "vit") return vit_config_keys();
-  if (arch == "seq2seq") return seq2seq_config_keys();
-  fail("unknown arch '{}' (adaptive-span, xl, gpt, vit or seq2seq)", arch);
 }
 
 double learning_rate(const TrainConfig& c, int64_t k) {
@@ -162,7 +99,8 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       enum_field("amp", &C::amp, parse_amp, amp_name,
                  "off | bf16: training forward under bf16 autocast; weights, optimizer and loss in fp32"),
       field("dist_timeout", &C::dist_timeout, "seconds a rank waits for the others (multi-process runs)"),
-      field("dist_backend", &C::dist_backend, "auto (gloo on CPU, nccl on CUDA) | gloo | nccl"),
+      enum_field("dist_backend", &C::dist_backend, dist::parse_backend, dist::backend_name,
+                 "auto (gloo on CPU, nccl on CUDA) | gloo | nccl"),
       field("dist_bucket_kb", &C::dist_bucket_kb, "gradient buckets all-reduced during backward (0 = one bucket after it)"),
   };
   return fields;

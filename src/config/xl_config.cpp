@@ -5,9 +5,27 @@
 
 #include "schema.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 #include "spanformer/util/io.h"
 
 namespace spanformer {
+
+TrainConfig xl_train_defaults() {
+  TrainConfig t;
+  t.batch_size = 22;
+  t.optim = OptimKind::kAdam;
+  t.lr = 2.5e-4;
+  t.scheduler = Schedule::kCosine;
+  t.lr_warmup = 0;
+  t.grad_clip = 0.25;
+  t.nb_steps = 400000;
+  t.eval_interval = 4000;
+  t.eval_blocks = 0;
+  t.seed = 1111;
+  t.eval_batch_size = 10;
+  return t;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -58,29 +76,20 @@ const std::vector<Field<XlSearchConfig>>& search_fields() {
 
 }  // namespace
 
-const char* search_eval_name(SearchEval e) { return e == SearchEval::kArgmax ? "argmax" : "softmax"; }
+constexpr auto kSearchEvalNames = name_table("search_eval",
+    std::pair{SearchEval::kSoftmax, "softmax"},
+    std::pair{SearchEval::kArgmax, "argmax"});
 
-SearchEval parse_search_eval(const std::string& name) {
-  if (name == "softmax") return SearchEval::kSoftmax;
-  if (name == "argmax") return SearchEval::kArgmax;
-  fail("search_eval must be softmax or argmax (got '{}')", name);
-}
+const char* search_eval_name(SearchEval value) { return kSearchEvalNames.name(value); }
+SearchEval parse_search_eval(const std::string& name) { return kSearchEvalNames.parse(name); }
 
-const char* tau_schedule_name(TauSchedule s) {
-  switch (s) {
-    case TauSchedule::kExp: return "exp";
-    case TauSchedule::kLinear: return "linear";
-    case TauSchedule::kConstant: return "constant";
-  }
-  return "?";
-}
+constexpr auto kTauScheduleNames = name_table("tau_schedule",
+    std::pair{TauSchedule::kExp, "exp"},
+    std::pair{TauSchedule::kLinear, "linear"},
+    std::pair{TauSchedule::kConstant, "constant"});
 
-TauSchedule parse_tau_schedule(const std::string& name) {
-  if (name == "exp") return TauSchedule::kExp;
-  if (name == "linear") return TauSchedule::kLinear;
-  if (name == "constant") return TauSchedule::kConstant;
-  fail("tau_schedule must be exp, linear or constant (got '{}')", name);
-}
+const char* tau_schedule_name(TauSchedule value) { return kTauScheduleNames.name(value); }
+TauSchedule parse_tau_schedule(const std::string& name) { return kTauScheduleNames.parse(name); }
 
 namespace {
 
@@ -109,15 +118,31 @@ const config_detail::Schema<XlConfig>& xl_schema() {
 
 std::vector<ConfigKey> xl_config_keys() { return xl_schema().keys(); }
 
-std::string XlModelConfig::block_string() const {
-  if (search) return std::string(static_cast<size_t>(2 * std::max<int64_t>(n_layer, 0)), 's');
-  if (!layers.empty()) return layers;
+char block_letter(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::kAttention: return 'a';
+    case BlockKind::kFeedForward: return 'f';
+    case BlockKind::kSearch: return 's';
+  }
+  return '?';
+}
+
+std::string blocks_text(const std::vector<BlockKind>& blocks) {
   std::string s;
-  for (int64_t i = 0; i < n_layer; ++i) s += "af";
+  for (auto b : blocks) s += block_letter(b);
   return s;
 }
 
-int64_t XlModelConfig::nb_blocks() const { return static_cast<int64_t>(block_string().size()); }
+std::vector<BlockKind> XlModelConfig::blocks() const {
+  if (search) return std::vector<BlockKind>(static_cast<size_t>(2 * std::max<int64_t>(n_layer, 0)), BlockKind::kSearch);
+  std::vector<BlockKind> out;
+  if (layers.empty())
+    for (int64_t i = 0; i < n_layer; ++i) out.insert(out.end(), {BlockKind::kAttention, BlockKind::kFeedForward});
+  for (char ch : layers) out.push_back(ch == 'a' ? BlockKind::kAttention : BlockKind::kFeedForward);  // validated: a | f
+  return out;
+}
+
+int64_t XlModelConfig::nb_blocks() const { return static_cast<int64_t>(blocks().size()); }
 
 json to_json(const XlModelConfig& config) { return struct_to_json(config, xl_model_fields()); }
 
@@ -126,15 +151,6 @@ json to_json(const XlConfig& config) { return xl_schema().to_json(config); }
 XlConfig xl_config_from_json(const json& j, const std::string& origin) { return xl_schema().from_json(j, origin); }
 
 XlConfig load_xl_config(const std::string& path) { return xl_config_from_json(config_detail::read_json_file(path), path); }
-
-std::string config_arch(const std::string& path) {
-  json j = config_detail::read_json_file(path);
-  if (!j.is_object()) fail("{}: a config must be a JSON object", path);
-  if (!j.contains("arch")) return "adaptive-span";
-  if (!j["arch"].is_string() || (j["arch"] != "xl" && j["arch"] != "adaptive-span"))
-    fail("{}: unknown arch {} (xl or adaptive-span)", path, j["arch"].dump());
-  return j["arch"].get<std::string>();
-}
 
 void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides) {
   xl_schema().apply_overrides(config, overrides);
@@ -195,7 +211,7 @@ void validate(const XlModelConfig& c) {
   }
   const double H = static_cast<double>(c.d_model), KD = static_cast<double>(c.n_head) * static_cast<double>(c.d_head);
   check_model_fits(2 * static_cast<double>(c.vocab_size) * static_cast<double>(c.embed_dim()) +
-                   static_cast<double>(c.block_string().size()) * (2 * KD * H + H * static_cast<double>(c.d_inner)));  // a or f
+                   static_cast<double>(c.nb_blocks()) * (2 * KD * H + H * static_cast<double>(c.d_inner)));  // a or f
 }
 
 void validate(const XlConfig& config) {

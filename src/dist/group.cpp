@@ -10,6 +10,7 @@
 
 #include "impl.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 
 #if SPANFORMER_HAS_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -40,25 +41,32 @@ int env_int(const char* name, const char* fallback_name, long max = std::numeric
 
 }  // namespace
 
+constexpr auto kBackendNames = name_table("dist_backend",
+    std::pair{Backend::kAuto, "auto"},
+    std::pair{Backend::kGloo, "gloo"},
+    std::pair{Backend::kNccl, "nccl"});
+
+const char* backend_name(Backend value) { return kBackendNames.name(value); }
+Backend parse_backend(const std::string& name) { return kBackendNames.parse(name); }
+
 Group::~Group() = default;
 
 std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
   const char* world_text = env("WORLD_SIZE") ? env("WORLD_SIZE") : env("SLURM_NTASKS");
   // One process is no job, unless a backend was asked for by name: then a group of one runs every
   // collective (how a single GPU checks the NCCL path against a plain run).
-  if (!world_text || (std::string(world_text) == "1" && options.backend == "auto")) return nullptr;
-  const std::string backend = options.backend == "auto" ? (options.cuda ? "nccl" : "gloo") : options.backend;
-  if (backend == "nccl" && !SPANFORMER_HAS_C10D_NCCL)
+  if (!world_text || (std::string(world_text) == "1" && options.backend == Backend::kAuto)) return nullptr;
+  const Backend backend = options.backend == Backend::kAuto ? (options.cuda ? Backend::kNccl : Backend::kGloo) : options.backend;
+  if (backend == Backend::kNccl && !SPANFORMER_HAS_C10D_NCCL)
     fail("the nccl backend needs a CUDA build of spanformer with NCCL (-DSPANFORMER_CUDA=ON against a CUDA "
          "LibTorch); this one has gloo (set train.dist_backend=gloo)");
-  if (backend == "nccl" && !options.cuda) fail("the nccl backend runs on CUDA: set train.device=cuda");
-  if (backend != "gloo" && backend != "nccl") fail("unknown dist_backend '{}' (auto, gloo or nccl)", backend);
+  if (backend == Backend::kNccl && !options.cuda) fail("the nccl backend runs on CUDA: set train.device=cuda");
   std::shared_ptr<Group> group(new Group());
   group->world_ = env_int("WORLD_SIZE", "SLURM_NTASKS");
   group->rank_ = env_int("RANK", "SLURM_PROCID");
   // One GPU per process on a node: the node-local rank picks it (torchrun: LOCAL_RANK; SLURM: SLURM_LOCALID).
   group->local_rank_ = (env("LOCAL_RANK") || env("SLURM_LOCALID")) ? env_int("LOCAL_RANK", "SLURM_LOCALID") : 0;
-  if (backend == "nccl") group->device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(group->local_rank_));
+  if (backend == Backend::kNccl) group->device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(group->local_rank_));
   if (group->rank_ >= group->world_) fail("distributed launch: RANK {} >= WORLD_SIZE {}", group->rank_, group->world_);
   const char* addr = env("MASTER_ADDR");
   if (!addr) fail("distributed launch: MASTER_ADDR is not set");
@@ -76,7 +84,7 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
     store_options.waitWorkers = true;
     store_options.timeout = timeout;
     group->impl_->store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
-    if (backend == "nccl") {
+    if (backend == Backend::kNccl) {
 #if SPANFORMER_HAS_C10D_NCCL
       auto pg_options = c10d::ProcessGroupNCCL::Options::create();
       pg_options->timeout = timeout;

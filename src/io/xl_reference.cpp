@@ -25,8 +25,8 @@ std::vector<std::pair<std::string, torch::Tensor>> xl_reference_entries(models::
   if (c.adapt_span) fail("MemTransformerLM has no adaptive span: the layout cannot hold a model with adapt_span");
   std::string plain;
   for (int64_t l = 0; l < c.n_layer; ++l) plain += "af";
-  if (model->blocks() != plain)
-    fail("MemTransformerLM holds the block order (af)^n_layer; this model's is {}", model->blocks());
+  if (blocks_text(model->blocks()) != plain)
+    fail("MemTransformerLM holds the block order (af)^n_layer; this model's is {}", blocks_text(model->blocks()));
 
   std::vector<std::pair<std::string, torch::Tensor>> out;
   auto add = [&](std::string name, const torch::Tensor& t) { out.emplace_back(std::move(name), t); };

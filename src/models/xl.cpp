@@ -165,7 +165,7 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& h) {
 
 // ---- the model ---------------------------------------------------------------------------------
 
-XlModelImpl::XlModelImpl(const XlModelConfig& c) : config_(c), blocks_(c.block_string()) {
+XlModelImpl::XlModelImpl(const XlModelConfig& c) : config_(c), blocks_(c.blocks()) {
   validate(c);
   if (c.vocab_size <= 0) fail("model: vocab_size must be known (prepare the data first)");
   if (blocks_.empty()) fail("model: no blocks");
@@ -185,11 +185,11 @@ XlModelImpl::XlModelImpl(const XlModelConfig& c) : config_(c), blocks_(c.block_s
     r_r_bias = register_parameter("r_r_bias", torch::randn({c.n_head, c.d_head}) * c.init_std);
   }
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    const char kind = blocks_[b];
-    attn.push_back(kind == 'f' ? RelAttention(nullptr)
-                               : register_module("attn_" + std::to_string(b), RelAttention(c)));
-    ff.push_back(kind == 'a' ? FeedForward(nullptr)
-                             : register_module("ff_" + std::to_string(b), FeedForward(c)));
+    const BlockKind kind = blocks_[b];
+    attn.push_back(kind == BlockKind::kFeedForward ? RelAttention(nullptr)
+                                                   : register_module("attn_" + std::to_string(b), RelAttention(c)));
+    ff.push_back(kind == BlockKind::kAttention ? FeedForward(nullptr)
+                                               : register_module("ff_" + std::to_string(b), FeedForward(c)));
   }
   if (c.search) alpha = register_parameter("alpha", torch::zeros({static_cast<int64_t>(blocks_.size()), 3}));
   // The reference's weights_init: N(0, init_std) weights, zero biases, LayerNorm weight N(1, init_std).
@@ -224,7 +224,7 @@ torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Te
   // it each block keeps what its spans need (below), and reads the last rows of r and of the mask.
   int64_t mlen = 0;
   for (int64_t b = 0; b < N; ++b)
-    if (blocks_[b] != 'f') mlen = std::max(mlen, mems[b].size(1));
+    if (blocks_[b] != BlockKind::kFeedForward) mlen = std::max(mlen, mems[b].size(1));
   const int64_t klen = mlen + Q;
   auto h = drop(word_emb(x));                                                  // (B, Q, H)
   auto mask = attention_mask(Q, mlen, len.same_length, len.mem_len, x.device());  // (Q, Kl)
@@ -238,14 +238,14 @@ torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Te
   for (int64_t b = 0; b < N; ++b) {
     inputs[b] = h;
     torch::Tensor mem;  // (B, Mm, H)
-    if (blocks_[b] != 'f') {
+    if (blocks_[b] != BlockKind::kFeedForward) {
       if (!config_.adapt_span && mems[b].size(1) != mlen)
         fail("model: block {} has a memory of {} states, the others {}", b, mems[b].size(1), mlen);
       mem = mems[b];
     }
-    if (blocks_[b] == 'a') {
+    if (blocks_[b] == BlockKind::kAttention) {
       h = attn[b](h, mem, r, r_w_bias, r_r_bias, mask);
-    } else if (blocks_[b] == 'f') {
+    } else if (blocks_[b] == BlockKind::kFeedForward) {
       h = ff[b](h);
     } else {
       auto w = weights[b];  // (3)
@@ -266,7 +266,7 @@ torch::Tensor XlModelImpl::forward(const torch::Tensor& x, std::vector<torch::Te
   torch::NoGradGuard no_grad;
   const int64_t end = Q + std::max<int64_t>(0, mlen - len.ext_len);
   for (int64_t b = 0; b < N; ++b) {
-    if (blocks_[b] == 'f') {
+    if (blocks_[b] == BlockKind::kFeedForward) {
       mems[b] = torch::zeros({B, 0, config_.d_model}, h.options());
       continue;
     }

@@ -4,20 +4,16 @@
 #include <torch/autograd.h>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 
 namespace spanformer::nn {
 
-const char* pooling_name(Pooling p) {
-  switch (p) {
-    case Pooling::kAverage:
-      return "average";
-    case Pooling::kNadaraya:
-      return "nadaraya";
-    case Pooling::kParametric:
-      return "parametric";
-  }
-  return "?";
-}
+constexpr auto kPoolingNames = name_table("pooling",
+    std::pair{Pooling::kAverage, "average"},
+    std::pair{Pooling::kNadaraya, "nadaraya"},
+    std::pair{Pooling::kParametric, "parametric"});
+
+const char* pooling_name(Pooling value) { return kPoolingNames.name(value); }
 
 torch::Tensor pooling_weights(Pooling kind, const torch::Tensor& queries, const torch::Tensor& keys,
                               const torch::Tensor& w) {

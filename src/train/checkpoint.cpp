@@ -10,6 +10,7 @@
 #include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/run_paths.h"
 
 namespace spanformer::train {
 namespace {
@@ -45,7 +46,8 @@ std::vector<std::pair<std::string, bool>> Checkpoint::entries() const {
 }
 
 std::string checkpoint_file(const std::string& path) {
-  if (!file_exists(path) && file_exists(path + "/checkpoint.pt")) return path + "/checkpoint.pt";
+  const RunPaths run(path);
+  if (!file_exists(path) && file_exists(run.checkpoint())) return run.checkpoint();
   return path;
 }
 

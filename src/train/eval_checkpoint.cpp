@@ -13,7 +13,7 @@
 namespace spanformer::train {
 namespace {
 
-CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, const CheckpointEval& r) {
+CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, ExampleSets& sets, const CheckpointEval& r) {
   if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || !r.unit.empty())
     fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());
   const std::string dir = r.data.empty() ? family.train().data : r.data;
@@ -21,17 +21,12 @@ CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, con
   if (!r.dump_outputs.empty()) check_regular_or_absent(r.dump_outputs, "--dump-outputs");
   if (r.batch > 0) family.train().eval_batch_size = r.batch;
   const double start = now_seconds();
-  auto data = family.open_examples(dir);
+  auto data = sets.open_examples(dir);
   if (data::vocab_to_text(data.vocab) != data::vocab_to_text(ck.vocab()))
     fail("{}: its classes differ from the checkpoint's: the model was trained on other data", dir);
   auto* group = r.group;
-  auto score = family.score_examples(r.split, group ? group->rank() : 0, group ? group->world() : 1, /*full=*/true);
-  if (group) {
-    score.nll_sum = group->all_reduce_sum(score.nll_sum);
-    score.correct = group->all_reduce_sum(score.correct);
-    score.count = group->all_reduce_sum(score.count);
-    for (auto& v : score.sums) v = group->all_reduce_sum(v);
-  }
+  auto score = sets.score_examples(r.split, group ? group->rank() : 0, group ? group->world() : 1, /*full=*/true);
+  score.all_reduce(group);
   CheckpointEvalResult out;
   if (group && !group->is_main()) {
     out.main = false;
@@ -48,7 +43,7 @@ CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, con
                               {"accuracy", accuracy}, {"nll", nll}, {data.scored, static_cast<int64_t>(score.count)},
                               {"seconds", seconds}, {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
   std::string extra;
-  family.report_score(score, "", out.record, extra);
+  sets.report_score(score, "", out.record, extra);
   out.text = fmt::format("{} accuracy {:.4f} (error {:.2f}%, nll {:.6f} nats; {} {}; {:.1f} s){}", r.split, accuracy,
                          100 * (1 - accuracy), nll, static_cast<int64_t>(score.count), data.scored, seconds, extra);
   return out;
@@ -58,7 +53,7 @@ CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, con
 
 CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, const CheckpointEval& r) {
   if (r.batch == 0 || r.batch < -1) fail("--batch must be positive (got {})", r.batch);
-  if (!r.dump_outputs.empty() && family.data_restart() != DataRestart::kExamples)
+  if (!r.dump_outputs.empty() && !family.as<ExampleSets>())
     fail("--dump-outputs is for the example families (seq2seq, vit); language models have --dump-logprobs");
   if (!r.unit.empty() && r.unit != "bpc" && r.unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", r.unit);
   if (!r.vocab.empty()) {
@@ -66,7 +61,7 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
     if (data::vocab_to_text(v) != data::vocab_to_text(ck.vocab()))
       fail("{} is not the vocabulary of {}: the ids would mean other tokens", r.vocab, ck.path());
   }
-  if (family.data_restart() == DataRestart::kExamples) return evaluate_examples(ck, family, r);
+  if (auto* sets = family.as<ExampleSets>()) return evaluate_examples(ck, family, *sets, r);
 
   std::unique_ptr<data::TokenFile> raw;
   data::Corpus corpus;
@@ -85,7 +80,7 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
   request.dump_logprobs = r.dump_logprobs;
   request.progress = r.progress;
   const double start = now_seconds();
-  auto report = family.evaluate(tokens, request);
+  auto report = family.need<TokenStreams>().evaluate(tokens, request);
   CheckpointEvalResult out;
   if (r.group && !r.group->is_main()) {
     out.main = false;

@@ -11,6 +11,7 @@
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/jsonl.h"
+#include "spanformer/util/run_paths.h"
 
 namespace spanformer::viz {
 namespace {
@@ -25,7 +26,8 @@ void replace_once(std::string& page, const std::string& placeholder, const std::
 
 std::string render_report(const std::string& run_dir, const ReportOptions& options) {
   if (!std::filesystem::is_directory(run_dir)) fail("{} is not a run directory", run_dir);
-  const std::string config_path = run_dir + "/config.json", log_path = run_dir + "/log.jsonl";
+  const RunPaths run(run_dir);
+  const std::string config_path = run.config(), log_path = run.log();
   if (!file_exists(config_path)) fail("{} not found: is '{}' a run directory?", config_path, run_dir);
   nlohmann::json config;
   try {
@@ -35,7 +37,7 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   }
   if (options.refresh_seconds < 0) fail("--live must be a positive number of seconds");
   nlohmann::json log = file_exists(log_path) ? read_jsonl(log_path, /*allow_cut_tail=*/true) : nlohmann::json::array();
-  const std::string sessions_path = run_dir + "/sessions.jsonl";
+  const std::string sessions_path = run.sessions();
   nlohmann::json sessions = file_exists(sessions_path) ? read_jsonl(sessions_path, true) : nlohmann::json::array();
   int64_t span_limit = 0;
   if (config.contains("model") && config["model"].contains("attn_span") && config["model"]["attn_span"].is_number())

@@ -12,16 +12,15 @@
 
 #include "spanformer/nn/adaptive_span.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
 #include "spanformer/util/io.h"
 
 namespace spanformer::viz {
 
-SpanLayout parse_span_layout(const std::string& name) {
-  if (name == "auto") return SpanLayout::kAuto;
-  if (name == "curves") return SpanLayout::kCurves;
-  if (name == "grid") return SpanLayout::kGrid;
-  fail("--layout must be auto, curves or grid, got '{}'", name);
-}
+constexpr auto kSpanLayoutNames = name_table("--layout", std::pair{SpanLayout::kAuto, "auto"},
+                                              std::pair{SpanLayout::kCurves, "curves"}, std::pair{SpanLayout::kGrid, "grid"});
+
+SpanLayout parse_span_layout(const std::string& name) { return kSpanLayoutNames.parse(name); }
 
 #if SPANFORMER_WITH_CAIRO
 namespace {

@@ -79,6 +79,9 @@ struct GptModelConfig {
   int64_t stride() const { return eval_stride > 0 ? eval_stride : std::max<int64_t>(1, context / 2); }
 };
 
+// The GPT family's defaults (GPT-2 / nanoGPT recipe: AdamW, warmup + cosine decay, global clipping).
+TrainConfig gpt_train_defaults();
+
 struct GptConfig {
   GptModelConfig model;
   TrainConfig train = gpt_train_defaults();

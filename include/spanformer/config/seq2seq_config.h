@@ -56,6 +56,9 @@ struct Seq2SeqModelConfig {
   bool recurrent() const { return kind != Seq2SeqKind::kTransformer; }
 };
 
+// The seq2seq family's defaults (Adam beta2 0.98, warmup + inverse square root).
+TrainConfig seq2seq_train_defaults();
+
 struct Seq2SeqConfig {
   Seq2SeqModelConfig model;
   data::PairsOptions data;

@@ -1,7 +1,7 @@
 // The `train` section every model family shares: data, optimisation, schedule, validation cadence,
 // checkpoints, devices and data parallelism. One struct, one key table, one validation, one learning-
-// rate rule; a family only chooses its defaults (adaptive span: the reference's Adagrad recipe;
-// Transformer-XL/PAR: kimiyoung/transformer-xl's Adam + cosine recipe).
+// rate rule; a family only chooses its defaults, beside its own config (adaptive span: the reference's
+// Adagrad recipe, these; xl_config.h: kimiyoung/transformer-xl's Adam + cosine recipe; ...).
 //
 // Learning rate of update k = 1, 2, ... (one home for the formula):
 //   k <= lr_warmup:  lr * k / lr_warmup
@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "spanformer/dist/backend.h"
 
 namespace spanformer {
 
@@ -54,16 +56,14 @@ struct TrainConfig {
   std::string device = "cpu";      // cpu | cuda | cuda:N
   Amp amp = Amp::kOff;             // off | bf16: training forward under bf16 autocast, fp32 weights and loss
   double dist_timeout = 300;       // seconds a rank waits for the others (multi-process runs)
-  std::string dist_backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
+  dist::Backend dist_backend = dist::Backend::kAuto;  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
   int64_t dist_bucket_kb = 1024;   // gradient buckets all-reduced during backward (0 = one bucket after it)
 };
 
-// One config key, for `spanformer config keys`.
+// One config key, for `spanformer config keys` (each family lists its own: train/registry.h).
 struct ConfigKey {
   std::string section, name, type, default_value, help;
 };
-// Every key of an arch's config ("adaptive-span" or "xl"), sections in file order.
-std::vector<ConfigKey> config_keys(const std::string& arch);
 
 // Refuses, before anything is allocated, a model whose estimated parameter count does not fit in this
 // machine's memory as float32 (absurd sizes such as nb_layers = 1e5 fail here in one line).
@@ -72,15 +72,6 @@ void check_model_fits(double parameters);
 // A config file as JSON: one-line errors for missing, unreadable and invalid files, and for a key
 // given twice in one object (JSON parsers would keep the last silently).
 nlohmann::json read_config_file(const std::string& path);
-
-// The Transformer-XL/PAR family's defaults (kimiyoung/transformer-xl's train.py).
-TrainConfig xl_train_defaults();
-// The GPT family's defaults (GPT-2 / nanoGPT recipe: AdamW, warmup + cosine decay, global clipping).
-TrainConfig gpt_train_defaults();
-// The ViT family's defaults (AdamW, warmup + cosine decay; config/vit_config.h).
-TrainConfig vit_train_defaults();
-// The seq2seq family's defaults (Adam beta2 0.98, warmup + inverse square root; config/seq2seq_config.h).
-TrainConfig seq2seq_train_defaults();
 
 // Throws Error naming the first invalid value.
 void validate(const TrainConfig& config);

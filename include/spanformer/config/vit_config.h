@@ -38,6 +38,9 @@ struct VitModelConfig {
   int64_t inner_dim() const { return d_inner > 0 ? d_inner : 4 * d_model; }
 };
 
+// The ViT family's defaults (AdamW, warmup + cosine decay).
+TrainConfig vit_train_defaults();
+
 struct VitConfig {
   VitModelConfig model;
   TrainConfig train = vit_train_defaults();

@@ -30,6 +30,12 @@ SearchEval parse_search_eval(const std::string& name);
 const char* tau_schedule_name(TauSchedule s);
 TauSchedule parse_tau_schedule(const std::string& name);
 
+// One block of the stack: attention or feed-forward (the config's `layers` spells them 'a' and 'f', the
+// PAR paper's notation), or a super-network's searched mixture of both and the identity (PAR search).
+enum class BlockKind { kAttention, kFeedForward, kSearch };
+char block_letter(BlockKind kind);                               // 'a' | 'f' | 's'
+std::string blocks_text(const std::vector<BlockKind>& blocks);   // "afaf..."
+
 struct XlModelConfig {
   int64_t vocab_size = 0;       // V; taken from the prepared data when 0
   std::string layers;           // block string, 'a' attention / 'f' feed-forward ("" = "af" x n_layer)
@@ -76,9 +82,9 @@ struct XlModelConfig {
 
   int64_t embed_dim() const { return d_embed > 0 ? d_embed : d_model; }
   int64_t span_limit() const { return attn_span > 0 ? attn_span : mem_len + tgt_len; }
-  // The block string of a plain model ("af" x n_layer when `layers` is empty); 2 x n_layer blocks
-  // for a super-network.
-  std::string block_string() const;
+  // The blocks of a plain model (`layers`, or "af" x n_layer when it is empty); 2 x n_layer searched
+  // blocks for a super-network. `layers` is validated first (validate()).
+  std::vector<BlockKind> blocks() const;
   int64_t nb_blocks() const;
 };
 
@@ -89,6 +95,9 @@ struct XlSearchConfig {
   double tau0 = 1.0, tau1 = 0.1;     // Gumbel-softmax temperature from tau0 to tau1 over the run
   TauSchedule tau_schedule = TauSchedule::kExp;  // exp | linear | constant
 };
+
+// The Transformer-XL/PAR family's defaults (kimiyoung/transformer-xl's train.py).
+TrainConfig xl_train_defaults();
 
 struct XlConfig {
   XlModelConfig model;
@@ -102,8 +111,6 @@ XlConfig xl_config_from_json(const nlohmann::json& j, const std::string& origin)
 XlConfig load_xl_config(const std::string& path);
 void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides);
 
-// The "arch" of a config file: "xl" or "adaptive-span" (no "arch" key). Clear errors for unreadable files.
-std::string config_arch(const std::string& path);
 
 // Throws Error naming the first invalid value.
 void validate(const XlModelConfig& config);

@@ -15,11 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/dist/backend.h"
+
 namespace spanformer::dist {
 
 struct GroupOptions {
   double timeout_seconds = 300;  // for rendezvous and every collective
-  std::string backend = "auto";  // auto | gloo | nccl
+  Backend backend = Backend::kAuto;
   bool cuda = false;             // the model runs on CUDA: auto means nccl
 };
 

@@ -134,7 +134,7 @@ class XlModelImpl : public torch::nn::Module {
   std::vector<std::pair<std::string, torch::Tensor>> arch_parameters() const;
 
   const XlModelConfig& config() const { return config_; }
-  const std::string& blocks() const { return blocks_; }
+  const std::vector<BlockKind>& blocks() const { return blocks_; }
 
   nn::AdaptiveEmbedding word_emb{nullptr};
   nn::AdaptiveLogSoftmax crit{nullptr};
@@ -146,7 +146,7 @@ class XlModelImpl : public torch::nn::Module {
 
  private:
   XlModelConfig config_;
-  std::string blocks_;  // 'a', 'f' or 's' per block
+  std::vector<BlockKind> blocks_;  // per block
 };
 TORCH_MODULE(XlModel);
 

@@ -1,5 +1,5 @@
 // The adaptive-span family's train step (facebookresearch/adaptive-span, trainer.py), used by the
-// family on the engine (train/families/adaptive_span.cpp) and by tests that drive a model directly.
+// family on the engine (train/families/adaptive_span/family.cpp) and by tests that drive a model directly.
 #pragma once
 #include <vector>
 

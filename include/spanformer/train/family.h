@@ -15,13 +15,16 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "spanformer/config/train_config.h"
 #include "spanformer/data/corpus.h"
+#include "spanformer/metrics/bleu.h"
 #include "spanformer/train/checkpoint.h"
 
 namespace spanformer::dist {
@@ -45,19 +48,16 @@ struct StepContext {
   void reduce_gradients(const std::vector<torch::Tensor>& params) const;
 };
 
-// How training reads the data: contiguous streams that restart when a stream has no full block left,
-// or independent contexts.
+// How training walks token streams (TokenStreams): contiguous streams that restart when a stream has
+// no full block left, or independent contexts.
 enum class DataRestart {
   kRandomOffset,    // adaptive span (the reference's rule): a random offset in [0, M), state zeroed
   kEpoch,           // Transformer-XL (kimiyoung's iterator): position 0, memories emptied
   kRandomContexts,  // GPT: every step draws B context starts uniformly in [0, n - M - 1] (torch's CPU
                     // generator, saved in checkpoints), no state carried
-  kExamples,        // labelled examples the family reads itself (ViT's images): shuffled epochs, batch k
-                    // of epoch e = examples perm_e[k B, (k + 1) B) with perm_e a permutation drawn from
-                    // (seed, e) alone, so a resumed run reads the same batches without saved state
 };
 
-// A data set of examples (kExamples), as the family opened it.
+// A data set of examples (ExampleSets), as the family opened it.
 struct ExampleData {
   data::Vocab vocab;                 // what checkpoints keep as the vocabulary (class names for ViT)
   int64_t train_size = 0, valid_size = 0;
@@ -68,10 +68,12 @@ struct ExampleData {
 
 // Scores summed over examples, so that processes' shares add up.
 struct ExampleScore {
+  // The sum of every process's score (`group` null: this one alone); every process calls it.
+  void all_reduce(dist::Group* group);
   double nll_sum = 0;   // nats
   double correct = 0;   // examples (or tokens) predicted right
   double count = 0;     // examples (or tokens) scored
-  std::vector<double> sums;  // further additive figures the family defines (seq2seq: BLEU statistics)
+  std::optional<metrics::BleuStats> bleu;  // translation families: corpus BLEU statistics (additive)
   // With `full`: one line per scored example, in split order, "expected<TAB>produced" (seq2seq: the
   // normalised reference and the translation; ViT: the label and the predicted class), for eval
   // --dump-outputs (an outside scorer, e.g. sacrebleu, reads them).
@@ -108,20 +110,25 @@ struct TranslateRequest {
   double length_penalty = -1;
 };
 
+// `spanformer bench`: what every family's bench takes, and the family's own settings.
+enum class BenchMode { kTrain, kEval, kGenerate };
+const char* bench_mode_name(BenchMode mode);  // "train" | "eval" | "generate"
+BenchMode parse_bench_mode(const std::string& name);
+
 struct BenchRequest {
   bool json = false;            // one JSON record on stdout instead of the two text lines
-  bool eval = false;            // forward only, no gradients
-  bool generate = false;        // GPT: tokens/s of generation with and without the KV cache
+  BenchMode mode = BenchMode::kTrain;  // train step | forward only, no gradients | generation (GPT)
   int64_t steps = 5, warmup = 2;
   torch::Device device = torch::kCPU;
   int threads = 1;              // as set, for the report
-  // adaptive span: every head's span, a span layout, or a checkpoint's learned spans
-  double span = -1;
-  std::string span_dist, spans_from;
-  // Transformer-XL/PAR evaluation mode: memory and segment length (defaults: the eval protocol's)
-  int64_t mem_len = -1, tgt_len = 0;
-  // GPT generate mode: tokens generated one at a time, ending at a full context (0: half the context)
-  int64_t tokens = 0;
+  // The settings given on the command line (--span 64: {"span", "64"}), each one the family lists among
+  // its bench settings (train/registry.h; refused otherwise before the family runs), read as:
+  std::map<std::string, std::string> settings;
+  bool has(const std::string& name) const { return settings.count(name) > 0; }
+  double number(const std::string& name, double fallback) const;   // "bench: --name must be a number"
+  int64_t integer(const std::string& name, int64_t fallback) const;
+  std::string text(const std::string& name) const;                 // "" when not given
+  bool eval() const { return mode == BenchMode::kEval; }
 };
 
 // `spanformer attention`: a picture of what a model attends to.
@@ -140,6 +147,11 @@ struct AttentionRequest {
   std::vector<torch::Tensor>* weights = nullptr;
 };
 
+// ---- the core: what every family is ---------------------------------------------------------------
+// Config, model, optimizers, one training step, log fields and `spanformer bench`. Everything else a
+// family may or may not do is a capability below, reached as family.as<Spans>() (nullptr when absent)
+// or family.need<Spans>() (fails "the <family> family has no <Spans::kWhat>"): commands and the Python
+// bindings ask for the capability they use, and the data side is one of TokenStreams or ExampleSets.
 class Family {
  public:
   virtual ~Family() = default;
@@ -148,7 +160,7 @@ class Family {
   // ---- config -----------------------------------------------------------------------------------
   virtual nlohmann::json config_json() const = 0;
   virtual TrainConfig& train() = 0;
-  // The data's vocabulary size: fills a 0 vocab_size, refuses another.
+  // The data's vocabulary size (the class count of example sets): fills a 0, refuses another.
   virtual void set_vocab_size(int64_t V, const std::string& origin) = 0;
   virtual void validate() const = 0;
   // The vocabulary of the checkpoint the family is read from (families that map text themselves keep it).
@@ -163,23 +175,50 @@ class Family {
   virtual void save_optimizers(CheckpointWriter& out) const = 0;
   virtual void load_optimizers(const Checkpoint& in) = 0;
   virtual void load_weights(const Checkpoint& in);  // checks model_difference first
-  // Inputs shown to a train step: block [pos - context(pos), pos + M) of each stream.
-  virtual int64_t block_length() const = 0;
-  virtual int64_t context(int64_t pos) const { return 0; }
-  virtual DataRestart data_restart() const = 0;
 
   // ---- training ---------------------------------------------------------------------------------
+  // One optimizer step on a batch (TokenStreams: inputs/targets (b, context + M); ExampleSets: what
+  // example_batch made). Returns the mean NLL (0-dim, nats).
+  virtual torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) = 0;
+  // Fields added to each log record and the progress line (spans, temperatures ...).
+  virtual void log_extras(int64_t step, nlohmann::json& record, std::string& text) { (void)step, (void)record, (void)text; }
+  // Prints the figures of `spanformer bench` (random inputs); builds the model itself.
+  virtual void bench(const BenchRequest& request) = 0;
+
+  // ---- capabilities -----------------------------------------------------------------------------
+  template <typename C>
+  C* as() { return dynamic_cast<C*>(this); }
+  template <typename C>
+  const C* as() const { return dynamic_cast<const C*>(this); }
+  // The capability, or "the <family> family has no <what>" (default: C::kWhat).
+  template <typename C>
+  C& need(const std::string& what = C::kWhat) {
+    if (auto* c = as<C>()) return *c;
+    unsupported(what);
+  }
+
+ protected:
+  // The vocab_size rule every family follows: 0 takes the data's V, another value must equal it.
+  static void fill_vocab_size(int64_t& vocab_size, int64_t V, const std::string& origin);
+  // Fails with "the <family> family has no <what>".
+  [[noreturn]] void unsupported(const std::string& what) const;
+};
+
+// ---- the data side: exactly one of these two ------------------------------------------------------
+
+// Language models: contiguous token streams (train.bin / valid.bin of a corpus directory). Inputs of a
+// train step are block [pos - context(pos), pos + M) of each stream.
+class TokenStreams {
+ public:
+  static constexpr const char* kWhat = "token-stream data";
+  virtual ~TokenStreams() = default;
+  virtual int64_t block_length() const = 0;  // M
+  virtual int64_t context(int64_t pos) const { (void)pos; return 0; }
+  virtual DataRestart data_restart() const = 0;
   // Recurrent state of `streams` local streams (B / processes); families without one (GPT's
-  // independent contexts, example families) keep these four no-ops.
+  // independent contexts) keep these four no-ops.
   virtual void init_state(int64_t streams) { (void)streams; }
   virtual void reset_train_state() {}  // at a data restart
-  // One optimizer step on inputs/targets (b, context + M). Returns the mean NLL (0-dim, nats).
-  virtual torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) = 0;
-  // Validation at an interval end on this process's streams [first, first + count) of `valid`
-  // (B streams); `valid_pos` is the Runner's continuing position (families that restart ignore it).
-  // Returns the mean NLL in nats.
-  virtual double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count,
-                          int64_t& valid_pos) = 0;
   // Recurrent state into / out of a checkpoint; `gather` turns a (local, ...) tensor into the
   // (B, ...) one of all processes (identity in one process).
   virtual void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) {
@@ -188,19 +227,30 @@ class Family {
   virtual void load_state(const Checkpoint& in, int64_t batch, int64_t first, int64_t count) {
     (void)in, (void)batch, (void)first, (void)count;
   }
-  // ---- example families (DataRestart::kExamples) -------------------------------------------------
+  // Validation at an interval end on this process's streams [first, first + count) of `valid`
+  // (B streams); `valid_pos` is the Runner's continuing position (families that restart ignore it).
+  // Returns the mean NLL in nats.
+  virtual double validation_loss(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count,
+                                 int64_t& valid_pos) = 0;
+  // The family's full evaluation protocol (`spanformer eval`).
+  virtual EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& request) = 0;
+};
+
+// Labelled examples the family reads itself (ViT's images, seq2seq's sentence pairs): shuffled epochs,
+// batch k of epoch e = examples perm_e[k B, (k + 1) B) with perm_e a permutation drawn from (seed, e)
+// alone, so a resumed run reads the same batches without saved state.
+class ExampleSets {
+ public:
+  static constexpr const char* kWhat = "example data";
+  virtual ~ExampleSets() = default;
   // Reads the data set (train.data) and keeps it; fills the model's data-given sizes (classes).
-  virtual ExampleData open_examples(const std::string& path) { unsupported("example data"); }
+  virtual ExampleData open_examples(const std::string& path) = 0;
   // Inputs and targets of train examples `ids` (this process's share of the batch), on `device`.
-  virtual std::pair<torch::Tensor, torch::Tensor> example_batch(const std::vector<int64_t>& ids, torch::Device device) {
-    unsupported("example data");
-  }
+  virtual std::pair<torch::Tensor, torch::Tensor> example_batch(const std::vector<int64_t>& ids, torch::Device device) = 0;
   // Scores of part `part` of `parts` equal shares of a split (train | valid | test) of the open data:
   // `full` for the complete protocol of `eval` (seq2seq: beam search), else training's quick one.
-  virtual ExampleScore score_examples(const std::string& split, int64_t part, int64_t parts, bool full = false) {
-    unsupported("example data");
-  }
-  // Figures derived from a (summed) score, added to the record and the text line (seq2seq: BLEU).
+  virtual ExampleScore score_examples(const std::string& split, int64_t part, int64_t parts, bool full = false) = 0;
+  // Figures derived from a (summed) score, added to the record and the text line (BLEU, speeds).
   virtual void report_score(const ExampleScore& score, const std::string& prefix, nlohmann::json& record, std::string& text) {
     (void)score, (void)prefix, (void)record, (void)text;
   }
@@ -209,35 +259,53 @@ class Family {
   virtual void arrange_epoch(torch::Tensor& order, int64_t batch, at::Generator& generator) {
     (void)order, (void)batch, (void)generator;
   }
+};
 
-  // Fields added to each log record and the progress line (spans, temperatures ...).
-  virtual void log_extras(int64_t step, nlohmann::json& record, std::string& text) { (void)step, (void)record, (void)text; }
+// ---- optional capabilities ------------------------------------------------------------------------
 
-  // ---- commands ---------------------------------------------------------------------------------
-  virtual EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& request) = 0;
-  virtual void sample(const data::Vocab& vocab, const SampleRequest& request);
-  // Per layer, per head learned spans (empty when the model has none) and the span limit / ramp.
-  virtual std::vector<std::vector<double>> spans() const { return {}; }
-  virtual int64_t span_limit() const { return 0; }
-  virtual int64_t span_ramp() const { return 0; }
-  // Draws `request` (families that have no picture yet say so in one line).
-  virtual void draw_attention(const AttentionRequest& request) { unsupported("attention pictures yet"); }
-  // Translations of source sentences (seq2seq).
-  virtual std::vector<std::string> translate(const std::vector<std::string>& sentences, const TranslateRequest& request) {
-    unsupported("translation");
-  }
-  // Prints the figures of `spanformer bench` (random tokens); builds the model itself.
-  virtual void bench(const BenchRequest& request) = 0;
-  // Weights from / to another implementation's format (`kind`, e.g. "adaptive-span": the Python
-  // reference's state_dict), for import and export.
-  virtual void import_weights(const std::string& kind, const std::string& path);
-  virtual void export_weights(const std::string& kind, const std::string& path);
+// `spanformer generate`, Python's generate().
+class Sampling {
+ public:
+  static constexpr const char* kWhat = "generation";
+  virtual ~Sampling() = default;
+  virtual void sample(const data::Vocab& vocab, const SampleRequest& request) = 0;
+};
 
- protected:
-  // The vocab_size rule every family follows: 0 takes the data's V, another value must equal it.
-  static void fill_vocab_size(int64_t& vocab_size, int64_t V, const std::string& origin);
-  // Fails with "<command>: the <family> family has no <what>".
-  [[noreturn]] void unsupported(const std::string& what) const;
+// Learned spans (`spanformer spans`, the log's span fields, Python's spans()).
+class Spans {
+ public:
+  static constexpr const char* kWhat = "learned spans";
+  virtual ~Spans() = default;
+  // Per layer, per head learned spans in tokens (empty when this model learns none: adapt_span off).
+  virtual std::vector<std::vector<double>> spans() const = 0;
+  virtual int64_t span_limit() const = 0;  // L, the largest span
+  virtual int64_t span_ramp() const = 0;   // R, the mask's ramp
+};
+
+// `spanformer translate`, Python's translate().
+class Translation {
+ public:
+  static constexpr const char* kWhat = "translation";
+  virtual ~Translation() = default;
+  virtual std::vector<std::string> translate(const std::vector<std::string>& sentences, const TranslateRequest& request) = 0;
+};
+
+// `spanformer attention`, Python's attention().
+class AttentionPictures {
+ public:
+  static constexpr const char* kWhat = "attention pictures";
+  virtual ~AttentionPictures() = default;
+  virtual void draw_attention(const AttentionRequest& request) = 0;
+};
+
+// Weights from / to another implementation's format (`kind`, e.g. "adaptive-span": the Python
+// reference's state_dict), for `import` and `export`; a kind the family does not read is refused.
+class ReferenceWeights {
+ public:
+  static constexpr const char* kWhat = "reference weights";
+  virtual ~ReferenceWeights() = default;
+  virtual void import_weights(const std::string& kind, const std::string& path) = 0;
+  virtual void export_weights(const std::string& kind, const std::string& path) = 0;
 };
 
 // A family from a config file (its "arch"; none = adaptive-span) plus overrides, or from JSON.
@@ -259,7 +327,7 @@ void save_weights(Family& family, const data::Vocab& vocab, const std::string& p
 void export_safetensors(const Checkpoint& checkpoint, const std::string& path, const std::string& config_path);
 bool import_safetensors(const std::string& path, const std::string& checkpoint_path);
 
-// Hugging Face's GPT-2 layout (transformers' GPT2LMHeadModel; the mapping in train/families/gpt.cpp): a
+// Hugging Face's GPT-2 layout (transformers' GPT2LMHeadModel; the mapping in train/families/gpt/family.cpp): a
 // directory with config.json, model.safetensors and spanformer's vocab.txt. Export takes a gpt-family
 // checkpoint whose model GPT-2 can express (dense or flash attention, learned positions, not reversible)
 // and refuses any other in one line; import reads what save_pretrained writes (the vocabulary from

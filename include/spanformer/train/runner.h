@@ -1,9 +1,11 @@
 // The one training runner every model family runs on (train/family.h has the division of labour).
 //
-// Data: example data (DataRestart::kExamples: the family reads its own labelled examples, the runner
-// draws each step's batch from a shuffled epoch; train/family.h), or B contiguous streams of the train split, this process's share [first, first + B / W) of them;
-// step k reads block [pos - context(pos), pos + M) of each; the family's recurrent state carries over
-// from block to block; when a stream has no full block left the data restarts by the family's rule.
+// Data (src/train/run_parts.h, Batches): a family's example sets (ExampleSets: the family reads its own
+// labelled examples, the runner draws each step's batch from a shuffled epoch), or token streams
+// (TokenStreams): B contiguous streams of the train split, this process's share [first, first + B / W)
+// of them; step k reads block [pos - context(pos), pos + M) of each; the family's recurrent state
+// carries over from block to block; when a stream has no full block left the data restarts by the
+// family's rule (GPT: independent random contexts every step instead).
 // Each step: lr of update k (config/train_config.h), the family's train step (gradients averaged over
 // processes by the reducer), the one host read of the loss, the NaN/inf guard. Every eval_interval
 // steps: the family's validation, one log record, the progress line; checkpoints every
@@ -12,8 +14,12 @@
 //
 // Log record (log.jsonl, one per interval, every family): step, train_loss and valid_loss (nats per
 // token), train_<unit> and valid_<unit> (bpc for byte vocabularies, ppl for word ones; example data:
-// valid_acc instead), lr, ms_per_step, tokens_per_s (example data: <item>_per_s, e.g. images_per_s), elapsed_s, eta_s, processes, allreduce_ms_per_step (several processes),
-// best_valid_loss, then the family's fields (span_mean / span_max, tau / probs / argmax).
+// valid_acc instead), lr, ms_per_step, tokens_per_s (example data: <item>_per_s, e.g. images_per_s),
+// elapsed_s, eta_s, processes, allreduce_ms_per_step (several processes), best_valid_loss, then the
+// family's fields (span_mean / span_max, tau / probs / argmax, BLEU).
+//
+// The loop is made of named parts (src/train/run_parts.h): Batches per data mode, the RunDirectory (files,
+// lock, sessions, messages) and the IntervalLog (records, progress, best); run_training strings them.
 #pragma once
 #include <functional>
 #include <memory>

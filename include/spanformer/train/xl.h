@@ -1,5 +1,5 @@
 // The Transformer-XL family's protocol (models/xl.h), following kimiyoung/transformer-xl's train.py /
-// eval.py, with the PAR architecture search on top; train/families/xl.cpp runs it on the engine.
+// eval.py, with the PAR architecture search on top; train/families/xl/family.cpp runs it on the engine.
 //
 // Data: B contiguous streams (data::Streams); segment k reads tokens [pos - e, pos + M) of every
 // stream (e = min(ext_len, pos) re-read tokens, not scored), memories carry over between segments;

@@ -1,13 +1,13 @@
 // Device helpers shared by the CUDA kernels: element conversions (every kernel computes in fp32 and
 // reads/writes float32, bfloat16 or float16), warp reductions, and the two spellings that differ between
-// nvcc and the CPU model of CUDA the tests run the kernels on (emulator.h): a launch and the dynamic
+// nvcc and the CPU model of CUDA the tests run the kernels on (tests/cuda_emulated/emulator.h): a launch and the dynamic
 // shared memory array.
 #pragma once
 #include <cstdint>
 #include <type_traits>
 
 #ifdef SPANFORMER_CUDA_EMULATE
-#include "emulator_device.h"
+#include "emulator_device.h"  // tests/cuda_emulated/
 #define SPANFORMER_LAUNCH(kernel, grid, block, shared, stream) \
   ::spanformer::cuda_emulator::launch_of(kernel, grid, block, shared)
 #define SPANFORMER_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::spanformer::cuda_emulator::dynamic_shared())

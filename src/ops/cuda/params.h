@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #ifdef SPANFORMER_CUDA_EMULATE
-#include "emulator.h"  // the CPU model of CUDA the CPU tests run these kernels on
+#include "emulator.h"  // the CPU model of CUDA the CPU tests run these kernels on (tests/cuda_emulated/)
 #else
 #include <cuda_runtime.h>
 #endif

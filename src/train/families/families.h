@@ -1,4 +1,4 @@
-// The families the engine knows, and helpers they share (internal to the library).
+// Helpers the families share (internal to the library; the list of families is train/registry.h).
 #pragma once
 #include <functional>
 #include <memory>
@@ -46,17 +46,6 @@ std::unique_ptr<Family> configured_family(C config, const std::vector<std::strin
   return std::make_unique<F>(std::move(config));
 }
 
-std::unique_ptr<Family> make_adaptive_span_family(const nlohmann::json& config, const std::string& origin,
-                                                  const std::vector<std::string>& overrides);
-std::unique_ptr<Family> make_xl_family(const nlohmann::json& config, const std::string& origin,
-                                       const std::vector<std::string>& overrides);
-std::unique_ptr<Family> make_gpt_family(const nlohmann::json& config, const std::string& origin,
-                                        const std::vector<std::string>& overrides);
-std::unique_ptr<Family> make_vit_family(const nlohmann::json& config, const std::string& origin,
-                                        const std::vector<std::string>& overrides);
-std::unique_ptr<Family> make_seq2seq_family(const nlohmann::json& config, const std::string& origin,
-                                            const std::vector<std::string>& overrides);
-
 // A prompt as token ids: bytes of a byte vocabulary, whitespace-separated words of a word vocabulary
 // (unknown words become <unk> when the vocabulary has it, else are skipped). Never empty: <eos> or id 0.
 std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& prompt);
@@ -70,6 +59,11 @@ inline StepContext bench_context(const TrainConfig& train, torch::Device device)
   ctx.device_type = device.type();
   return ctx;
 }
+
+// The span settings of bench (adaptive span, XL, GPT): --span (tokens, >= 0; -1 when not given) and
+// --span-dist ("" or "bimodal").
+double bench_span(const BenchRequest& request);
+std::string bench_span_dist(const BenchRequest& request);
 
 // Runs warmup + steps calls of `step`, printing each one's time on stderr; returns the mean seconds
 // of the timed ones.

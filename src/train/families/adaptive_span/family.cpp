@@ -9,7 +9,8 @@
 #include "spanformer/util/precision.h"
 #include "spanformer/train/adaptive_span.h"
 
-#include "families.h"
+#include "train/families/families.h"
+#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -47,10 +48,14 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
 
 namespace {
 
-class AdaptiveSpanFamily : public ConfiguredFamily<Config> {
+class AdaptiveSpanFamily : public ConfiguredFamily<Config>,
+                  public TokenStreams,
+                  public Sampling,
+                  public Spans,
+                  public AttentionPictures,
+                  public ReferenceWeights {
  public:
   using ConfiguredFamily::ConfiguredFamily;
-  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "adaptive-span"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
@@ -92,8 +97,8 @@ class AdaptiveSpanFamily : public ConfiguredFamily<Config> {
     return step(x, y, ctx);
   }
 
-  double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count,
-                  int64_t& valid_pos) override {
+  double validation_loss(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count,
+                         int64_t& valid_pos) override {
     const int64_t M = config_.model.block_size;
     data::Streams streams(valid, batch);
     if (streams.length() <= 2 * M) fail("{} is too short for {} streams of blocks of {}", valid.path(), batch, M);
@@ -162,11 +167,11 @@ class AdaptiveSpanFamily : public ConfiguredFamily<Config> {
   void bench(const BenchRequest& r) override;
 
   void import_weights(const std::string& kind, const std::string& path) override {
-    if (kind != "adaptive-span") Family::import_weights(kind, path);
+    if (kind != "adaptive-span") unsupported("import from " + kind);
     io::load_reference_state_dict(model_, path);
   }
   void export_weights(const std::string& kind, const std::string& path) override {
-    if (kind != "adaptive-span") Family::export_weights(kind, path);
+    if (kind != "adaptive-span") unsupported("export to " + kind);
     io::save_reference_state_dict(model_, path);
   }
 
@@ -206,21 +211,22 @@ void copy_spans(models::TransformerSeq& model, const std::string& path) {
 }
 
 void AdaptiveSpanFamily::bench(const BenchRequest& r) {
-  if (r.generate) unsupported("bench --mode generate");
-  if (r.mem_len >= 0 || r.tgt_len > 0) fail("bench: --mem-len and --tgt-len are Transformer-XL/PAR settings");
+  if (r.mode == BenchMode::kGenerate) unsupported("bench --mode generate");
+  const double span = bench_span(r);
+  const std::string span_dist = bench_span_dist(r), spans_from = r.text("spans-from");
   if (config_.model.vocab_size == 0) config_.model.vocab_size = 256;
-  if (r.span >= 0) config_.model.adapt_span_init = std::min(1.0, r.span / static_cast<double>(config_.model.attn_span));
+  if (span >= 0) config_.model.adapt_span_init = std::min(1.0, span / static_cast<double>(config_.model.attn_span));
   validate();
   torch::manual_seed(config_.train.seed);
   build();
-  if (r.span_dist == "bimodal") {
+  if (span_dist == "bimodal") {
     if (!model_->config().adapt_span) fail("--span-dist needs adapt_span");
     std::vector<torch::Tensor> ratios;
     for (auto& layer : model_->layers) ratios.push_back(layer->attn->span->span_ratio);
     set_bimodal_spans(ratios, static_cast<double>(config_.model.attn_span));
     model_->sync_spans();
   }
-  if (!r.spans_from.empty()) copy_spans(model_, checkpoint_file(r.spans_from));
+  if (!spans_from.empty()) copy_spans(model_, checkpoint_file(spans_from));
   model_->to(r.device);
   make_optimizers();
   const int64_t B = config_.train.batch_size, M = config_.model.block_size, V = config_.model.vocab_size;
@@ -229,7 +235,7 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
   const double per_step = time_steps(r, [&] {
     auto x = torch::randint(V, {B, M}, torch::kLong).to(device());
     auto y = torch::randint(V, {B, M}, torch::kLong).to(device());
-    if (r.eval) {
+    if (r.eval()) {
       torch::NoGradGuard no_grad;
       model_->eval();
       eval_block(model_, x, y, train_caches_).item<double>();
@@ -252,16 +258,23 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
   report_bench(r, name(), "bench",
                fmt::format("{} {}, {} layers, H {}, K {}, L {}, M {}, B {}, threads {}, attention {} (layers {}), "
                            "mean span {:.0f}, keys/layer {:.0f}",
-                           r.eval ? "eval" : "train", r.eval ? "forward" : "step", c.nb_layers, c.hidden_size,
+                           r.eval() ? "eval" : "train", r.eval() ? "forward" : "step", c.nb_layers, c.hidden_size,
                            c.nb_heads, c.attn_span, M, B, r.threads, attention::attn_impl_name(c.attn_impl), paths,
                            mean_span, keys),
                fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, tokens_per_s),
-               {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3}, {"tokens_per_s", tokens_per_s},
+               {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3}, {"tokens_per_s", tokens_per_s},
                 {"attention", attention::attn_impl_name(c.attn_impl)}, {"layer_paths", paths},
                 {"mean_span", mean_span}, {"keys_per_layer", keys}});
 }
 
 }  // namespace
+
+std::vector<BenchSetting> adaptive_span_bench_settings() {
+  return {
+      {"span", "every head's span z, in tokens (models with adaptive spans)"},
+      {"span-dist", "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)"},
+      {"spans-from", "every head's span from this checkpoint (same layers and heads), e.g. an imported reference model's learned spans"}};
+}
 
 std::unique_ptr<Family> make_adaptive_span_family(const nlohmann::json& config, const std::string& origin,
                                                   const std::vector<std::string>& overrides) {

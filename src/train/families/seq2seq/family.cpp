@@ -1,5 +1,5 @@
 // The seq2seq family (issue 13) on the one engine: translation of sentence pairs (data/pairs.h) by the
-// models of models/seq2seq.h, with the Runner's example data (DataRestart::kExamples).
+// models of models/seq2seq.h, with the Runner's example data (ExampleSets, train/family.h).
 //
 // Batches: each epoch's permutation (drawn from (seed, epoch)) is cut into pools of 32 batches; each
 // pool is sorted by (source, target) length and its batches are shuffled again (length buckets: little
@@ -13,7 +13,8 @@
 // Validation: NLL per target token and token accuracy under teacher forcing, plus BLEU of greedy
 // translations of the valid split. `eval` scores the test split the same way with beam search
 // (model.beam, model.length_penalty), BLEU against the normalised references (metrics/bleu.h, 13a).
-#include "families.h"
+#include "train/families/families.h"
+#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -49,10 +50,12 @@ torch::Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows) {
 
 torch::Tensor lengths_of(const torch::Tensor& ids) { return ids.ne(data::kPadId).sum(1); }  // (b) int64
 
-class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
+class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig>,
+                  public ExampleSets,
+                  public Translation,
+                  public AttentionPictures {
  public:
   using ConfiguredFamily::ConfiguredFamily;
-  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "seq2seq"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
@@ -62,9 +65,6 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
 
   void build() override { net_ = models::make_seq2seq(config_.model); }
   torch::nn::Module& module() override { return *net_.module; }
-
-  int64_t block_length() const override { return 1; }  // one pair per example
-  DataRestart data_restart() const override { return DataRestart::kExamples; }
 
   ExampleData open_examples(const std::string& path) override {
     data_ = std::make_unique<data::PairSet>(data::load_pairs(path, config_.data));
@@ -143,10 +143,6 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
     return loss;
   }
 
-  double validate(const data::TokenFile&, int64_t, int64_t, int64_t, int64_t&) override {
-    unsupported("token-stream validation");
-  }
-
   ExampleScore score_examples(const std::string& split_name, int64_t part, int64_t parts, bool full) override {
     if (!data_) fail("seq2seq: no pairs file is open");
     const auto& split = data_->split(split_name);
@@ -181,27 +177,16 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
     }
     net_.module->train();
     auto bleu = metrics::corpus_bleu(hyps, {refs});
-    const auto& s = bleu.stats;
     if (full)
       for (size_t k = 0; k < hyps.size(); ++k) score.outputs.push_back(refs[k] + "\t" + hyps[k]);
-    for (int k = 0; k < 4; ++k) score.sums.push_back(static_cast<double>(s.correct[k]));
-    for (int k = 0; k < 4; ++k) score.sums.push_back(static_cast<double>(s.total[k]));
-    score.sums.push_back(static_cast<double>(s.sys_len));
-    score.sums.push_back(static_cast<double>(s.ref_len));
+    score.bleu = bleu.stats;
     if (full) fmt::print(stderr, "{}: {} pairs translated (beam {})\n", split_name, hyps.size(), options.beam);
     return score;
   }
 
   void report_score(const ExampleScore& score, const std::string& prefix, nlohmann::json& record, std::string& text) override {
-    if (score.sums.size() != 10) return;
-    metrics::BleuStats s;
-    for (int k = 0; k < 4; ++k) {
-      s.correct[static_cast<size_t>(k)] = static_cast<int64_t>(score.sums[static_cast<size_t>(k)]);
-      s.total[static_cast<size_t>(k)] = static_cast<int64_t>(score.sums[static_cast<size_t>(4 + k)]);
-    }
-    s.sys_len = static_cast<int64_t>(score.sums[8]);
-    s.ref_len = static_cast<int64_t>(score.sums[9]);
-    const auto bleu = metrics::bleu_from_stats(s);
+    if (!score.bleu) return;
+    const auto bleu = metrics::bleu_from_stats(*score.bleu);
     record[prefix + "bleu"] = bleu.score;
     record[prefix + "bleu_text"] = bleu.text();
     text += fmt::format(" | {}BLEU {:.2f}", prefix.empty() ? "" : "valid ", bleu.score);
@@ -213,8 +198,6 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
       interval_steps_ = 0;
     }
   }
-
-  EvalReport evaluate(const data::TokenFile&, const EvalRequest&) override { unsupported("token-stream evaluation"); }
 
   std::vector<std::string> translate(const std::vector<std::string>& sentences, const TranslateRequest& request) override {
     const auto options = decode_options(request);
@@ -295,8 +278,7 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
   }
 
   void bench(const BenchRequest& r) override {
-    if (r.generate || r.mem_len >= 0 || r.tgt_len > 0 || r.span >= 0 || !r.span_dist.empty() || !r.spans_from.empty())
-      fail("bench: the seq2seq family takes --eval, --steps, --warmup and --device only");
+    if (r.mode == BenchMode::kGenerate) unsupported("bench --mode generate");
     auto& c = config_.model;
     if (c.vocab_size == 0) c.vocab_size = 16000;
     if (c.target_vocab == 0) c.target_vocab = 8000;
@@ -310,7 +292,7 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
     const double per_step = time_steps(r, [&] {
       auto x = torch::randint(4, c.vocab_size, {B, N}, torch::kLong).to(r.device);
       auto y = torch::randint(4, c.target_vocab, {B, N + 2}, torch::kLong).to(r.device);
-      if (r.eval) {
+      if (r.eval()) {
         torch::NoGradGuard no_grad;
         net_.module->eval();
         net_.model->translate_logits(x, lengths_of(x), y.narrow(1, 0, N + 1)).sum().item<double>();
@@ -321,10 +303,10 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
     const double target_tokens_per_s = static_cast<double>(B * (N + 1)) / per_step;
     report_bench(r, name(), "bench",
                  fmt::format("{}, {} {} layers, H {}, V {} / {}, B {} pairs of {} + {} tokens, threads {}",
-                             r.eval ? "eval forward" : "train step", seq2seq_kind_name(c.kind), c.n_layer, c.d_model,
+                             r.eval() ? "eval forward" : "train step", seq2seq_kind_name(c.kind), c.n_layer, c.d_model,
                              c.vocab_size, c.target_vocab, B, N, N + 1, r.threads),
                  fmt::format("{:.1f} ms/step, {:.0f} target tokens/s", per_step * 1e3, target_tokens_per_s),
-                 {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3},
+                 {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3},
                   {"target_tokens_per_s", target_tokens_per_s}, {"kind", seq2seq_kind_name(c.kind)}});
   }
 
@@ -371,6 +353,10 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig> {
 };
 
 }  // namespace
+
+std::vector<BenchSetting> seq2seq_bench_settings() {
+  return {};
+}
 
 std::unique_ptr<Family> make_seq2seq_family(const nlohmann::json& config, const std::string& origin,
                                             const std::vector<std::string>& overrides) {

@@ -10,7 +10,8 @@
 // (model.eval_stride): the first window scores all its tokens, each later window moves by S and scores
 // only its last S (or fewer, at the end), so every token is scored once with at least T - S tokens of
 // context (except the first T). Reported per token (bpc or perplexity), the same for every attention.
-#include "families.h"
+#include "train/families/families.h"
+#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -55,10 +56,13 @@ std::vector<Window> sliding_windows(int64_t n, int64_t T, int64_t stride) {
   return out;
 }
 
-class GptFamily : public ConfiguredFamily<GptConfig> {
+class GptFamily : public ConfiguredFamily<GptConfig>,
+                  public TokenStreams,
+                  public Sampling,
+                  public Spans,
+                  public AttentionPictures {
  public:
   using ConfiguredFamily::ConfiguredFamily;
-  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "gpt"; }
   const GptConfig& config() const { return config_; }
@@ -98,7 +102,7 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
     return loss;
   }
 
-  double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count, int64_t&) override {
+  double validation_loss(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count, int64_t&) override {
     const int64_t T = config_.model.context, windows = config_.train.eval_blocks * batch;
     if (valid.size() <= T + 1) fail("{} is too short for contexts of {} tokens", valid.path(), T);
     torch::NoGradGuard no_grad;
@@ -117,7 +121,6 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
     model_->train();
     return sum / static_cast<double>(config_.train.eval_blocks);
   }
-
 
   void log_extras(int64_t, nlohmann::json& record, std::string& text) override { log_spans(model_->spans(), record, text); }
 
@@ -199,17 +202,20 @@ class GptFamily : public ConfiguredFamily<GptConfig> {
 };
 
 void GptFamily::bench(const BenchRequest& r) {
-  if (r.mem_len >= 0 || r.tgt_len > 0) fail("bench: --mem-len and --tgt-len are Transformer-XL/PAR settings");
-  if (!r.spans_from.empty()) fail("bench: --spans-from is for adaptive-span checkpoints");
+  const double span = bench_span(r);
+  const std::string span_dist = bench_span_dist(r);
+  const int64_t tokens = r.integer("tokens", 0);  // generate mode: 0 = the second half of the context
+  if (r.has("tokens") && r.mode != BenchMode::kGenerate) fail("bench: --tokens is for --mode generate");
+  if (r.has("tokens") && tokens < 1) fail("bench: --tokens must be >= 1 (got {})", tokens);
   auto& c = config_.model;
   if (c.vocab_size == 0) c.vocab_size = 256;
-  if ((r.span >= 0 || !r.span_dist.empty()) && c.attention != attention::CausalKind::kAdaptiveSpan)
+  if ((span >= 0 || !span_dist.empty()) && c.attention != attention::CausalKind::kAdaptiveSpan)
     fail("bench: --span and --span-dist need model.attention = adaptive_span");
-  if (r.span >= 0) c.adapt_span_init = std::min(1.0, r.span / static_cast<double>(c.span_limit()));
+  if (span >= 0) c.adapt_span_init = std::min(1.0, span / static_cast<double>(c.span_limit()));
   validate();
   torch::manual_seed(config_.train.seed);
   build();
-  if (r.span_dist == "bimodal") {
+  if (span_dist == "bimodal") {
     std::vector<torch::Tensor> ratios;
     for (const auto& block : *model_->blocks) ratios.push_back(block->as<models::GptBlock>()->attn->span->span_ratio);
     set_bimodal_spans(ratios, static_cast<double>(c.span_limit()));
@@ -220,11 +226,11 @@ void GptFamily::bench(const BenchRequest& r) {
   const int64_t B = config_.train.batch_size, T = c.context, V = c.vocab_size;
   std::string what;
   double per_step = 0, tokens_per_step = static_cast<double>(B * T);
-  if (r.generate) {  // one token at a time after a prompt (T / 2 or T - tokens), to a full context, cache against none
-    if (r.tokens >= T) fail("bench --tokens {}: must be below the context {}", r.tokens, T);
+  if (r.mode == BenchMode::kGenerate) {  // one token at a time after a prompt (T / 2 or T - tokens), to a full context, cache against none
+    if (tokens >= T) fail("bench --tokens {}: must be below the context {}", tokens, T);
     model_->eval();
     torch::NoGradGuard no_grad;
-    const int64_t prompt = r.tokens > 0 ? T - r.tokens : std::max<int64_t>(1, T / 2), steps = T - prompt;
+    const int64_t prompt = tokens > 0 ? T - tokens : std::max<int64_t>(1, T / 2), steps = T - prompt;
     auto run = [&](bool use_cache) {
       models::GptDecoder d;
       d.use_cache = use_cache;
@@ -254,7 +260,7 @@ void GptFamily::bench(const BenchRequest& r) {
   per_step = time_steps(r, [&] {
     auto x = torch::randint(V, {B, T}, torch::kLong).to(r.device);
     auto y = torch::randint(V, {B, T}, torch::kLong).to(r.device);
-    if (r.eval) {
+    if (r.eval()) {
       torch::NoGradGuard no_grad;
       model_->eval();
       auto logits = model_->logits(model_->forward(x));
@@ -266,13 +272,13 @@ void GptFamily::bench(const BenchRequest& r) {
   double band = 0;
   for (const auto& block : *model_->blocks)
     band += static_cast<double>(block->as<models::GptBlock>()->attn->band(T)) / static_cast<double>(c.n_layer);
-  what = r.eval ? "eval forward" : "train step";
+  what = r.eval() ? "eval forward" : "train step";
   report_bench(r, name(), "bench",
                fmt::format("{}, {} layers{}, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}",
                            what, c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
                            attention::causal_kind_name(c.attention), attention::attn_impl_name(c.attn_impl), band),
                fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, tokens_per_step / per_step),
-               {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3},
+               {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3},
                 {"tokens_per_s", tokens_per_step / per_step}, {"attention", attention::causal_kind_name(c.attention)},
                 {"keys_per_query", band}});
 }
@@ -485,6 +491,13 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
   if (!stored.empty()) fail("{} has tensor '{}', which a GPT-2 of this config does not have", weights, stored.begin()->first);
   save_weights(*family, vocab, checkpoint_path);
   return file.checksummed;
+}
+
+std::vector<BenchSetting> gpt_bench_settings() {
+  return {
+      {"span", "every head's span z, in tokens (models with adaptive spans)"},
+      {"span-dist", "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)"},
+      {"tokens", "generate mode: generate this many tokens, the last at a full context (default: the second half of the context)"}};
 }
 
 std::unique_ptr<Family> make_gpt_family(const nlohmann::json& config, const std::string& origin,

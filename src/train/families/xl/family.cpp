@@ -8,7 +8,8 @@
 // a super-network's alpha has its own Adam (arch_lr, arch_weight_decay), frozen for the first
 // arch_freeze_steps steps; one Gumbel noise sample per block per step, shared by the batch.
 // Validation: eval_blocks segments of the valid split from fresh memories (0 = all of it).
-#include "families.h"
+#include "train/families/families.h"
+#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -40,10 +41,14 @@ torch::Tensor zipf_tokens(int64_t V, at::IntArrayRef sizes, torch::Device device
   return (torch::exp(u * std::log(static_cast<double>(V))) - 1).floor().clamp(0, V - 1).to(torch::kLong).to(device);
 }
 
-class XlFamily : public ConfiguredFamily<XlConfig> {
+class XlFamily : public ConfiguredFamily<XlConfig>,
+                  public TokenStreams,
+                  public Sampling,
+                  public Spans,
+                  public AttentionPictures,
+                  public ReferenceWeights {
  public:
   using ConfiguredFamily::ConfiguredFamily;
-  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "xl"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
@@ -95,7 +100,7 @@ class XlFamily : public ConfiguredFamily<XlConfig> {
     return step(x, y, ctx, arch, tau);
   }
 
-  double validate(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count, int64_t&) override {
+  double validation_loss(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count, int64_t&) override {
     xl::EvalOptions o;
     o.batch = batch;
     o.first = first;
@@ -183,11 +188,11 @@ class XlFamily : public ConfiguredFamily<XlConfig> {
   void bench(const BenchRequest& r) override;
 
   void import_weights(const std::string& kind, const std::string& path) override {
-    if (kind != "transformer-xl") Family::import_weights(kind, path);
+    if (kind != "transformer-xl") unsupported("import from " + kind);
     io::load_xl_state_dict(model_, path);
   }
   void export_weights(const std::string& kind, const std::string& path) override {
-    if (kind != "transformer-xl") Family::export_weights(kind, path);
+    if (kind != "transformer-xl") unsupported("export to " + kind);
     io::save_xl_state_dict(model_, path);
   }
 
@@ -235,11 +240,13 @@ class XlFamily : public ConfiguredFamily<XlConfig> {
 };
 
 void XlFamily::bench(const BenchRequest& r) {
-  if (r.generate) unsupported("bench --mode generate");
-  if (!r.spans_from.empty()) fail("bench: --spans-from is an adaptive-span setting");
-  if (r.span >= 0 || !r.span_dist.empty()) {  // every head's span, or a span layout, for models with adapt_span
+  if (r.mode == BenchMode::kGenerate) unsupported("bench --mode generate");
+  if (!r.eval() && (r.has("mem-len") || r.has("tgt-len"))) fail("bench: --mem-len and --tgt-len are for --mode eval");
+  const double span = bench_span(r);
+  const std::string span_dist = bench_span_dist(r);
+  if (span >= 0 || !span_dist.empty()) {  // every head's span, or a span layout, for models with adapt_span
     if (!config_.model.adapt_span) fail("bench: --span and --span-dist need adapt_span");
-    if (r.span >= 0) config_.model.adapt_span_init = std::min(1.0, r.span / static_cast<double>(config_.model.span_limit()));
+    if (span >= 0) config_.model.adapt_span_init = std::min(1.0, span / static_cast<double>(config_.model.span_limit()));
   }
   if (config_.model.vocab_size == 0) {  // random tokens: any vocabulary the cutoffs fit in
     config_.model.vocab_size =
@@ -249,7 +256,7 @@ void XlFamily::bench(const BenchRequest& r) {
   validate();
   torch::manual_seed(config_.train.seed);
   build();
-  if (r.span_dist == "bimodal") {
+  if (span_dist == "bimodal") {
     std::vector<torch::Tensor> ratios;
     for (auto& a : model_->attn)
       if (a) ratios.push_back(a->span->span_ratio);
@@ -259,12 +266,12 @@ void XlFamily::bench(const BenchRequest& r) {
   const int64_t V = config_.model.vocab_size;
   const std::string span_note =
       !config_.model.adapt_span ? ""
-      : r.span_dist.empty()    ? fmt::format(", adaptive span z {:.0f}, attention {}", config_.model.adapt_span_init * config_.model.span_limit(), attention::attn_impl_name(config_.model.attn_impl))
-                               : fmt::format(", adaptive spans {}, attention {}", r.span_dist, attention::attn_impl_name(config_.model.attn_impl));
+      : span_dist.empty()      ? fmt::format(", adaptive span z {:.0f}, attention {}", config_.model.adapt_span_init * config_.model.span_limit(), attention::attn_impl_name(config_.model.attn_impl))
+                               : fmt::format(", adaptive spans {}, attention {}", span_dist, attention::attn_impl_name(config_.model.attn_impl));
   int64_t params = 0;
   for (auto& p : model_->weight_parameters()) params += p.second.numel();
   const auto& c = config_.model;
-  if (!r.eval) {
+  if (!r.eval()) {
     make_optimizers();
     const int64_t B = config_.train.batch_size, M = c.tgt_len;
     init_state(B);
@@ -275,7 +282,7 @@ void XlFamily::bench(const BenchRequest& r) {
     });
     report_bench(r, name(), "bench xl train",
                  fmt::format("blocks {} ({}), H {}, K {}x{}, I {}, M {}, mem {}, B {}, V {}, {:.1f}M weights, threads {}{}",
-                             model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model,
+                             model_->blocks().size(), c.search ? "super-network" : blocks_text(model_->blocks()), c.d_model,
                              c.n_head, c.d_head, c.d_inner, M, c.mem_len, B, V, static_cast<double>(params) / 1e6,
                              r.threads, span_note),
                  fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, static_cast<double>(B * M) / per_step),
@@ -285,8 +292,9 @@ void XlFamily::bench(const BenchRequest& r) {
   }
   // Evaluation speed with a full memory: the protocol's tgt_len and mem_len (or the flags').
   auto options = xl::eval_options(config_);
-  if (r.mem_len >= 0) options.lengths.mem_len = r.mem_len;
-  if (r.tgt_len > 0) options.tgt_len = r.tgt_len;
+  options.lengths.mem_len = r.integer("mem-len", options.lengths.mem_len);
+  options.tgt_len = r.integer("tgt-len", options.tgt_len);
+  if (options.lengths.mem_len < 0 || options.tgt_len < 1) fail("bench: --mem-len must be >= 0 and --tgt-len >= 1");
   const int64_t B = options.batch, M = options.tgt_len;
   torch::NoGradGuard no_grad;
   model_->eval();
@@ -294,7 +302,7 @@ void XlFamily::bench(const BenchRequest& r) {
   auto weights = c.search ? model_->eval_weights() : torch::Tensor();
   // A full memory (random states: the cost does not depend on their values), then timed segments.
   for (size_t b = 0; b < mems.size(); ++b)
-    mems[b] = model_->blocks()[b] != 'f'
+    mems[b] = model_->blocks()[b] != BlockKind::kFeedForward
                   ? torch::randn({B, options.lengths.mem_len, c.d_model}, torch::TensorOptions().device(device()))
                   : mems[b].to(device());
   const double per_segment = time_steps(r, [&] {
@@ -305,7 +313,7 @@ void XlFamily::bench(const BenchRequest& r) {
   const double tokens = static_cast<double>(B * M);
   report_bench(r, name(), "bench xl eval",
                fmt::format("blocks {} ({}), H {}, K {}x{}, I {}, tgt_len {}, mem_len {}, B {}, V {}, threads {}{}",
-                           model_->blocks().size(), c.search ? "super-network" : model_->blocks(), c.d_model, c.n_head,
+                           model_->blocks().size(), c.search ? "super-network" : blocks_text(model_->blocks()), c.d_model, c.n_head,
                            c.d_head, c.d_inner, M, options.lengths.mem_len, B, V, r.threads, span_note),
                fmt::format("{:.1f} ms/segment, {:.4f} ms/token, {:.0f} tokens/s", per_segment * 1e3,
                            per_segment * 1e3 / tokens, tokens / per_segment),
@@ -314,6 +322,14 @@ void XlFamily::bench(const BenchRequest& r) {
 }
 
 }  // namespace
+
+std::vector<BenchSetting> xl_bench_settings() {
+  return {
+      {"span", "every head's span z, in tokens (models with adaptive spans)"},
+      {"span-dist", "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)"},
+      {"mem-len", "eval mode: memory length (default: the protocol's eval_mem_len)"},
+      {"tgt-len", "eval mode: segment length (default: the protocol's eval_tgt_len)"}};
+}
 
 std::unique_ptr<Family> make_xl_family(const nlohmann::json& config, const std::string& origin,
                                        const std::vector<std::string>& overrides) {

@@ -1,5 +1,5 @@
 // The ViT family (issue 13) on the one engine: the Vision Transformer (models/vit.h) classifying the
-// images of an IDX image set (data/idx.h), with the Runner's example data (DataRestart::kExamples):
+// images of an IDX image set (data/idx.h), with the Runner's example data (ExampleSets, train/family.h):
 // shuffled epochs drawn from (seed, epoch), so a resumed run reads the very batches an uninterrupted
 // one would.
 //
@@ -8,7 +8,8 @@
 // cross-entropy, backward, gradients averaged over processes, AdamW with the shared schedule and
 // global clipping. Validation: the whole valid split (the last model.valid_images training images), mean NLL and
 // accuracy. `spanformer eval` scores a split (test by default) the same way.
-#include "families.h"
+#include "train/families/families.h"
+#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -31,10 +32,11 @@ namespace {
 
 using models::VitModel;
 
-class VitFamily : public ConfiguredFamily<VitConfig> {
+class VitFamily : public ConfiguredFamily<VitConfig>,
+                  public ExampleSets,
+                  public AttentionPictures {
  public:
   using ConfiguredFamily::ConfiguredFamily;
-  using ConfiguredFamily::validate;  // the config check beside validate(valid split, ...)
 
   const char* name() const override { return "vit"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.classes, V, origin); }
@@ -44,9 +46,6 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
 
   void build() override { model_ = VitModel(config_.model); }
   torch::nn::Module& module() override { return *model_; }
-
-  int64_t block_length() const override { return 1; }  // one image per example
-  DataRestart data_restart() const override { return DataRestart::kExamples; }
 
   ExampleData open_examples(const std::string& path) override {
     data_ = std::make_unique<data::ImageSet>(data::load_image_set(path, config_.model.valid_images));
@@ -90,10 +89,6 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
     return loss;
   }
 
-  double validate(const data::TokenFile&, int64_t, int64_t, int64_t, int64_t&) override {
-    unsupported("token-stream validation");
-  }
-
   ExampleScore score_examples(const std::string& split_name, int64_t part, int64_t parts, bool full) override {
     if (!data_) fail("vit: no image set is open");
     const auto& split = data_->split(split_name);
@@ -120,8 +115,6 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
     model_->train();
     return score;
   }
-
-  EvalReport evaluate(const data::TokenFile&, const EvalRequest&) override { unsupported("token-stream evaluation"); }
 
   void draw_attention(const AttentionRequest& r) override {
     if (!r.texts.empty()) fail("attention: the vit family draws images (--image), not --text");
@@ -180,8 +173,7 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
   }
 
   void bench(const BenchRequest& r) override {
-    if (r.generate || r.mem_len >= 0 || r.tgt_len > 0 || r.span >= 0 || !r.span_dist.empty() || !r.spans_from.empty())
-      fail("bench: the vit family takes --eval, --steps, --warmup and --device only");
+    if (r.mode == BenchMode::kGenerate) unsupported("bench --mode generate");
     auto& c = config_.model;
     validate();
     torch::manual_seed(config_.train.seed);
@@ -193,7 +185,7 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
     const double per_step = time_steps(r, [&] {
       auto x = torch::randint(256, {B, c.image_size, c.image_size}, torch::kLong).to(torch::kUInt8).to(r.device);
       auto y = torch::randint(c.classes, {B}, torch::kLong).to(r.device);
-      if (r.eval) {
+      if (r.eval()) {
         torch::NoGradGuard no_grad;
         model_->eval();
         model_->forward(x).sum().item<double>();
@@ -203,10 +195,10 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
     });
     report_bench(r, name(), "bench",
                  fmt::format("{}, {} layers, H {}, K {}, {} tokens (patch {}), B {}, threads {}",
-                             r.eval ? "eval forward" : "train step", c.n_layer, c.d_model, c.n_head, c.tokens(), c.patch,
+                             r.eval() ? "eval forward" : "train step", c.n_layer, c.d_model, c.n_head, c.tokens(), c.patch,
                              B, r.threads),
                  fmt::format("{:.1f} ms/step, {:.0f} images/s", per_step * 1e3, static_cast<double>(B) / per_step),
-                 {{"mode", r.eval ? "eval" : "train"}, {"ms_per_step", per_step * 1e3},
+                 {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3},
                   {"images_per_s", static_cast<double>(B) / per_step}});
   }
 
@@ -229,6 +221,10 @@ class VitFamily : public ConfiguredFamily<VitConfig> {
 };
 
 }  // namespace
+
+std::vector<BenchSetting> vit_bench_settings() {
+  return {};
+}
 
 std::unique_ptr<Family> make_vit_family(const nlohmann::json& config, const std::string& origin,
                                         const std::vector<std::string>& overrides) {

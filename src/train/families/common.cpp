@@ -1,0 +1,219 @@
+// Helpers the families share (declared in families.h): prompts as ids, the gradient-accumulating train
+// step, recurrent state in checkpoints, sampling, the main optimizer, span log fields and bench timing.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <tuple>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "families.h"
+#include "spanformer/models/sampling.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/precision.h"
+#include "spanformer/util/runtime.h"
+#include "spanformer/util/torch_compat.h"
+
+namespace spanformer::train {
+
+std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& prompt) {
+  std::vector<int64_t> ids;
+  if (vocab.word_level) {
+    int64_t unk = -1, eos = -1;
+    std::unordered_map<std::string, int64_t> index;
+    for (int64_t i = 0; i < vocab.size(); ++i) {
+      index[vocab.tokens[i]] = i;
+      if (vocab.tokens[i] == "<unk>") unk = i;
+      if (vocab.tokens[i] == "<eos>") eos = i;
+    }
+    std::istringstream in(prompt);
+    std::string word;
+    std::vector<std::string> unknown;
+    while (in >> word) {
+      auto it = index.find(word);
+      if (it != index.end()) {
+        ids.push_back(it->second);
+      } else {
+        unknown.push_back(word);
+        if (unk >= 0) ids.push_back(unk);
+      }
+    }
+    if (!unknown.empty())
+      fmt::print(stderr, "spanformer: warning: {} prompt word(s) not in the vocabulary, {}: {}\n", unknown.size(),
+                 unk >= 0 ? "read as <unk>" : "left out", fmt::join(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 10), " "));
+    if (ids.empty()) ids.push_back(eos >= 0 ? eos : 0);
+    return ids;
+  }
+  const auto byte_to_id = vocab.byte_to_id();
+  std::string unknown;
+  for (unsigned char c : prompt) {
+    if (byte_to_id[c] >= 0) ids.push_back(byte_to_id[c]);
+    else if (unknown.find(static_cast<char>(c)) == std::string::npos) unknown += static_cast<char>(c);
+  }
+  if (!unknown.empty()) {
+    std::string shown;
+    for (unsigned char c : unknown) shown += c >= 32 && c < 127 ? fmt::format("'{}' ", static_cast<char>(c)) : fmt::format("0x{:02x} ", c);
+    shown.pop_back();
+    fmt::print(stderr, "spanformer: warning: prompt characters not in the vocabulary were left out: {}\n", shown);
+  }
+  if (ids.empty()) ids.push_back(byte_to_id['\n'] >= 0 ? byte_to_id['\n'] : 0);  // start from <eos>
+  return ids;
+}
+
+torch::Tensor accumulate_gradients(int64_t streams, int64_t split, std::vector<torch::Tensor>& state,
+                                   const StepContext& ctx, const std::vector<torch::Tensor>& params,
+                                   const GroupLoss& group_loss) {
+  const int64_t part = streams / split;
+  torch::Tensor loss_sum;
+  std::vector<std::vector<torch::Tensor>> next(state.size());
+  for (int64_t s = 0; s < split; ++s) {
+    std::vector<torch::Tensor> part_state;
+    for (auto& t : state) part_state.push_back(t.narrow(0, s * part, part));  // (B/split, T, H)
+    torch::Tensor nll, loss;
+    {  // train.amp: the forward under autocast, the backward (and everything after) outside it
+      std::optional<compat::AutocastGuard> autocast;
+      if (ctx.amp == Amp::kBf16) autocast.emplace(ctx.device_type, at::kBFloat16);
+      std::tie(nll, loss) = group_loss(s * part, part, part_state);
+    }
+    for (size_t l = 0; l < state.size(); ++l)  // carried state keeps its dtype (autocast may narrow it)
+      if (part_state[l].scalar_type() != state[l].scalar_type()) part_state[l] = part_state[l].to(state[l].scalar_type());
+    if (s == split - 1) ctx.before_last_backward();
+    (widen_reduced(loss) / static_cast<double>(split)).backward();
+    auto mean = nll.detach().to(torch::kFloat) / static_cast<double>(split);
+    loss_sum = loss_sum.defined() ? loss_sum + mean : mean;
+    for (size_t l = 0; l < state.size(); ++l) next[l].push_back(part_state[l]);
+  }
+  for (size_t l = 0; l < state.size(); ++l) state[l] = split == 1 ? next[l][0] : torch::cat(next[l], 0);
+  ctx.reduce_gradients(params);
+  return loss_sum;
+}
+
+void save_stream_state(CheckpointWriter& out, const std::string& name, const std::vector<torch::Tensor>& state,
+                       const std::function<torch::Tensor(const torch::Tensor&)>& gather) {
+  for (size_t i = 0; i < state.size(); ++i) out.put(fmt::format("state.{}.{}", name, i), gather(state[i]));
+}
+
+std::vector<torch::Tensor> load_stream_state(const Checkpoint& in, const std::string& name, int64_t n, int64_t width,
+                                             int64_t max_length, int64_t batch, int64_t first, int64_t count,
+                                             torch::Device device) {
+  std::vector<torch::Tensor> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto t = in.tensor(fmt::format("state.{}.{}", name, i));
+    if (t.dim() != 3 || t.size(2) != width || t.size(1) > max_length)
+      fail("checkpoint {}: state '{}.{}' has shape {}", in.path(), name, i, fmt::join(t.sizes(), "x"));
+    if (t.size(0) != batch) fail("checkpoint {} was trained with batch_size {}, the config says {}", in.path(), t.size(0), batch);
+    if (!torch::isfinite(t).all().item<bool>()) fail("checkpoint {}: state '{}.{}' holds non-finite values", in.path(), name, i);
+    out.push_back(t.narrow(0, first, count).contiguous().to(device));
+  }
+  return out;
+}
+
+void sample_tokens(const data::Vocab& vocab, const SampleRequest& r, int64_t block,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& scores, torch::Device device) {
+  models::SamplingOptions options{r.temperature, r.top_k, r.top_p};
+  models::check(options);
+  if (r.tokens < 0) fail("the number of tokens must be >= 0 (got {})", r.tokens);
+  torch::NoGradGuard no_grad;
+  auto ids = prompt_ids(vocab, r.prompt);
+  torch::Tensor last;
+  for (size_t start = 0; start < ids.size(); start += block) {
+    const int64_t n = std::min<int64_t>(block, static_cast<int64_t>(ids.size() - start));
+    last = forward(torch::from_blob(ids.data() + start, {1, n}, torch::kLong).to(device)).narrow(1, n - 1, 1);  // (1, 1, H)
+  }
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    const int64_t id = models::sample_token(scores(last).view({-1}), options);  // (V)
+    if (r.on_text) r.on_text(vocab.decode(id));
+    if (t + 1 < r.tokens) last = forward(torch::full({1, 1}, id, torch::kLong).to(device));
+  }
+}
+
+OptimizerOptions optimizer_options(const TrainConfig& train) {
+  OptimizerOptions o;
+  o.kind = train.optim;
+  o.momentum = train.momentum;
+  o.grad_clip = train.grad_clip;
+  o.weight_decay = train.weight_decay;
+  o.beta2 = train.adam_beta2;
+  return o;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const TrainConfig& train) {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
+  return std::make_unique<Optimizer>(params, optimizer_options(train));
+}
+
+void log_spans(const std::vector<std::vector<double>>& spans, nlohmann::json& record, std::string& text) {
+  if (spans.empty()) return;
+  std::vector<double> mean, max;
+  for (const auto& z : spans) {
+    double s = 0, m = 0;
+    for (double v : z) s += v, m = std::max(m, v);
+    mean.push_back(s / static_cast<double>(z.size()));
+    max.push_back(m);
+  }
+  record["span_mean"] = mean;
+  record["span_max"] = max;
+  record["spans"] = spans;  // per layer, per head (tokens): the span-versus-training figure's data
+  text += fmt::format(" | spans {:.0f}", fmt::join(mean, " "));
+}
+
+void set_bimodal_spans(const std::vector<torch::Tensor>& span_ratios, double L) {
+  std::mt19937 rng(1);
+  torch::NoGradGuard no_grad;
+  for (auto r : span_ratios) {
+    for (int64_t h = 0; h < r.size(0); ++h) {
+      const double z = h % 4 == 3 ? std::uniform_real_distribution<double>(std::min(2048.0, L), L)(rng)
+                                  : std::uniform_real_distribution<double>(16.0, std::min(256.0, L))(rng);
+      r[h] = z / L;
+    }
+  }
+}
+
+double bench_span(const BenchRequest& r) {
+  const double span = r.number("span", -1);
+  if (r.has("span") && span < 0) fail("bench: --span must be >= 0 tokens (got {})", span);
+  return span;
+}
+
+std::string bench_span_dist(const BenchRequest& r) {
+  const std::string dist = r.text("span-dist");
+  if (r.has("span-dist") && dist != "bimodal") fail("bench: --span-dist must be bimodal (got '{}')", dist);
+  return dist;
+}
+
+double time_steps(const BenchRequest& r, const std::function<void()>& step) {
+  if (r.steps < 1 || r.warmup < 0) fail("--steps must be >= 1 and --warmup >= 0");
+  double total = 0;
+  for (int64_t i = 0; i < r.warmup + r.steps; ++i) {
+    const double t0 = now_seconds();
+    step();
+    const double dt = now_seconds() - t0;
+    if (i >= r.warmup) total += dt;
+    fmt::print(stderr, "  step {}/{}: {:.0f} ms{}\n", i + 1, r.warmup + r.steps, dt * 1e3, i < r.warmup ? " (warmup)" : "");
+  }
+  return total / static_cast<double>(r.steps);
+}
+
+void report_bench(const BenchRequest& r, const char* family, const std::string& prefix, const std::string& what,
+                  const std::string& figures_text, nlohmann::json figures) {
+  if (r.json) {
+    figures["family"] = family;
+    figures["what"] = what;
+    figures["threads"] = r.threads;
+    figures["device"] = r.device.str();
+    figures["peak_rss_mb"] = static_cast<double>(peak_rss_bytes()) / 1e6;
+    fmt::print("{}\n", figures.dump());
+    return;
+  }
+  fmt::print("{}: {}\n{}: {}, {}\n", prefix, what, prefix, figures_text, peak_memory_text(r.device.is_cuda()));
+}
+
+}  // namespace spanformer::train

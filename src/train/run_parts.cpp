@@ -1,0 +1,329 @@
+#include "run_parts.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "spanformer/dist/group.h"
+#include "spanformer/train/evaluate.h"
+#include "spanformer/util/build_info.h"
+#include "spanformer/util/error.h"
+#include "spanformer/util/names.h"
+#include "spanformer/util/runtime.h"
+
+namespace spanformer::train::run {
+
+constexpr auto kUnitNames =
+    name_table("unit", std::pair{Unit::kBpc, "bpc"}, std::pair{Unit::kPpl, "ppl"}, std::pair{Unit::kNats, "nats"});
+
+const char* unit_name(Unit unit) { return kUnitNames.name(unit); }
+
+double in_unit(double nll, Unit unit) {
+  return unit == Unit::kPpl ? std::exp(nll) : unit == Unit::kBpc ? nll / std::log(2.0) : nll;
+}
+
+// ---- Batches --------------------------------------------------------------------------------------
+
+void Batches::check_same_data(const Checkpoint& ck) const {
+  if (!data::same_vocabulary(ck.vocab(), data_.vocab))
+    fail("checkpoint {} was trained with another vocabulary than {}", ck.path(), path_);
+  if (ck.has("state.train_sha256") &&
+      (ck.text("state.train_sha256") != data_.train_fingerprint || ck.text("state.valid_sha256") != data_.valid_fingerprint))
+    fail("checkpoint {} was trained on other data than {} (its train.bin / valid.bin fingerprints differ)", ck.path(), path_);
+  if (ck.has("state.train_tokens") &&
+      (ck.integer("state.train_tokens") != data_.train_size || ck.integer("state.valid_tokens") != data_.valid_size))
+    fail("checkpoint {} was trained on data of {} train / {} valid {}; {} has {} / {}: not the same data", ck.path(),
+         ck.integer("state.train_tokens"), ck.integer("state.valid_tokens"), data_.item, path_, data_.train_size,
+         data_.valid_size);
+}
+
+void Batches::resume(const Checkpoint& ck, const Position& p) {
+  if (p.step < 0 || p.train_pos < 0 || p.valid_pos < 0 || !position_fits(p) || !(p.elapsed_seconds >= 0))
+    fail("checkpoint {} is damaged: its training position (step {}, train {}, valid {}) is outside the data", ck.path(),
+         p.step, p.train_pos, p.valid_pos);
+  load_state(ck);
+}
+
+void Batches::save_identity(CheckpointWriter& out) const {
+  out.put_int("state.train_tokens", data_.train_size);  // examples, for example data
+  out.put_int("state.valid_tokens", data_.valid_size);
+  out.put_text("state.train_sha256", data_.train_fingerprint);
+  out.put_text("state.valid_sha256", data_.valid_fingerprint);
+}
+
+namespace {
+
+// Token streams of a corpus directory (TokenStreams): B contiguous streams walked block by block
+// (adaptive span, XL), or B independent contexts drawn at random each step (GPT).
+class TokenBatches : public Batches {
+ public:
+  TokenBatches(TokenStreams& family, Family& core, const std::string& path) : family_(family) {
+    path_ = path;
+    corpus_ = data::load_corpus(path);
+    core.set_vocab_size(corpus_.vocab.size(), path + "/vocab.txt");
+    data_.vocab = corpus_.vocab;
+    data_.train_size = corpus_.train->size();
+    data_.valid_size = corpus_.valid->size();
+    data_.train_fingerprint = corpus_.train->fingerprint();
+    data_.valid_fingerprint = corpus_.valid->fingerprint();
+    data_.item = "tokens";
+  }
+  Unit unit() const override { return data_.vocab.word_level ? Unit::kPpl : Unit::kBpc; }
+  int64_t block() const override { return family_.block_length(); }
+
+  void prepare(const Shard& shard) override {
+    shard_ = shard;
+    const int64_t B = shard.batch, M = block();
+    train_ = std::make_unique<data::Streams>(*corpus_.train, B);
+    valid_ = std::make_unique<data::Streams>(*corpus_.valid, B);
+    if (contexts()) {
+      if (corpus_.train->size() <= M + 1) fail("{}/train.bin is too short for contexts of {} tokens", path_, M);
+      if (corpus_.valid->size() <= M + 1) fail("{}/valid.bin is too short for contexts of {} tokens", path_, M);
+    } else {
+      const int64_t min_length = family_.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
+      if (train_->length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", path_, B, M);
+      if (valid_->length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", path_, B, M);
+    }
+  }
+  void start() override { family_.init_state(shard_.local); }
+
+  std::pair<torch::Tensor, torch::Tensor> next(const Position& p, int64_t step, torch::Device device) override {
+    (void)step;
+    const int64_t M = block();
+    if (contexts()) {
+      auto draw = torch::randint(corpus_.train->size() - M, {shard_.batch}, torch::kLong);  // every rank draws all B
+      const int64_t* d = draw.data_ptr<int64_t>() + shard_.first;
+      return make_contexts(*corpus_.train, std::vector<int64_t>(d, d + shard_.local), M, device);
+    }
+    const int64_t e = family_.context(p.train_pos);
+    return make_block(*train_, p.train_pos - e, e + M, device, shard_.first, shard_.local);  // (b, e + M)
+  }
+
+  void advance(Position& p) override {
+    if (contexts()) return;
+    const int64_t M = block();
+    p.train_pos += M;
+    if (p.train_pos + M > train_->length() - 1) {  // no full block left
+      p.train_pos = family_.data_restart() == DataRestart::kRandomOffset
+                        ? torch::randint(M, {1}, torch::kLong).item<int64_t>()  // the reference's rule
+                        : 0;
+      family_.reset_train_state();
+    }
+  }
+
+  Validation validate(Position& p) override {
+    Validation v;
+    v.nll = family_.validation_loss(*corpus_.valid, shard_.batch, shard_.first, shard_.local, p.valid_pos);
+    if (shard_.group) v.nll = shard_.group->all_reduce_sum(v.nll) / static_cast<double>(shard_.world);  // equal shares
+    return v;
+  }
+
+  void save_state(CheckpointWriter& out, const std::function<torch::Tensor(const torch::Tensor&)>& gather) const override {
+    family_.save_state(out, gather);  // the family's own state (caches, memories)
+  }
+
+ protected:
+  bool position_fits(const Position& p) const override {
+    return (contexts() || p.train_pos + block() < train_->length()) && p.valid_pos < valid_->length();
+  }
+  void load_state(const Checkpoint& ck) override { family_.load_state(ck, shard_.batch, shard_.first, shard_.local); }
+
+ private:
+  bool contexts() const { return family_.data_restart() == DataRestart::kRandomContexts; }
+  TokenStreams& family_;
+  data::Corpus corpus_;
+  std::unique_ptr<data::Streams> train_, valid_;
+};
+
+// A family's example sets (ExampleSets): batch j of epoch e is examples perm_e[j B, (j + 1) B) (drop-last
+// epochs), perm_e drawn from (seed, e) alone and arranged by the family.
+class ExampleBatches : public Batches {
+ public:
+  ExampleBatches(ExampleSets& family, const TrainConfig& train) : family_(family), seed_(train.seed) {
+    path_ = train.data;
+    data_ = family.open_examples(train.data);
+  }
+  Unit unit() const override { return Unit::kNats; }
+  int64_t block() const override { return 1; }
+
+  void prepare(const Shard& shard) override {
+    shard_ = shard;
+    if (data_.train_size < shard.batch)
+      fail("{}: {} training examples, fewer than a batch of {}", path_, data_.train_size, shard.batch);
+  }
+
+  std::pair<torch::Tensor, torch::Tensor> next(const Position& p, int64_t step, torch::Device device) override {
+    (void)p;
+    const int64_t B = shard_.batch;
+    const int64_t per_epoch = data_.train_size / B, e = (step - 1) / per_epoch, j = (step - 1) % per_epoch;
+    if (e != epoch_) {
+      auto generator = at::detail::createCPUGenerator(seed_ * 1000003ULL + static_cast<uint64_t>(e));
+      order_ = torch::randperm(data_.train_size, generator, torch::kLong);  // (train examples)
+      family_.arrange_epoch(order_, B, generator);
+      epoch_ = e;
+    }
+    const int64_t* order = order_.data_ptr<int64_t>() + j * B + shard_.first;
+    return family_.example_batch(std::vector<int64_t>(order, order + shard_.local), device);
+  }
+
+  Validation validate(Position&) override {
+    Validation v;
+    v.score = family_.score_examples("valid", shard_.rank, shard_.world);
+    v.score.all_reduce(shard_.group);
+    v.nll = v.score.nll_sum / v.score.count;
+    v.accuracy = v.score.correct / v.score.count;
+    return v;
+  }
+
+ protected:
+  bool position_fits(const Position& p) const override { return p.valid_pos < 1; }
+
+ private:
+  ExampleSets& family_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;   // the epoch whose order order_ holds
+  torch::Tensor order_;  // (train examples) int64
+};
+
+}  // namespace
+
+std::unique_ptr<Batches> open_batches(Family& family, const TrainConfig& train) {
+  if (auto* streams = family.as<TokenStreams>()) return std::make_unique<TokenBatches>(*streams, family, train.data);
+  if (auto* sets = family.as<ExampleSets>()) return std::make_unique<ExampleBatches>(*sets, train);
+  fail("the {} family reads neither token streams nor example sets", family.name());
+}
+
+// ---- RunDirectory ---------------------------------------------------------------------------------
+
+RunDirectory::RunDirectory(const std::string& dir, bool main_rank, bool resume, bool overwrite)
+    : paths_(dir), main_(main_rank) {
+  make_dirs(dir);
+  if (!main_) return;  // the main rank owns the run directory
+  lock_ = std::make_unique<DirectoryLock>(dir, "training run");
+  remove_stale_temporaries(dir);
+  // A directory where a run file belongs would be taken for "no checkpoint" and removed (std::remove
+  // deletes an empty directory) or fail at the first save: refused before anything runs.
+  check_regular_or_absent(paths_.checkpoint(), "the run's checkpoint");
+  check_regular_or_absent(paths_.best(), "the run's best checkpoint");
+  check_regular_or_absent(paths_.log(), "the run's log");
+  check_regular_or_absent(paths_.sessions(), "the run's session records");
+  if (!resume && !overwrite && (file_exists(paths_.checkpoint()) || file_exists(paths_.log())))
+    fail("{} already holds a run: continue it with --resume, or replace it with --overwrite", dir);
+}
+
+void RunDirectory::say(const std::string& text) {
+  if (!main_) return;
+  fmt::print(stderr, "{}\n", text);
+  const std::string line = fmt::format("[{}] {}", utc_timestamp(), text);
+  if (text_log_.is_open())
+    text_log_ << line << std::endl;
+  else
+    early_.push_back(line);
+}
+
+void RunDirectory::start_new() {
+  if (!main_) return;
+  write_file_atomic(paths_.log(), "");
+  write_file_atomic(paths_.text_log(), "");
+  std::remove(paths_.best().c_str());
+  std::remove(paths_.checkpoint().c_str());
+  std::remove(paths_.sessions().c_str());
+}
+
+void RunDirectory::begin_session(const nlohmann::json& config, const std::vector<std::string>& command_line,
+                                 int64_t step, int64_t world) {
+  last_progress_ = now_seconds();
+  if (!main_) return;
+  write_file_atomic(paths_.config(), config.dump(2) + "\n");
+  auto record = build_record(command_line);
+  record["step"] = step;
+  record["processes"] = world;
+  std::ofstream(paths_.sessions(), std::ios::app) << record.dump() << "\n";
+  text_log_.open(paths_.text_log(), std::ios::app);
+  text_log_ << fmt::format("[{}] session at step {}: {}", utc_timestamp(), step, fmt::join(command_line, " ")) << std::endl;
+  for (const auto& line : early_) text_log_ << line << std::endl;
+  early_.clear();
+  log_.open(paths_.log(), std::ios::app);
+}
+
+void RunDirectory::record(const nlohmann::json& record) {
+  if (main_) log_ << record.dump() << std::endl;
+}
+
+bool RunDirectory::progress_due() const { return text_log_.is_open() && now_seconds() - last_progress_ >= 30; }
+
+void RunDirectory::progress(const std::string& line) {
+  text_log_ << fmt::format("[{}]   {}", utc_timestamp(), line) << std::endl;
+  last_progress_ = now_seconds();
+}
+
+void RunDirectory::text(const std::string& line) {
+  if (text_log_.is_open()) text_log_ << fmt::format("[{}] {}", utc_timestamp(), line) << std::endl;
+}
+
+// ---- IntervalLog ----------------------------------------------------------------------------------
+
+IntervalLog::IntervalLog(Unit unit, std::string speed_key, const char* speed_unit, int64_t items_per_step, int64_t world)
+    : unit_(unit), speed_key_(std::move(speed_key)), speed_unit_(speed_unit), items_per_step_(items_per_step),
+      world_(world), start_(now_seconds()) {}
+
+std::string IntervalLog::progress_line(int64_t step, int64_t nb_steps, double loss, double lr, double per_step,
+                                       int64_t steps_left) const {
+  return fmt::format("step {}/{} | train {:.3f} {} | lr {:.2e} | {:.0f} ms/step | {:.0f} {} | left {}", step, nb_steps,
+                     in_unit(loss, unit_), unit_name(unit_), lr, per_step * 1e3,
+                     static_cast<double>(items_per_step_) / per_step, speed_unit_,
+                     format_duration(per_step * static_cast<double>(steps_left)));
+}
+
+nlohmann::json IntervalLog::close(Position& p, const Validation& v, double lr, double seconds, double elapsed, double eta,
+                                  dist::Group* group, bool& best) {
+  const double train_nll = loss_ / static_cast<double>(steps_);
+  last_train = in_unit(train_nll, unit_);
+  last_valid = in_unit(v.nll, unit_);
+  const double ms_per_step = seconds * 1e3 / static_cast<double>(steps_);
+  best = v.nll < p.best_valid;
+  if (best) p.best_valid = v.nll;
+  const std::string unit = unit_name(unit_);
+  nlohmann::json record = {
+      {"step", p.step},
+      {"train_loss", train_nll},
+      {"valid_loss", v.nll},
+      {"train_" + unit, last_train},
+      {"valid_" + unit, last_valid},
+      {"lr", lr},
+      {"ms_per_step", ms_per_step},
+      {speed_key_, static_cast<double>(items_per_step_) * 1e3 / ms_per_step},
+      {"elapsed_s", p.elapsed_seconds + elapsed},
+      {"eta_s", eta},
+      {"processes", world_},
+      {"best_valid_loss", p.best_valid},
+  };
+  if (unit_ == Unit::kNats) {  // example data: the loss is already in nats; the accuracy is what users read
+    record.erase("train_" + unit);
+    record.erase("valid_" + unit);
+    record["valid_acc"] = v.accuracy;
+  }
+  if (group) {
+    record["allreduce_ms_per_step"] = (group->collective_seconds() - collective_) * 1e3 / static_cast<double>(steps_);
+    collective_ = group->collective_seconds();
+  }
+  loss_ = 0;
+  steps_ = 0;
+  return record;
+}
+
+std::string IntervalLog::line(const nlohmann::json& record, double eta, double accuracy, const std::string& extra) const {
+  const double ms_per_step = record["ms_per_step"].get<double>();
+  const char* unit = unit_name(unit_);
+  return fmt::format("step {:>7} | train {:.3f} {} | valid {:.3f} {}{} | {:.0f} ms/step | {:.0f} {} | left {}{}",
+                     record["step"].get<int64_t>(), last_train, unit, last_valid, unit,
+                     unit_ == Unit::kNats ? fmt::format(" | valid acc {:.2f}%", 100 * accuracy) : "", ms_per_step,
+                     static_cast<double>(items_per_step_) * 1e3 / ms_per_step, speed_unit_, format_duration(eta), extra);
+}
+
+}  // namespace spanformer::train::run
