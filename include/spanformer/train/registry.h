@@ -22,7 +22,8 @@
   X(xl, "xl", "Transformer-XL (Dai et al. 2019) and PAR (Mandava et al. 2020): memories, relative positions") \
   X(gpt, "gpt", "a GPT decoder with seven drop-in causal attentions and a KV cache")                          \
   X(vit, "vit", "a Vision Transformer (Dosovitskiy et al. 2021) classifying images")                          \
-  X(seq2seq, "seq2seq", "translation: RNN + Bahdanau/Luong attention, or the Transformer, with BLEU")
+  X(seq2seq, "seq2seq", "translation: RNN + Bahdanau/Luong attention, or the Transformer, with BLEU")     \
+  /* a new family: one row above this line */
 
 namespace spanformer::train {
 
