@@ -18,22 +18,20 @@
 
 namespace spanformer::attention {
 
-constexpr auto kCausalKindNames = name_table("attention",
-    std::pair{CausalKind::kDense, "dense"},
-    std::pair{CausalKind::kFlash, "flash"},
-    std::pair{CausalKind::kWindow, "window"},
-    std::pair{CausalKind::kAdaptiveSpan, "adaptive_span"},
-    std::pair{CausalKind::kSparseStrided, "sparse_strided"},
-    std::pair{CausalKind::kSparseFixed, "sparse_fixed"},
-    std::pair{CausalKind::kLsh, "lsh"});
+constexpr auto kCausalKindNames = name_table("attention", std::pair{CausalKind::kDense, "dense"},
+                                             std::pair{CausalKind::kFlash, "flash"},
+                                             std::pair{CausalKind::kWindow, "window"},
+                                             std::pair{CausalKind::kAdaptiveSpan, "adaptive_span"},
+                                             std::pair{CausalKind::kSparseStrided, "sparse_strided"},
+                                             std::pair{CausalKind::kSparseFixed, "sparse_fixed"},
+                                             std::pair{CausalKind::kLsh, "lsh"});
 
 const char* causal_kind_name(CausalKind value) { return kCausalKindNames.name(value); }
 CausalKind parse_causal_kind(const std::string& name) { return kCausalKindNames.parse(name); }
 
-constexpr auto kSparseCombineNames = name_table("sparse_combine",
-    std::pair{SparseCombine::kMerged, "merged"},
-    std::pair{SparseCombine::kAlternating, "alternating"},
-    std::pair{SparseCombine::kPerHead, "per_head"});
+constexpr auto kSparseCombineNames = name_table("sparse_combine", std::pair{SparseCombine::kMerged, "merged"},
+                                                std::pair{SparseCombine::kAlternating, "alternating"},
+                                                std::pair{SparseCombine::kPerHead, "per_head"});
 
 const char* sparse_combine_name(SparseCombine value) { return kSparseCombineNames.name(value); }
 SparseCombine parse_sparse_combine(const std::string& name) { return kSparseCombineNames.parse(name); }

@@ -10,11 +10,10 @@
 
 namespace spanformer::attention {
 
-constexpr auto kScoreKindNames = name_table("score",
-    std::pair{ScoreKind::kAdditive, "additive"},
-    std::pair{ScoreKind::kDot, "dot"},
-    std::pair{ScoreKind::kScaledDot, "scaled_dot"},
-    std::pair{ScoreKind::kGeneral, "general"});
+constexpr auto kScoreKindNames = name_table("score", std::pair{ScoreKind::kAdditive, "additive"},
+                                            std::pair{ScoreKind::kDot, "dot"},
+                                            std::pair{ScoreKind::kScaledDot, "scaled_dot"},
+                                            std::pair{ScoreKind::kGeneral, "general"});
 
 const char* score_kind_name(ScoreKind value) { return kScoreKindNames.name(value); }
 ScoreKind parse_score_kind(const std::string& name) { return kScoreKindNames.parse(name); }

@@ -60,10 +60,9 @@ torch::Tensor take_last_states(const torch::Tensor& cache, int64_t width) {
   return F::pad(cache, F::PadFuncOptions({0, 0, width - C, 0}));  // zeros on the left
 }
 
-constexpr auto kAttnImplNames = name_table("attn_impl",
-    std::pair{AttnImpl::kAuto, "auto"},
-    std::pair{AttnImpl::kFused, "fused"},
-    std::pair{AttnImpl::kPlain, "plain"});
+constexpr auto kAttnImplNames = name_table("attn_impl", std::pair{AttnImpl::kAuto, "auto"},
+                                           std::pair{AttnImpl::kFused, "fused"},
+                                           std::pair{AttnImpl::kPlain, "plain"});
 
 const char* attn_impl_name(AttnImpl value) { return kAttnImplNames.name(value); }
 AttnImpl parse_attn_impl(const std::string& name) { return kAttnImplNames.parse(name); }

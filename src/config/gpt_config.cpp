@@ -77,16 +77,14 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
 
 }  // namespace
 
-constexpr auto kPositionsNames = name_table("positions",
-    std::pair{Positions::kLearned, "learned"},
-    std::pair{Positions::kSinusoidal, "sinusoidal"});
+constexpr auto kPositionsNames = name_table("positions", std::pair{Positions::kLearned, "learned"},
+                                            std::pair{Positions::kSinusoidal, "sinusoidal"});
 
 const char* positions_name(Positions value) { return kPositionsNames.name(value); }
 Positions parse_positions(const std::string& name) { return kPositionsNames.parse(name); }
 
-constexpr auto kActivationNames = name_table("activation",
-    std::pair{Activation::kGelu, "gelu"},
-    std::pair{Activation::kGeluTanh, "gelu_tanh"});
+constexpr auto kActivationNames = name_table("activation", std::pair{Activation::kGelu, "gelu"},
+                                             std::pair{Activation::kGeluTanh, "gelu_tanh"});
 
 const char* activation_name(Activation value) { return kActivationNames.name(value); }
 Activation parse_activation(const std::string& name) { return kActivationNames.parse(name); }

@@ -66,22 +66,21 @@ const std::vector<Field<data::PairsOptions>>& data_fields() {
 }  // namespace
 
 namespace data {
-constexpr auto kTokenizerNames =
-    name_table("tokenizer", std::pair{Tokenizer::kWords, "words"}, std::pair{Tokenizer::kSentencePiece, "sentencepiece"});
+constexpr auto kTokenizerNames = name_table("tokenizer", std::pair{Tokenizer::kWords, "words"},
+                                            std::pair{Tokenizer::kSentencePiece, "sentencepiece"});
 const char* tokenizer_name(Tokenizer value) { return kTokenizerNames.name(value); }
 Tokenizer parse_tokenizer(const std::string& name) { return kTokenizerNames.parse(name); }
 
-constexpr auto kSubwordKindNames =
-    name_table("subword_kind", std::pair{SubwordKind::kUnigram, "unigram"}, std::pair{SubwordKind::kBpe, "bpe"});
+constexpr auto kSubwordKindNames = name_table("subword_kind", std::pair{SubwordKind::kUnigram, "unigram"},
+                                              std::pair{SubwordKind::kBpe, "bpe"});
 const char* subword_kind_name(SubwordKind value) { return kSubwordKindNames.name(value); }
 SubwordKind parse_subword_kind(const std::string& name) { return kSubwordKindNames.parse(name); }
 }  // namespace data
 
-constexpr auto kSeq2SeqKindNames = name_table("kind",
-    std::pair{Seq2SeqKind::kGru, "gru"},
-    std::pair{Seq2SeqKind::kBahdanau, "bahdanau"},
-    std::pair{Seq2SeqKind::kLuong, "luong"},
-    std::pair{Seq2SeqKind::kTransformer, "transformer"});
+constexpr auto kSeq2SeqKindNames = name_table("kind", std::pair{Seq2SeqKind::kGru, "gru"},
+                                              std::pair{Seq2SeqKind::kBahdanau, "bahdanau"},
+                                              std::pair{Seq2SeqKind::kLuong, "luong"},
+                                              std::pair{Seq2SeqKind::kTransformer, "transformer"});
 
 const char* seq2seq_kind_name(Seq2SeqKind value) { return kSeq2SeqKindNames.name(value); }
 Seq2SeqKind parse_seq2seq_kind(const std::string& name) { return kSeq2SeqKindNames.parse(name); }

@@ -12,26 +12,21 @@
 
 namespace spanformer {
 
-constexpr auto kOptimNames = name_table("optim",
-    std::pair{OptimKind::kAdagrad, "adagrad"},
-    std::pair{OptimKind::kSgd, "sgd"},
-    std::pair{OptimKind::kAdam, "adam"},
-    std::pair{OptimKind::kAdamW, "adamw"});
+constexpr auto kOptimNames = name_table("optim", std::pair{OptimKind::kAdagrad, "adagrad"},
+                                        std::pair{OptimKind::kSgd, "sgd"}, std::pair{OptimKind::kAdam, "adam"},
+                                        std::pair{OptimKind::kAdamW, "adamw"});
 
 const char* optim_name(OptimKind value) { return kOptimNames.name(value); }
 OptimKind parse_optim(const std::string& name) { return kOptimNames.parse(name); }
 
-constexpr auto kScheduleNames = name_table("scheduler",
-    std::pair{Schedule::kConstant, "constant"},
-    std::pair{Schedule::kCosine, "cosine"},
-    std::pair{Schedule::kInverseSqrt, "inverse_sqrt"});
+constexpr auto kScheduleNames = name_table("scheduler", std::pair{Schedule::kConstant, "constant"},
+                                           std::pair{Schedule::kCosine, "cosine"},
+                                           std::pair{Schedule::kInverseSqrt, "inverse_sqrt"});
 
 const char* schedule_name(Schedule value) { return kScheduleNames.name(value); }
 Schedule parse_schedule(const std::string& name) { return kScheduleNames.parse(name); }
 
-constexpr auto kAmpNames = name_table("amp",
-    std::pair{Amp::kOff, "off"},
-    std::pair{Amp::kBf16, "bf16"});
+constexpr auto kAmpNames = name_table("amp", std::pair{Amp::kOff, "off"}, std::pair{Amp::kBf16, "bf16"});
 
 const char* amp_name(Amp value) { return kAmpNames.name(value); }
 Amp parse_amp(const std::string& name) { return kAmpNames.parse(name); }

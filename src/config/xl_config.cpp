@@ -76,17 +76,15 @@ const std::vector<Field<XlSearchConfig>>& search_fields() {
 
 }  // namespace
 
-constexpr auto kSearchEvalNames = name_table("search_eval",
-    std::pair{SearchEval::kSoftmax, "softmax"},
-    std::pair{SearchEval::kArgmax, "argmax"});
+constexpr auto kSearchEvalNames = name_table("search_eval", std::pair{SearchEval::kSoftmax, "softmax"},
+                                             std::pair{SearchEval::kArgmax, "argmax"});
 
 const char* search_eval_name(SearchEval value) { return kSearchEvalNames.name(value); }
 SearchEval parse_search_eval(const std::string& name) { return kSearchEvalNames.parse(name); }
 
-constexpr auto kTauScheduleNames = name_table("tau_schedule",
-    std::pair{TauSchedule::kExp, "exp"},
-    std::pair{TauSchedule::kLinear, "linear"},
-    std::pair{TauSchedule::kConstant, "constant"});
+constexpr auto kTauScheduleNames = name_table("tau_schedule", std::pair{TauSchedule::kExp, "exp"},
+                                              std::pair{TauSchedule::kLinear, "linear"},
+                                              std::pair{TauSchedule::kConstant, "constant"});
 
 const char* tau_schedule_name(TauSchedule value) { return kTauScheduleNames.name(value); }
 TauSchedule parse_tau_schedule(const std::string& name) { return kTauScheduleNames.parse(name); }

@@ -41,10 +41,8 @@ int env_int(const char* name, const char* fallback_name, long max = std::numeric
 
 }  // namespace
 
-constexpr auto kBackendNames = name_table("dist_backend",
-    std::pair{Backend::kAuto, "auto"},
-    std::pair{Backend::kGloo, "gloo"},
-    std::pair{Backend::kNccl, "nccl"});
+constexpr auto kBackendNames = name_table("dist_backend", std::pair{Backend::kAuto, "auto"},
+                                          std::pair{Backend::kGloo, "gloo"}, std::pair{Backend::kNccl, "nccl"});
 
 const char* backend_name(Backend value) { return kBackendNames.name(value); }
 Backend parse_backend(const std::string& name) { return kBackendNames.parse(name); }

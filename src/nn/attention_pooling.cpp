@@ -8,10 +8,9 @@
 
 namespace spanformer::nn {
 
-constexpr auto kPoolingNames = name_table("pooling",
-    std::pair{Pooling::kAverage, "average"},
-    std::pair{Pooling::kNadaraya, "nadaraya"},
-    std::pair{Pooling::kParametric, "parametric"});
+constexpr auto kPoolingNames = name_table("pooling", std::pair{Pooling::kAverage, "average"},
+                                          std::pair{Pooling::kNadaraya, "nadaraya"},
+                                          std::pair{Pooling::kParametric, "parametric"});
 
 const char* pooling_name(Pooling value) { return kPoolingNames.name(value); }
 

@@ -61,7 +61,8 @@ void ExampleScore::all_reduce(dist::Group* group) {
 }
 
 constexpr auto kBenchModeNames = name_table("--mode", std::pair{BenchMode::kTrain, "train"},
-                                             std::pair{BenchMode::kEval, "eval"}, std::pair{BenchMode::kGenerate, "generate"});
+                                            std::pair{BenchMode::kEval, "eval"},
+                                            std::pair{BenchMode::kGenerate, "generate"});
 
 const char* bench_mode_name(BenchMode mode) { return kBenchModeNames.name(mode); }
 BenchMode parse_bench_mode(const std::string& name) { return kBenchModeNames.parse(name); }

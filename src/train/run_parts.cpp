@@ -18,8 +18,8 @@
 
 namespace spanformer::train::run {
 
-constexpr auto kUnitNames =
-    name_table("unit", std::pair{Unit::kBpc, "bpc"}, std::pair{Unit::kPpl, "ppl"}, std::pair{Unit::kNats, "nats"});
+constexpr auto kUnitNames = name_table("unit", std::pair{Unit::kBpc, "bpc"}, std::pair{Unit::kPpl, "ppl"},
+                                       std::pair{Unit::kNats, "nats"});
 
 const char* unit_name(Unit unit) { return kUnitNames.name(unit); }
 

@@ -18,7 +18,8 @@
 namespace spanformer::viz {
 
 constexpr auto kSpanLayoutNames = name_table("--layout", std::pair{SpanLayout::kAuto, "auto"},
-                                              std::pair{SpanLayout::kCurves, "curves"}, std::pair{SpanLayout::kGrid, "grid"});
+                                             std::pair{SpanLayout::kCurves, "curves"},
+                                             std::pair{SpanLayout::kGrid, "grid"});
 
 SpanLayout parse_span_layout(const std::string& name) { return kSpanLayoutNames.parse(name); }
 

@@ -177,6 +177,11 @@ void set_bimodal_spans(const std::vector<torch::Tensor>& span_ratios, double L) 
   }
 }
 
+std::vector<BenchSetting> span_bench_settings() {
+  return {{"span", "every head's span z, in tokens (models with adaptive spans)"},
+          {"span-dist", "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)"}};
+}
+
 double bench_span(const BenchRequest& r) {
   const double span = r.number("span", -1);
   if (r.has("span") && span < 0) fail("bench: --span must be >= 0 tokens (got {})", span);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "spanformer/train/family.h"
+#include "spanformer/train/registry.h"
 #include "spanformer/train/optim.h"
 
 namespace spanformer::train {
@@ -60,8 +61,9 @@ inline StepContext bench_context(const TrainConfig& train, torch::Device device)
   return ctx;
 }
 
-// The span settings of bench (adaptive span, XL, GPT): --span (tokens, >= 0; -1 when not given) and
-// --span-dist ("" or "bimodal").
+// The span settings of bench (adaptive span, XL, GPT): their rows of the family's bench settings, and
+// their values: --span (tokens, >= 0; -1 when not given) and --span-dist ("" or "bimodal").
+std::vector<BenchSetting> span_bench_settings();
 double bench_span(const BenchRequest& request);
 std::string bench_span_dist(const BenchRequest& request);
 

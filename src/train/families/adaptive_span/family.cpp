@@ -10,7 +10,6 @@
 #include "spanformer/train/adaptive_span.h"
 
 #include "train/families/families.h"
-#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -270,10 +269,8 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
 }  // namespace
 
 std::vector<BenchSetting> adaptive_span_bench_settings() {
-  return {
-      {"span", "every head's span z, in tokens (models with adaptive spans)"},
-      {"span-dist", "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)"},
-      {"spans-from", "every head's span from this checkpoint (same layers and heads), e.g. an imported reference model's learned spans"}};
+  auto settings = span_bench_settings();
+  return settings;
 }
 
 std::unique_ptr<Family> make_adaptive_span_family(const nlohmann::json& config, const std::string& origin,

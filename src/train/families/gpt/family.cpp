@@ -11,7 +11,6 @@
 // only its last S (or fewer, at the end), so every token is scored once with at least T - S tokens of
 // context (except the first T). Reported per token (bpc or perplexity), the same for every attention.
 #include "train/families/families.h"
-#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -494,10 +493,9 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
 }
 
 std::vector<BenchSetting> gpt_bench_settings() {
-  return {
-      {"span", "every head's span z, in tokens (models with adaptive spans)"},
-      {"span-dist", "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)"},
-      {"tokens", "generate mode: generate this many tokens, the last at a full context (default: the second half of the context)"}};
+  auto settings = span_bench_settings();
+  settings.push_back({"tokens", "generate mode: generate this many tokens, the last at a full context (default: the second half of the context)"});
+  return settings;
 }
 
 std::unique_ptr<Family> make_gpt_family(const nlohmann::json& config, const std::string& origin,

@@ -14,7 +14,6 @@
 // translations of the valid split. `eval` scores the test split the same way with beam search
 // (model.beam, model.length_penalty), BLEU against the normalised references (metrics/bleu.h, 13a).
 #include "train/families/families.h"
-#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>

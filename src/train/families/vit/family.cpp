@@ -9,7 +9,6 @@
 // global clipping. Validation: the whole valid split (the last model.valid_images training images), mean NLL and
 // accuracy. `spanformer eval` scores a split (test by default) the same way.
 #include "train/families/families.h"
-#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>

@@ -9,7 +9,6 @@
 // arch_freeze_steps steps; one Gumbel noise sample per block per step, shared by the batch.
 // Validation: eval_blocks segments of the valid split from fresh memories (0 = all of it).
 #include "train/families/families.h"
-#include "spanformer/train/registry.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -324,11 +323,10 @@ void XlFamily::bench(const BenchRequest& r) {
 }  // namespace
 
 std::vector<BenchSetting> xl_bench_settings() {
-  return {
-      {"span", "every head's span z, in tokens (models with adaptive spans)"},
-      {"span-dist", "bimodal: per layer, 3 of 4 heads in [16, 256] and 1 of 4 in [2048, L] (fixed seed)"},
-      {"mem-len", "eval mode: memory length (default: the protocol's eval_mem_len)"},
-      {"tgt-len", "eval mode: segment length (default: the protocol's eval_tgt_len)"}};
+  auto settings = span_bench_settings();
+  settings.push_back({"mem-len", "eval mode: memory length (default: the protocol's eval_mem_len)"});
+  settings.push_back({"tgt-len", "eval mode: segment length (default: the protocol's eval_tgt_len)"});
+  return settings;
 }
 
 std::unique_ptr<Family> make_xl_family(const nlohmann::json& config, const std::string& origin,
