@@ -88,7 +88,12 @@ TEST(Training, BatchSplitGivesTheSameUpdate) {
       // Double precision; only the summation order differs. Adagrad's per-element g / sqrt(sum g^2)
       // amplifies that for elements whose gradient nearly cancels (rare tokens' embeddings), hence 1e-9.
       EXPECT_LT((params[0][i] - params[s][i]).abs().max().item<double>(), 1e-9) << "split case " << s << " param " << i;
-    for (size_t l = 0; l < caches[0].size(); ++l) EXPECT_TRUE(torch::allclose(caches[0][l], caches[s][l], 0, 1e-12));
+    // The caches of the second step come from parameters that already differ by that rounding (up to
+    // ~1e-10 after the first update), so they are held to the parameters' tolerance too: 1e-12 failed
+    // once in CI under load (Debian's LibTorch 1.13, 2 threads), a split that changed anything but the
+    // summation order would miss by orders of magnitude more.
+    for (size_t l = 0; l < caches[0].size(); ++l)
+      EXPECT_LT((caches[0][l] - caches[s][l]).abs().max().item<double>(), 1e-9) << "split case " << s << " cache " << l;
   }
 }
 
