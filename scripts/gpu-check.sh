@@ -4,7 +4,8 @@
 # compare span attention implementations, and time CUDA training steps. Every figure lands in
 # $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
 #
-#   scripts/gpu-check.sh [stage...]     stages: info build test compare train e2e nccl (default: all, in order)
+#   scripts/gpu-check.sh [stage...]     stages: info build test compare nccl train e2e (default: all, in order
+#                                       of what a short lease needs most)
 #
 # Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
 # ../shared, or .gpu/shared when that copy exists: the GPU machine sees only the checkout), JOBS.
@@ -26,7 +27,7 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-570}
 START=$(date +%s)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(info build test compare train e2e nccl)
+[ ${#stages[@]} -eq 0 ] && stages=(info build test compare nccl train e2e)
 failed=0
 
 # step NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in the log, prints one status line.
@@ -81,25 +82,32 @@ EOF
     }
     ;;
   test)
-    # The cuda-labelled tests (each skips without a GPU); --output-on-failure puts the gtest lines in the log.
-    GOMP_SPINCOUNT=10000 step ctest 300 ctest --test-dir "$BUILD/tests" -L cuda -V
+    # The cuda-labelled tests (each skips without a GPU), four at a time on the one GPU; -V puts the
+    # gtest lines in the log.
+    GOMP_SPINCOUNT=10000 step ctest 240 ctest --test-dir "$BUILD/tests" -L cuda -j 4 -V
     grep -E "Test +#|tests passed|FAILED|Failure|measured:" "$LOG" | sed "s/^[0-9]*: //" | tail -80 | tee -a "$FIG"
     ;;
   compare)
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
     step compare_bf16 240 $PY bench/python/gpu_compare.py --dtype bf16 --out "$FIG"
-    step compare_fp32_small 120 $PY bench/python/gpu_compare.py --dtype fp32 --B 2 --L 2048 --out "$FIG"
+    grep -E "^\| (all|bimodal) \|" "$LOG" | tail -12  # the rows so far, also when the step ran out of time
     step flash_bf16 150 $PY bench/python/gpu_flash.py --dtype bf16 --T 1024 4096 --out "$FIG"
+    step compare_fp32_small 120 $PY bench/python/gpu_compare.py --dtype fp32 --B 2 --L 2048 --out "$FIG"
     ;;
   train)
-    # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command).
-    for run in "enwik8_small:" "bench_span8k:--span-dist bimodal"; do
-      config=configs/${run%%:*}.json
-      for impl in plain fused; do
-        for amp in off bf16; do  # train.amp: fp32, and the forward under bf16 autocast
-          step "bench ${run%%:*} $impl amp $amp" 150 "$BUILD/spanformer" --device cuda bench -c "$config" --steps 10 \
-            --warmup 3 ${run#*:} --attn_impl="$impl" --amp="$amp"
-          grep -E "^bench:" "$LOG" | tail -2 | sed "s|^|${run%%:*} $impl amp $amp: |" | tee -a "$FIG"
+    # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command), bf16
+    # autocast (train.amp) first, then fp32 for the span configs; every family.
+    runs=("bench_span8k:--span-dist bimodal:plain fused" "enwik8_small::plain fused" "gpt/bench_attention::auto fused"
+          "xl/wt2_demo::auto" "vit/fashion_mnist::-" "seq2seq/transformer::-")  # -: no attn_impl key
+    for amp in bf16 off; do
+      for run in "${runs[@]}"; do
+        IFS=: read -r name extra impls <<<"$run"
+        [ $amp = off ] && [[ $name != bench_span8k && $name != enwik8_small ]] && continue
+        for impl in $impls; do
+          flag=--attn_impl=$impl; [ "$impl" = - ] && flag=
+          step "bench $name $impl amp $amp" 90 "$BUILD/spanformer" --device cuda bench -c "configs/$name.json" \
+            --steps 10 --warmup 3 $extra $flag --amp="$amp"
+          grep -E "^bench" "$LOG" | tail -2 | sed "s|^|$name $impl amp $amp: |" | tee -a "$FIG"
         done
       done
     done
@@ -147,7 +155,7 @@ print("nccl: group of one " + ("equals" if same else "DIFFERS from") + " the pla
 sys.exit(0 if same else 1)
 EOF
     ;;
-  *) echo "unknown stage '$stage' (info build test compare train e2e nccl)"; exit 2 ;;
+  *) echo "unknown stage '$stage' (info build test compare nccl train e2e)"; exit 2 ;;
   esac
 done
 exit $failed
