@@ -4,8 +4,8 @@
 # compare span attention implementations, and time CUDA training steps. Every figure lands in
 # $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
 #
-#   scripts/gpu-check.sh [stage...]     stages: info build test compare nccl train e2e (default: all, in order
-#                                       of what a short lease needs most)
+#   scripts/gpu-check.sh [stage...]     stages: info build test compare nccl train e2e profile (default: all,
+#                                       in order of what a short lease needs most)
 #
 # Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
 # ../shared, or .gpu/shared when that copy exists: the GPU machine sees only the checkout), JOBS.
@@ -27,7 +27,7 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-570}
 START=$(date +%s)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(info build test compare nccl train e2e)
+[ ${#stages[@]} -eq 0 ] && stages=(info build test compare nccl train e2e profile)
 failed=0
 
 # step NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in the log, prints one status line.
@@ -155,7 +155,18 @@ print("nccl: group of one " + ("equals" if same else "DIFFERS from") + " the pla
 sys.exit(0 if same else 1)
 EOF
     ;;
-  *) echo "unknown stage '$stage' (info build test compare nccl train e2e)"; exit 2 ;;
+  profile)
+    # Nsight Compute on one launch of the span forward (version 1) at the comparison's shape, bf16, every
+    # head at L: speed of light, occupancy, warp stalls, memory, in $OUT/ncu_span_forward.txt
+    # (--clock-control none: the card's clocks as found).
+    export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
+    step ncu_span_forward 150 bash -c "ncu --clock-control none -k regex:forward_mma -s 1 -c 1 --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis --section SchedulerStats $PY bench/python/gpu_span_once.py > '$OUT/ncu_span_forward.txt' 2>&1"
+    grep -E "Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per|Issue Slots|One or More" \
+      "$OUT/ncu_span_forward.txt" | head -30 | tee -a "$FIG"
+    ;;
+  *) echo "unknown stage '$stage' (info build test compare nccl train e2e profile)"; exit 2 ;;
   esac
 done
 exit $failed

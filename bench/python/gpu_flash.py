@@ -38,8 +38,8 @@ def main():
     ops = torch.ops.spanformer
     impls = {
         "sdpa causal": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "spanformer kernels v0": lambda q, k, v: ops.flash_attention(q, k, v, 0, 0.0, False, -1, True),
-        "spanformer ATen tiles": lambda q, k, v: ops.flash_attention(q, k, v, 0, 0.0, False, -1, False),
+        "spanformer kernels v0": lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=True),
+        "spanformer ATen tiles": lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=False),
         "plain composition": lambda q, k, v: ops.flash_attention_reference(q, k, v),
     }
     for T in a.T:

@@ -61,7 +61,7 @@ torch::Tensor AdaptiveEmbeddingImpl::forward(const torch::Tensor& x) const {
     auto idx = ((flat >= bounds_[i]) & (flat < bounds_[i + 1])).nonzero().squeeze(1);  // (N_i)
     if (idx.numel() == 0) continue;
     auto e = torch::embedding(tables[i], flat.index_select(0, idx) - bounds_[i]);     // (N_i, E_i)
-    out = out.index_copy(0, idx, torch::matmul(e, projs[i].t()));                    // (N_i, P)
+    out = out.index_copy(0, idx, torch::matmul(e, projs[i].t()).to(out.scalar_type()));  // (N_i, P); autocast may narrow the product
   }
   auto sizes = x.sizes().vec();
   sizes.push_back(options_.d_proj);

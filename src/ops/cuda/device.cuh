@@ -67,6 +67,19 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// 16 bytes (8 bf16 / fp16 elements) as one load or store: the widest a thread issues (LDG.128 / STS.128).
+// Both addresses must be 16-byte aligned.
+#ifdef SPANFORMER_CUDA_EMULATE
+struct alignas(16) Vec16 {
+  uint32_t x, y, z, w;
+};
+#else
+using Vec16 = uint4;
+#endif
+__device__ __forceinline__ Vec16 load16(const void* p) { return *reinterpret_cast<const Vec16*>(p); }
+__device__ __forceinline__ void store16(void* p, const Vec16& v) { *reinterpret_cast<Vec16*>(p) = v; }
+__device__ __forceinline__ Vec16 zero16() { return Vec16{0u, 0u, 0u, 0u}; }
+
 __device__ __forceinline__ float warp_max(float x) {
   for (int o = kWarp / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
   return x;

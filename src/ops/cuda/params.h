@@ -1,6 +1,6 @@
 // Parameters of the CUDA kernels: plain pointers and sizes, so the .cu files need no LibTorch headers.
 // Adaptive span (span_attention_kernels.cu), contiguous: q, out (B, K, M, D); k, v (B, K, W + M, D);
-// key_pe (D, L); span_ratio (K) float; visited (K) int; row statistics (B, K, M) float.
+// key_pe (D, L), key_pe_by_distance (W, D); span_ratio (K) float; visited (K) int; row statistics (B, K, M) float.
 // Flash (flash_attention_kernels.cu), contiguous: q, out, grad_out (B, K, N, D); k, v (B, K, C, D);
 // lse, delta (B, K, N) float; gradients float, dq like q, dk and dv like k.
 #pragma once
@@ -22,6 +22,7 @@ struct SpanAttentionParams {
   const void* k;
   const void* v;
   const void* key_pe;
+  const void* key_pe_by_distance;  // (W, D): row d - 1 is key_pe[:, L - d] (version 1 reads pe in 16-byte rows)
   const float* span_ratio;  // (K)
   const int* visited;       // (K) distances each head reads, 1 .. W
   // Forward outputs.

@@ -63,6 +63,9 @@ Forward span_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in, c
   auto out = cuda::uninitialized(q.sizes(), q.options());                                           // (B, K, M, D)
   auto stats = cuda::uninitialized({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (3,B,K,M)
   auto p = make_params(q, k, v, pe, ratio, visited, o);
+  const int64_t W = p.W, L = p.L;
+  auto pe_by_distance = pe.narrow(1, L - W, W).flip({1}).t().contiguous();  // (W, D): row d - 1 = pe[:, L - d]
+  p.key_pe_by_distance = pe_by_distance.data_ptr();
   p.out = out.data_ptr();
   p.row_max = stats[0].data_ptr<float>();
   p.row_z = stats[1].data_ptr<float>();
@@ -84,6 +87,9 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_in, const at::
   auto dq = at::zeros(q.sizes(), f32), dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
   auto dpe = at::zeros(pe.sizes(), f32), dratio = at::zeros(ratio.sizes(), f32);
   auto p = make_params(q, k, v, pe, ratio, visited, o);
+  const int64_t W = p.W, L = p.L;
+  auto pe_by_distance = pe.narrow(1, L - W, W).flip({1}).t().contiguous();  // (W, D): row d - 1 = pe[:, L - d]
+  p.key_pe_by_distance = pe_by_distance.data_ptr();
   p.out = out.data_ptr();
   p.row_max = stats[0].data_ptr<float>();
   p.row_z = stats[1].data_ptr<float>();

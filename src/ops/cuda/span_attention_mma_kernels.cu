@@ -10,7 +10,8 @@
 // of 64 rows j0 = i0, i0 + 64, ... (a query reads rows i .. i + W - 1). Per tile, through shared memory:
 //   ks, vs    the tile's key and value rows (64 x D, rows padded to D + 8 elements),
 //   pes       pe's columns for the 127 distances the (query tile, key tile) pair spans, transposed:
-//             pes[c][e] = pe[e][L - (dlo + c)] with dlo = i0 + W - j0 - 63 the pair's smallest distance,
+//             pes[c][e] = pe[e][L - (dlo + c)] with dlo = i0 + W - j0 - 63 the pair's smallest distance
+//             (read from key_pe_by_distance, pe transposed by the glue, so that rows are 16-byte loads),
 //   g         per warp, G = Q_w pes^T (16 x 80 fp32): the position term of every distance the warp's rows
 //             meet in this tile; score element (row r, key n) reads G[r][r - n + 63].
 // Q_w K^T and Q_w pes^T run on mma.sync m16n8k16 (bf16 / fp16 in, fp32 accumulate) with Q's fragments
@@ -55,6 +56,49 @@ __device__ __forceinline__ float ramp_mask(float z, float ramp, int64_t d) {
   return fminf(fmaxf((z - static_cast<float>(d - 1)) / ramp + 1.f, 0.f), 1.f);
 }
 
+// One key tile into shared memory: key and value rows j0 .. j0 + 63 (zero past the last row; values only
+// where some pair is within the span) and pe's rows for the distances dlo .. dlo + 127 (zero outside
+// 1 .. W), as 16-byte vectors, each thread's loads all issued before its stores (one memory latency a
+// batch, not one an element: version 1's first GPU run spent most of its time in an element-wise loop
+// here). kBatch vectors in flight per thread bound the registers the copy holds.
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(T* ks, T* vs, T* pes, const T* k, const T* v, const T* pe_d, int64_t j0,
+                                          int64_t dlo, int64_t W, int64_t M, bool values) {
+  constexpr int P = pitch<D>(), V = 16 / sizeof(T), VR = D / V, kThreads = kWarps * kWarp, kBatch = D > 64 ? 4 : 8;
+  constexpr int NK = kKeys * VR / kThreads, NP = kDist * VR / kThreads, N = 2 * NK + NP;  // vectors a thread moves
+  static_assert(kKeys * VR % kThreads == 0 && kDist * VR % kThreads == 0, "whole vectors per thread");
+  const int tid = static_cast<int>(threadIdx.x);
+  // Vector n of this thread: keys (n < NK), values (n < 2 NK), pe rows; within its part, vector
+  // u = tid + n' kThreads is row u / VR, elements (u % VR) V .. + V. n is a constant after unrolling.
+#pragma unroll
+  for (int b0 = 0; b0 < N; b0 += kBatch) {
+    Vec16 r[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int n = b0 + u;
+      if (n >= N) continue;
+      const int part = n < NK ? 0 : n < 2 * NK ? 1 : 2;
+      const int idx = tid + (part == 2 ? n - 2 * NK : n - part * NK) * kThreads, row = idx / VR, e = (idx % VR) * V;
+      if (part < 2) {
+        const int64_t j = j0 + row;
+        r[u] = (part == 0 || values) && j < W + M ? load16((part == 0 ? k : v) + j * D + e) : zero16();
+      } else {
+        const int64_t d = dlo + row;
+        r[u] = d >= 1 && d <= W ? load16(pe_d + (d - 1) * D + e) : zero16();
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int n = b0 + u;
+      if (n >= N) continue;
+      const int part = n < NK ? 0 : n < 2 * NK ? 1 : 2;
+      const int idx = tid + (part == 2 ? n - 2 * NK : n - part * NK) * kThreads;
+      if (part == 1 && !values) continue;
+      store16((part == 0 ? ks : part == 1 ? vs : pes) + (idx / VR) * P + (idx % VR) * V, r[u]);
+    }
+  }
+}
+
 template <typename T, int D>
 __global__ void forward_mma_kernel(SpanAttentionParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
@@ -78,7 +122,7 @@ __global__ void forward_mma_kernel(SpanAttentionParams p) {
   const T* q = static_cast<const T*>(p.q) + x * M * D;
   const T* k = static_cast<const T*>(p.k) + x * (W + M) * D;
   const T* v = static_cast<const T*>(p.v) + x * (W + M) * D;
-  const T* pe = static_cast<const T*>(p.key_pe);
+  const T* pe_d = static_cast<const T*>(p.key_pe_by_distance);  // (W, D): row d - 1 is distance d
   float* gw = g_all + warp * 16 * kGPitch;
 
   // Q_w as A fragments: register r of chunk c holds row g (+8 for odd r), columns 16c + 2t (+8 for r >= 2).
@@ -100,17 +144,7 @@ __global__ void forward_mma_kernel(SpanAttentionParams p) {
     const int64_t dlo = i0 + W - j0 - (kKeys - 1);  // the pair's smallest distance (row i0, key j0 + 63)
     const bool values = dlo <= S;                   // some pair within the span: mask and P V needed
     __syncthreads();  // the previous tile is consumed
-    for (int idx = threadIdx.x; idx < kKeys * D; idx += blockDim.x) {
-      const int r = idx / D, e = idx % D;
-      const int64_t j = j0 + r;
-      ks[r * P + e] = j < W + M ? k[j * D + e] : from_float<T>(0.f);
-      if (values) vs[r * P + e] = j < W + M ? v[j * D + e] : from_float<T>(0.f);
-    }
-    for (int idx = threadIdx.x; idx < kDist * D; idx += blockDim.x) {  // consecutive threads: consecutive columns of pe
-      const int c = idx % kDist, e = idx / kDist;
-      const int64_t d = dlo + c;
-      pes[c * P + e] = d >= 1 && d <= W ? pe[e * L + (L - d)] : from_float<T>(0.f);
-    }
+    load_tile<T, D>(ks, vs, pes, k, v, pe_d, j0, dlo, W, M, values);
     __syncthreads();
 
     // Content scores: 8 tiles of 8 keys; B (k x n) = K^T: register r holds ks[n = g][16c + 2t (+8 for r = 1)].
@@ -260,7 +294,9 @@ cudaError_t launch_mma_for_width(const SpanAttentionParams& p, cudaStream_t stre
 }  // namespace
 
 bool span_attention_mma_supported(const SpanAttentionParams& p) {
-  return p.dtype != DType::kFloat32 && (p.D == 32 || p.D == 64 || p.D == 128);
+  const auto aligned = [](const void* x) { return x != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0; };
+  return p.dtype != DType::kFloat32 && (p.D == 32 || p.D == 64 || p.D == 128) && aligned(p.k) && aligned(p.v) &&
+         aligned(p.key_pe_by_distance);  // 16-byte tile loads
 }
 
 cudaError_t span_attention_forward_mma(const SpanAttentionParams& p, cudaStream_t stream) {
