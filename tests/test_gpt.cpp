@@ -18,6 +18,7 @@
 #include "spanformer/nn/positional.h"
 #include "spanformer/nn/adaptive_span.h"
 #include "spanformer/train/checkpoint.h"
+#include "spanformer/train/eval_checkpoint.h"
 #include "spanformer/train/family.h"
 #include "spanformer/train/optim.h"
 #include "gpt_util.h"
@@ -454,6 +455,29 @@ TEST(GptTraining, EveryAttentionLearnsAndResumesBitForBit) {
     tu::run_family(to_json(c), tmp.file(name + "_b"), false, 37);
     tu::run_family(to_json(c), tmp.file(name + "_b"), true);
     tu::expect_same_checkpoint(tmp.file(name + "_a/checkpoint.pt"), tmp.file(name + "_b/checkpoint.pt"));
+  }
+}
+
+// The same numbers from the same command (issue 38): two runs of every attention with 2 threads end in
+// bit-identical checkpoints, and evaluating one twice gives the same figure (LSH draws its rotations in
+// eval too: they come from the run's seed, not from LibTorch's generator, which starts anywhere).
+TEST(GptTraining, RepeatedRunsAndEvaluationsAreBitIdentical) {
+  tu::TempDir tmp;
+  tu::prepare_dickens_slice(tmp.path(), 30000);
+  for (auto kind : kAllKinds) {
+    SCOPED_TRACE(attention::causal_kind_name(kind));
+    const GptConfig c = training_gpt(kind, tmp.path(), 12, 12);
+    const std::string name = attention::causal_kind_name(kind);
+    tu::run_family(to_json(c), tmp.file(name + "_a"));
+    tu::run_family(to_json(c), tmp.file(name + "_b"));
+    tu::expect_same_checkpoint(tmp.file(name + "_a/checkpoint.pt"), tmp.file(name + "_b/checkpoint.pt"));
+    train::Checkpoint ck(tmp.file(name + "_a/checkpoint.pt"));
+    auto family = train::family_from_checkpoint(ck, {});
+    train::CheckpointEval request;
+    request.split = "valid";
+    const double first = train::evaluate_checkpoint(ck, *family, request).record["nll"].get<double>();
+    const double second = train::evaluate_checkpoint(ck, *family, request).record["nll"].get<double>();
+    EXPECT_EQ(first, second);
   }
 }
 

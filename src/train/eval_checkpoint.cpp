@@ -4,6 +4,7 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <torch/utils.h>
 
 #include "spanformer/dist/group.h"
 #include "spanformer/util/error.h"
@@ -56,6 +57,9 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
   if (!r.dump_outputs.empty() && !family.as<ExampleSets>())
     fail("--dump-outputs is for the example families (seq2seq, vit); language models have --dump-logprobs");
   if (!r.unit.empty() && r.unit != "bpc" && r.unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", r.unit);
+  // The same numbers from the same command: what a forward draws (LSH attention's rotations) comes from
+  // the run's seed, not from LibTorch's default generator, which starts from a nondeterministic seed.
+  torch::manual_seed(static_cast<uint64_t>(family.train().seed));
   if (!r.vocab.empty()) {
     auto v = ck.vocab().word_level ? data::read_word_vocab(r.vocab) : data::read_vocab(r.vocab);
     if (data::vocab_to_text(v) != data::vocab_to_text(ck.vocab()))

@@ -23,8 +23,9 @@
 // (recomputation from them) serves unchanged.
 //
 // D in {32, 64, 128} (templated: fragment arrays stay in registers); other widths and float32 take
-// version 0. Not yet run on a GPU: tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp), which
-// computes each mma.sync from the PTX ISA's fragment layouts; docs/kernels.md, "v1".
+// version 0. Tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp), which computes each mma.sync
+// from the PTX ISA's fragment layouts, and on an H200 (tests/test_cuda.cpp): 2.20 ms at B 8, K 8, M 512,
+// D 64, L 8192 in bf16, against 4.96 ms for the plain composition; docs/kernels.md, "v1 on a GPU".
 #include "../dropout_hash.h"
 #include "device.cuh"
 #include "params.h"
