@@ -224,6 +224,15 @@ expect_exit2 "import: 'safetensor' is not a kind of weights (safetensors, gpt2, 
 expect_exit2 "import: give the FILE after the kind: spanformer import safetensors FILE --out FILE" \
   "$bin" import safetensors --out "$tmp/x.pt"
 
+# Sizes without a bound are refused before any work, from what one window or segment of one sequence
+# needs (config/train_config.h, check_working_memory_fits): a GPT context of 10^8 tokens with a small
+# width passed the parameter check and then allocated until the machine ran out.
+expect_error "config: one window of context 100000000 tokens needs about .* GB of working memory, more than this machine's" \
+  "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/ctx" --context=100000000 --d_model=16 --n_head=2
+expect_error "config: a segment of eval_tgt_len 100000000 tokens with .* of memory needs about .* GB of working memory" \
+  "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode eval --vocab_size=9334 --eval_tgt_len=100000000
+[ ! -e "$tmp/ctx" ] || { echo "FAIL: a refused train made its run directory"; failures=$((failures + 1)); }
+
 # The GPT-2 layout (Hugging Face transformers): models GPT-2 cannot express, and directories that are not
 # one, each refused in one line naming what it got.
 gpt_small=(--n_layer=1 --d_model=16 --n_head=2 --context=16 --batch_size=2 --nb_steps=2 --eval_interval=2 --eval_blocks=1

@@ -145,6 +145,10 @@ void validate(const GptModelConfig& c) {
   const double H = static_cast<double>(c.d_model), I = static_cast<double>(c.inner_dim());
   check_model_fits(static_cast<double>(c.vocab_size + c.context) * H * (c.tie_weights ? 1 : 2) +
                    static_cast<double>(c.n_layer) * (4 * H * H + 2 * H * I));
+  // One window of one sequence: every layer's keys and values, one feed-forward hidden, the logits.
+  const double T = static_cast<double>(c.context);
+  check_working_memory_fits(T * (2 * static_cast<double>(c.n_layer) * H + I + static_cast<double>(c.vocab_size)),
+                            fmt::format("one window of context {} tokens", c.context));
 }
 
 void validate(const GptConfig& config) {

@@ -34,7 +34,7 @@ const std::vector<Field<Seq2SeqModelConfig>>& seq2seq_model_fields() {
             "bahdanau: the paper's output, maxout over U s_{t-1} + V E y_{t-1} + C c_t (false: W_out s_t)"),
       field("pre_norm", &C::pre_norm, "transformer: LayerNorm before each sublayer (false: post-norm, the paper's)"),
       field("share_embeddings", &C::share_embeddings, "one table for source, target and output"),
-      field("max_positions", &C::max_positions, "transformer: longest sequence (sinusoidal table, no weights)"),
+      field("max_positions", &C::max_positions, "longest sentence translated (transformer: its sinusoidal table, no weights)"),
       field("label_smoothing", &C::label_smoothing, "training loss smoothing (the logged NLL is unsmoothed)"),
       field("beam", &C::beam, "decoding: beam width (1 = greedy)"),
       field("length_penalty", &C::length_penalty, "decoding: alpha of ((5 + |y|) / 6)^alpha"),

@@ -125,11 +125,24 @@ void read_train_section(TrainConfig& t, const json& j, const std::string& origin
 }
 
 }  // namespace config_detail
+namespace {
+double machine_memory() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
+}  // namespace
+
 void check_model_fits(double parameters) {
-  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  const double memory = machine_memory();
   if (!(parameters * 4 <= memory))
     fail("config: the model would have about {:.3g} parameters ({:.1f} GB in float32), more than this machine's {:.1f} GB",
          parameters, parameters * 4 / 1e9, memory / 1e9);
+}
+
+void check_working_memory_fits(double floats, const std::string& what) {
+  const double memory = machine_memory();
+  if (!(floats * 4 <= memory))
+    fail("config: {} needs about {:.3g} GB of working memory, more than this machine's {:.1f} GB", what,
+         floats * 4 / 1e9, memory / 1e9);
 }
 
 nlohmann::json read_config_file(const std::string& path) {

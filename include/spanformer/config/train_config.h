@@ -68,6 +68,11 @@ struct ConfigKey {
 // Refuses, before anything is allocated, a model whose estimated parameter count does not fit in this
 // machine's memory as float32 (absurd sizes such as nb_layers = 1e5 fail here in one line).
 void check_model_fits(double parameters);
+// One forward's working memory, `floats` float32 values at least (a lower bound the family derives from
+// its sizes: one window or segment of one sequence), against this machine's memory: refused in one line
+// naming `what` before anything is allocated (a context of 10^8 tokens used to allocate until the
+// machine ran out).
+void check_working_memory_fits(double floats, const std::string& what);
 
 // A config file as JSON: one-line errors for missing, unreadable and invalid files, and for a key
 // given twice in one object (JSON parsers would keep the last silently).
