@@ -3,7 +3,9 @@
 
 #include "command.h"
 #include "spanformer/io/safetensors.h"
+#include "spanformer/train/checkpoint.h"
 #include "spanformer/train/family.h"
+#include "spanformer/util/io.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer::cli {
@@ -50,6 +52,15 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
                              "or edited): its tensors are taken as they are\n", o->model, io::kSafetensorsChecksumKey);
         fmt::print("imported {} -> {}\n", o->model, o->out);
         return;
+      }
+      if (sniff_file_kind(o->model) == "a checkpoint (zip)") {  // ours, or the reference's torch.save
+        bool ours = true;
+        try {
+          train::Checkpoint ck(o->model);
+        } catch (const Error&) {
+          ours = false;
+        }
+        if (ours) fail("import {}: {} is a spanformer checkpoint already (import reads the reference's state_dict)", o->kind, o->model);
       }
       if (o->config.empty() || o->vocab.empty()) fail("import {}: --config and --vocab are required", o->kind);
       auto family = train::family_from_config_file(o->config, overrides);

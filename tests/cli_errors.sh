@@ -233,6 +233,31 @@ expect_error "config: a segment of eval_tgt_len 100000000 tokens with .* of memo
   "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode eval --vocab_size=9334 --eval_tgt_len=100000000
 [ ! -e "$tmp/ctx" ] || { echo "FAIL: a refused train made its run directory"; failures=$((failures + 1)); }
 
+# A file where a directory is expected, and the reverse, or another family's data: one line naming what
+# the path is and what the command wanted (issue 38's sweep).
+expect_error "$src/configs/demo.json is a JSON file (a config or a log), not a checkpoint: give a run directory or its checkpoint.pt" \
+  "$bin" generate "$src/configs/demo.json"
+expect_error "$tmp/run is a directory, not a file (a run directory: its config is $tmp/run/config.json)" \
+  "$bin" train -c "$tmp/run" --out "$tmp/sweep1"
+expect_error "$tmp/run/checkpoint.pt is a checkpoint, not a config file (continue its run: train --resume --out RUN" \
+  "$bin" train -c "$tmp/run/checkpoint.pt" --out "$tmp/sweep2"
+expect_error "$tmp/data is a directory without $tmp/data/checkpoint.pt: not a run directory (a prepared data directory?)" \
+  "$bin" generate "$tmp/data"
+expect_error "$tmp/data is a directory, not a file" "$bin" data prepare "$tmp/data" --out "$tmp/sweep3"
+expect_error "$tmp/text.txt is a file; a prepared data directory is expected (spanformer data prepare FILE --out DIR)" \
+  "$bin" eval "$tmp/run" --data "$tmp/text.txt"
+mkdir -p "$tmp/images" && : > "$tmp/images/train-images-idx3-ubyte"
+expect_error "$tmp/images holds an IDX image set (the vit family's data); language models read a prepared text directory" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/images" --out "$tmp/sweep4"
+expect_error "$tmp/data is a directory, not a file (the seq2seq family reads one file of tab-separated sentence pairs)" \
+  "$bin" train -c "$src/configs/seq2seq/gru.json" --data "$tmp/data" --out "$tmp/sweep5"
+expect_error "import adaptive-span: $tmp/run/checkpoint.pt is a spanformer checkpoint already (import reads the reference's state_dict)" \
+  "$bin" import adaptive-span "$tmp/run/checkpoint.pt" --out "$tmp/sweep6.pt"
+expect_error "$tmp/run is a directory, not a file" "$bin" import safetensors "$tmp/run" --out "$tmp/sweep7.pt"
+for d in sweep1 sweep2 sweep3 sweep4 sweep5 sweep6.pt sweep7.pt; do
+  [ ! -e "$tmp/$d" ] || { echo "FAIL: a refused command wrote $d"; failures=$((failures + 1)); }
+done
+
 # The GPT-2 layout (Hugging Face transformers): models GPT-2 cannot express, and directories that are not
 # one, each refused in one line naming what it got.
 gpt_small=(--n_layer=1 --d_model=16 --n_head=2 --context=16 --batch_size=2 --nb_steps=2 --eval_interval=2 --eval_blocks=1

@@ -9,6 +9,7 @@
 #include "spanformer/util/error.h"
 #include "spanformer/util/names.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/run_paths.h"
 
 namespace spanformer {
 
@@ -146,7 +147,12 @@ void check_working_memory_fits(double floats, const std::string& what) {
 }
 
 nlohmann::json read_config_file(const std::string& path) {
-  if (!file_exists(path)) fail("file not found: {}", path);
+  require_file(path, file_exists(RunPaths(path).config()) ? fmt::format(" (a run directory: its config is {})",
+                                                                         RunPaths(path).config())
+                                                          : std::string());
+  if (sniff_file_kind(path) == "a checkpoint (zip)")
+    fail("{} is a checkpoint, not a config file (continue its run: train --resume --out RUN; start from its weights: "
+         "--init CHECKPOINT)", path);
   const std::string text = read_file(path);
   std::vector<std::set<std::string>> seen;  // keys of each open object
   std::string duplicate, last_key;

@@ -292,6 +292,11 @@ const TokenFile& Corpus::split(const std::string& name) const {
 Corpus load_corpus(const std::string& dir, const std::string& only_split) {
   Corpus corpus;
   corpus.dir = dir;
+  if (file_exists(dir))
+    fail("{} is a file; a prepared data directory is expected (spanformer data prepare FILE --out DIR)", dir);
+  if (file_exists(dir + "/train-images-idx3-ubyte") || file_exists(dir + "/train-images-idx3-ubyte.gz"))
+    fail("{} holds an IDX image set (the vit family's data); language models read a prepared text directory "
+         "(spanformer data prepare FILE --out DIR)", dir);
   const bool words = !file_exists(dir + "/vocab.txt") && file_exists(dir + "/words.txt");
   if (!words && !file_exists(dir + "/vocab.txt"))
     fail("{}/vocab.txt not found: is '{}' a prepared data directory? (spanformer data prepare FILE --out DIR)", dir, dir);

@@ -178,6 +178,7 @@ PairSet load_pairs(const std::string& path, const PairsOptions& o) {
   if (o.min_freq < 1) fail("{}: min_freq must be at least 1 (got {})", path, o.min_freq);
   if (o.valid_pairs < 1 || o.test_pairs < 1)
     fail("{}: valid_pairs and test_pairs must be positive (got {} and {})", path, o.valid_pairs, o.test_pairs);
+  require_file(path, " (the seq2seq family reads one file of tab-separated sentence pairs)");
   const std::string text = read_file(path);
   if (text.empty()) fail("{}: the file is empty", path);
 

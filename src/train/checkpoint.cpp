@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "spanformer/data/subwords.h"
@@ -106,9 +107,17 @@ void CheckpointWriter::save(const std::string& path) {
 }
 
 Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_in)) {
-  if (!file_exists(path_)) fail("checkpoint not found: {}", path_in);
+  if (!file_exists(path_)) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path_in, ec))
+      fail("{} is a directory without {}: not a run directory{}", path_in, RunPaths(path_in).checkpoint(),
+           file_exists(path_in + "/vocab.txt") || file_exists(path_in + "/words.txt") ? " (a prepared data directory?)" : "");
+    fail("checkpoint not found: {}", path_in);
+  }
   check_readable(path_);
   if (const auto zip = zip_container_problem(path_); !zip.zip) {
+    if (const auto kind = sniff_file_kind(path_); kind == "a JSON file (a config or a log)")
+      fail("{} is {}, not a checkpoint: give a run directory or its checkpoint.pt", path_, kind);
     fail("{} is not a readable spanformer checkpoint (truncated, corrupt, or another format)", path_);
   } else if (!zip.what.empty()) {
     fail("{} is damaged: {} (the file changed after it was written)", path_, zip.what);

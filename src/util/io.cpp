@@ -25,7 +25,7 @@
 namespace spanformer {
 
 std::string read_file(const std::string& path) {
-  if (!file_exists(path)) fail("file not found: {}", path);
+  require_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open {}: {}", path, std::strerror(errno));
   std::ostringstream buffer;
@@ -46,6 +46,24 @@ void check_readable(const std::string& path) {
 bool file_exists(const std::string& path) {
   std::error_code ec;
   return std::filesystem::is_regular_file(path, ec);
+}
+
+void require_file(const std::string& path, const std::string& hint) {
+  if (file_exists(path)) return;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail("{} is a directory, not a file{}", path, hint);
+  fail("file not found: {}", path);
+}
+
+std::string sniff_file_kind(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {0, 0, 0, 0};
+  in.read(head, 4);
+  if (head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) return "a checkpoint (zip)";
+  size_t i = 0;
+  while (i < 4 && (head[i] == ' ' || head[i] == '\n' || head[i] == '\t' || head[i] == '\r')) ++i;
+  if (i < 4 && head[i] == '{') return "a JSON file (a config or a log)";
+  return "";
 }
 
 void check_regular_or_absent(const std::string& path, const std::string& what) {
@@ -131,7 +149,7 @@ DirectoryLock::~DirectoryLock() {
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  if (!file_exists(path)) fail("file not found: {}", path);
+  require_file(path);
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) fail("cannot open {}: {}", path, std::strerror(errno));
   struct stat st {};

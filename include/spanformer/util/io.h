@@ -22,6 +22,12 @@ void write_file_atomic(const std::string& path, const std::string& content);
 void write_atomic_with(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
 
 bool file_exists(const std::string& path);
+// Refuses a path that is not a regular file in one line naming what it is: "X is a directory, not a
+// file" (with `hint` after it when given) or "file not found: X".
+void require_file(const std::string& path, const std::string& hint = "");
+// What the first bytes of an existing file say it is, for refusals: "a checkpoint (zip)", "a JSON file
+// (a config or a log)", or "" when nothing is recognised.
+std::string sniff_file_kind(const std::string& path);
 
 // Throws Error "PATH exists and is not a regular file (what): ..." when something other than a regular
 // file (a directory, a device, a pipe) is at `path`; an absent path or a regular file passes. `what`
