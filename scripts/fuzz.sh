@@ -2,10 +2,12 @@
 # Coverage-guided fuzzing of every reader of user files (issue 38; targets in tests/fuzz, findings and
 # figures in docs/reliability.md).
 #
-#   bash scripts/fuzz.sh [TARGET|all] [SECONDS]   build build-fuzz/ (clang, ASan + UBSan, libFuzzer), make
+#   bash scripts/fuzz.sh [TARGET[,TARGET...]|all] [SECONDS]
+#                                                build build-fuzz/ (clang, ASan + UBSan, libFuzzer), make
 #                                                the seed corpora, then fuzz each target for SECONDS
-#                                                (default 600) and print its executions, coverage and
-#                                                findings; crashing inputs land in build-fuzz/crashes/
+#                                                (default 600; FUZZ_JOBS targets at a time, default 1)
+#                                                and print its executions, coverage and findings;
+#                                                crashing inputs land in build-fuzz/crashes/
 #   bash scripts/fuzz.sh seeds DIR CLI           the seed corpora, DIR/<target>/, made on the spot with the
 #                                                spanformer command CLI (small valid files: no blobs kept)
 #   bash scripts/fuzz.sh replay FUZZ_REPLAY CLI  (CTest's fuzz.replay) every target over fresh seeds and
@@ -15,7 +17,7 @@
 # it broke), so that the replay holds the fix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(vocab config idx tokens pairs jsonl safetensors checkpoint)
+targets=(vocab config idx tokens pairs jsonl safetensors checkpoint reference xl_reference sentencepiece archive)
 
 make_seeds() {  # DIR CLI
   local out=$1 cli=$2 work
@@ -51,6 +53,35 @@ JSON
   "$cli" export safetensors "$work/run" -o "$out/safetensors/adaptive_span.safetensors" > /dev/null
   "$cli" export safetensors "$work/gpt" -o "$out/safetensors/gpt.safetensors" > /dev/null
   rm -f "$out"/safetensors/*.json
+  # The references' state_dicts, exported from the tiny runs (the targets build the same configs).
+  "$cli" export adaptive-span "$work/run" --out "$out/reference/adaptive_span.pt" > /dev/null
+  cat > "$work/xl.json" <<JSON
+{"arch": "xl", "model": {"n_layer": 1, "d_model": 8, "n_head": 2, "d_head": 4, "d_inner": 16, "tgt_len": 8, "mem_len": 8},
+ "train": {"batch_size": 2, "nb_steps": 2, "eval_interval": 2, "eval_blocks": 1, "lr_warmup": 0}}
+JSON
+  "$cli" train -c "$work/xl.json" --data "$work/data" --out "$work/xl" --quiet > /dev/null 2>&1
+  "$cli" export transformer-xl "$work/xl" --out "$out/xl_reference/transformer_xl.pt" > /dev/null
+  # A SentencePiece model: a tiny seq2seq run with subwords, its model bytes taken from the safetensors
+  # export's metadata (builds without SentencePiece keep that corpus empty).
+  if "$cli" train -c configs/seq2seq/transformer.json --data "$out/pairs/pairs.txt" --out "$work/sp" \
+      --tokenizer=sentencepiece --subword_vocab=40 --valid_pairs=4 --test_pairs=4 --d_model=16 --n_layer=1 --n_head=2 \
+      --d_inner=32 --batch_size=4 --nb_steps=2 --eval_interval=2 --quiet > /dev/null 2>&1; then
+    "$cli" export safetensors "$work/sp" -o "$work/sp.safetensors" > /dev/null
+    python3 - "$work/sp.safetensors" "$out/sentencepiece/subwords.model" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+open(sys.argv[2], "wb").write(bytes.fromhex(header["__metadata__"]["spanformer.vocab_model"]))
+PY
+  fi
+  # Archives: the member data get unpacks, deflated and stored.
+  python3 - "$work/text.txt" "$out/archive" <<'PY'
+import sys, zipfile
+text = open(sys.argv[1], "rb").read()
+for name, method in (("deflated.zip", zipfile.ZIP_DEFLATED), ("stored.zip", zipfile.ZIP_STORED)):
+    with zipfile.ZipFile(f"{sys.argv[2]}/{name}", "w", method) as z:
+        z.writestr("enwik8", text[:2000])
+PY
   rm -rf "$work"
 }
 
@@ -72,9 +103,10 @@ case "${1:-all}" in
 esac
 
 target=${1:-all} seconds=${2:-600}
-if [ "$target" != all ] && [[ ! " ${targets[*]} " == *" $target "* ]]; then
-  echo "fuzz: unknown target '$target' (${targets[*]}, all)" >&2; exit 2
-fi
+[ "$target" = all ] && run=("${targets[@]}") || IFS=, read -r -a run <<< "$target"
+for t in "${run[@]}"; do
+  [[ " ${targets[*]} " == *" $t "* ]] || { echo "fuzz: unknown target '$t' (${targets[*]}, all)" >&2; exit 2; }
+done
 command -v clang++ > /dev/null || { echo "fuzz: needs clang++ (scripts/install-deps.sh installs clang)" >&2; exit 1; }
 [ -x build/spanformer ] || bash scripts/build.sh
 python="${SPANFORMER_VENV:-$PWD/.venv}/bin/python"
@@ -83,12 +115,14 @@ if [ ! -f build-fuzz/build.ninja ]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" \
     -DSPANFORMER_FUZZ=ON -DSPANFORMER_SANITIZE=ON -DSPANFORMER_TESTS=OFF -DSPANFORMER_BENCH=OFF -DSPANFORMER_PYTHON=OFF > /dev/null
 fi
-ninja -C build-fuzz -j "$(nproc)" $(for t in "${targets[@]}"; do echo "fuzz_$t"; done)
+# (the SentencePiece module too, where the build has it: the sentencepiece target opens it at run time)
+ninja -C build-fuzz -j "$(nproc)" $(for t in "${targets[@]}"; do echo "fuzz_$t"; done) \
+  $(ninja -C build-fuzz -t targets all 2>/dev/null | grep -o '^spanformer_sentencepiece:' | tr -d :)
 rm -rf build-fuzz/seeds
 make_seeds build-fuzz/seeds build/spanformer
-[ "$target" = all ] && run=("${targets[@]}") || run=("$target")
 export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=0" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-for t in "${run[@]}"; do
+fuzz_one() {  # TARGET: one libFuzzer process for $seconds, then its summary line
+  local t=$1 log status runs cov crashes
   mkdir -p "build-fuzz/corpus/$t" "build-fuzz/crashes/$t"
   log="build-fuzz/fuzz_$t.log"
   touch "build-fuzz/.start_$t"
@@ -101,4 +135,10 @@ for t in "${run[@]}"; do
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 || echo "cov: ?")
   crashes=$(find "build-fuzz/crashes/$t" -type f -newer "build-fuzz/.start_$t" | wc -l)
   echo "fuzz $t: ${seconds} s, $runs executions, $cov, exit $status, $crashes new crashing inputs (log: $log)"
+}
+# FUZZ_JOBS targets at a time (default 1), each one process on one core.
+for t in "${run[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "${FUZZ_JOBS:-1}" ]; do wait -n; done
+  fuzz_one "$t" &
 done
+wait

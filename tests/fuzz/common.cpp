@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
       ++ran;
     }
   }
-  std::printf("fuzz_replay %s: %d inputs, no finding\n", argv[1], ran);
+  std::printf("fuzz_replay %s: %d inputs (%d refused in one line), no finding\n", argv[1], ran, spanformer::fuzz::refusals());
   std::filesystem::remove_all(spanformer::fuzz::scratch_dir());
   return 0;
 }

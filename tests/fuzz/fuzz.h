@@ -28,12 +28,19 @@ const std::string& scratch_dir();
 // Prints "fuzz finding: <what>" and aborts (libFuzzer then keeps the input as a crash).
 [[noreturn]] void fuzz_finding(const char* what);
 
+// Inputs refused so far in this process (the replay prints it: seeds should mostly be accepted).
+inline int& refusals() {
+  static int count = 0;
+  return count;
+}
+
 // Runs `body`; spanformer's Error is the expected refusal, anything else aborts with its message.
 template <typename F>
 int expect_refusal(F&& body) {
   try {
     body();
   } catch (const spanformer::Error&) {
+    ++refusals();
   } catch (const std::exception& e) {
     fuzz_finding(e.what());
   }
