@@ -376,7 +376,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (is_sparse(spec.kind)) {  // query-key pairs the blocks read against the N x C of the plain composition
     const auto g = sparse_blocks_of(spec, N, C);
     const double blocks = static_cast<double>(g.Rq * g.l) * static_cast<double>(g.near + g.far);  // per batch row and head
-    if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && blocks > 0.75 * static_cast<double>(N) * static_cast<double>(C)))
+    if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && !auto_rule::sparse_blocks(blocks, N, C)))
       return causal_attention_reference(q, k, v, spec);
     // Long inputs: query rows in (up to) four groups, each reading the keys up to its own last query
     // only, so the far blocks above a group's rows are never touched: 5/8 of the far keys one pass
@@ -393,13 +393,13 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     }
     return parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // (B, K, N, D)
   }
-  if (impl == AttnImpl::kAuto && spec.kind == CausalKind::kDense && N == C && (!spec.training || spec.dropout == 0)) {
+  if (impl == AttnImpl::kAuto && spec.kind == CausalKind::kDense && auto_rule::dense_sdpa(N, C, spec.training, spec.dropout)) {
     if (auto out = compat::sdpa_causal(q, k, v); out.defined()) return out;  // (B, K, N, D)
   }
   const auto groups = head_groups(spec, N, C, K);
   double read = 0;  // query-key pairs the tiles read, as a fraction of the plain composition's N x C per head
   for (const auto& g : groups) read += static_cast<double>(g.heads.size()) * band_fraction(N, C, g.band);
-  if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && read > 0.75 * static_cast<double>(K)))
+  if (impl == AttnImpl::kPlain || (impl == AttnImpl::kAuto && !auto_rule::causal_tiles(read, K)))
     return causal_attention_reference(q, k, v, spec);
   if (groups.size() == 1) return banded_attention(q, k, v, spec, groups[0].band, at::Tensor());
   // Heads in groups by band (adaptive span): each group's tiles reach its own largest span only.

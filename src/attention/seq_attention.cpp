@@ -18,10 +18,6 @@ namespace spanformer::attention {
 namespace F = torch::nn::functional;
 
 namespace {
-// The auto rule's constants (docs/kernels.md, "auto"): fused when the window has at least
-// kAutoMinWindow keys and the heads visit at most kAutoMaxVisitedNum / kAutoMaxVisitedDen of it.
-constexpr int64_t kAutoMinWindow = 512;
-constexpr int64_t kAutoMaxVisitedNum = 1, kAutoMaxVisitedDen = 2;
 // Per-head value projections only from this window on.
 constexpr int64_t kPerHeadMinWindow = 512;
 }  // namespace
@@ -60,12 +56,7 @@ torch::Tensor take_last_states(const torch::Tensor& cache, int64_t width) {
   return F::pad(cache, F::PadFuncOptions({0, 0, width - C, 0}));  // zeros on the left
 }
 
-constexpr auto kAttnImplNames = name_table("attn_impl", std::pair{AttnImpl::kAuto, "auto"},
-                                           std::pair{AttnImpl::kFused, "fused"},
-                                           std::pair{AttnImpl::kPlain, "plain"});
 
-const char* attn_impl_name(AttnImpl value) { return kAttnImplNames.name(value); }
-AttnImpl parse_attn_impl(const std::string& name) { return kAttnImplNames.parse(name); }
 
 bool SeqAttentionImpl::uses_fused_op(int64_t B, int64_t M) const {
   if (!span || options_.pers_mem_size() > 0 || WeightRecorder::active()) return false;
@@ -74,18 +65,8 @@ bool SeqAttentionImpl::uses_fused_op(int64_t B, int64_t M) const {
     case AttnImpl::kFused: return true;
     case AttnImpl::kAuto: break;
   }
-  // On CUDA the plain path until the kernels beat it in training: v1's forward is 2.3x faster than the
-  // batched products in bf16 on an H200, but the backward (v0's) makes forward + backward 21x slower
-  // (docs/kernels.md, "CUDA").
-  if (span->span_ratio.device().is_cuda()) return false;
-  // The measured rule (docs/kernels.md, "auto"): the fused op computes the scores over the whole
-  // window as the plain path does, and saves the value side and the stored M x W tensors; it pays
-  // off once the window is long and most of it lies beyond the heads' spans.
   const int64_t W = used_span();
-  int64_t visited = 0;
-  for (int64_t S : span->visited(W)) visited += S;
-  const int64_t K = options_.nb_heads();
-  return W >= kAutoMinWindow && visited * kAutoMaxVisitedDen <= kAutoMaxVisitedNum * K * W;
+  return auto_rule::span_fused(span->span_ratio.device().is_cuda(), W, span->visited(W));  // attention/attn_impl.h
 }
 
 bool SeqAttentionImpl::uses_per_head_values(int64_t B, int64_t M) const {

@@ -63,9 +63,7 @@ bool RelAttentionImpl::per_head_windows(const std::vector<int64_t>& visited, int
     case attention::AttnImpl::kFused: return true;
     case attention::AttnImpl::kAuto: break;
   }
-  int64_t keys = 0;  // per-head products pay off once they skip a quarter of the keys
-  for (int64_t S : visited) keys += std::min(Kl, S - 1 + M);
-  return 4 * keys <= 3 * K_ * Kl;
+  return attention::auto_rule::xl_per_head_windows(Kl, M, visited);  // attention/attn_impl.h
 }
 
 RelAttentionImpl::RelAttentionImpl(const XlModelConfig& c)

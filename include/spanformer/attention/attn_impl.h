@@ -1,12 +1,29 @@
-// How the adaptive-span attention layer computes its attention (an execution choice: checkpoints load
-// under any of them, and all give the reference's result; tests/test_equivalence.cpp holds them to it).
+// How an attention layer computes its attention (an execution choice: checkpoints load under any of
+// them, and all give the reference's result; tests/test_equivalence.cpp and the ops' tests hold them to
+// it).
 //   plain  the reference's operations, one batched product per step over the whole window;
-//   fused  the span-aware op (ops/adaptive_span_attention.h): no M x W tensor stored, values, mask and
-//          dropout only over each head's span;
-//   auto   per layer and block, the one the measured rule in attention/seq_attention.cpp expects to
-//          be faster (docs/kernels.md has the figures behind it). The default.
+//   fused  the layer's fast path: the span-aware op (ops/adaptive_span_attention.h), XL's per-head
+//          windowed products, the GPT family's tiles, blocks and kernels;
+//   auto   per layer and call, the path the measured rule below expects to be faster. The default.
+//
+// The auto rules, one per layer kind, each with the measurement behind its constants (the call sites
+// gather the sizes; nothing else decides):
+//   span_fused           adaptive span (attention/seq_attention.cpp): fused on the CPU when the window
+//                        has >= 512 keys and the heads visit at most half of it (docs/kernels.md,
+//                        "Which path runs"); plain on CUDA, where the kernels' backward is 21x slower
+//                        than the batched products (docs/kernels.md, "v1 on a GPU");
+//   xl_per_head_windows  Transformer-XL / PAR (models/xl.cpp): per-head products once they skip a
+//                        quarter of the keys;
+//   causal_tiles         GPT banded and grouped patterns (attention/causal_attention.cpp): tiles when
+//                        they read at most 3/4 of the N x C pairs per head;
+//   sparse_blocks        GPT sparse patterns: blocks when they read at most 3/4 of the N x C pairs;
+//   dense_sdpa           GPT dense: PyTorch's fused scaled_dot_product_attention when no KV cache
+//                        (N == C) and no attention dropout in training (docs/benchmarks.md, "Beside
+//                        PyTorch 2.x").
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spanformer::attention {
 
@@ -15,5 +32,17 @@ enum class AttnImpl { kAuto, kFused, kPlain };
 // "auto" | "fused" | "plain"; parse fails with a one-line error naming the value.
 const char* attn_impl_name(AttnImpl impl);
 AttnImpl parse_attn_impl(const std::string& name);
+
+namespace auto_rule {
+// visited: the distances each of the K heads reads (1 .. window).
+bool span_fused(bool cuda, int64_t window, const std::vector<int64_t>& visited);
+// keys: the layer's keys (memory + segment), queries M; visited as above.
+bool xl_per_head_windows(int64_t keys, int64_t queries, const std::vector<int64_t>& visited);
+// read: the query-key pairs the tiles read, as a fraction of N x C, summed over the K heads.
+bool causal_tiles(double read, int64_t heads);
+// blocks: the query-key pairs the sparse blocks read per batch row and head.
+bool sparse_blocks(double blocks, int64_t queries, int64_t keys);
+bool dense_sdpa(int64_t queries, int64_t keys, bool training, double dropout);
+}  // namespace auto_rule
 
 }  // namespace spanformer::attention

@@ -1,0 +1,56 @@
+// attn_impl's names and the auto rules (include/spanformer/attention/attn_impl.h says where each
+// constant was measured).
+#include "spanformer/attention/attn_impl.h"
+
+#include <algorithm>
+
+#include "spanformer/util/names.h"
+
+namespace spanformer::attention {
+namespace {
+
+constexpr auto kAttnImplNames = name_table("attn_impl", std::pair{AttnImpl::kAuto, "auto"},
+                                           std::pair{AttnImpl::kFused, "fused"},
+                                           std::pair{AttnImpl::kPlain, "plain"});
+
+// span_fused: the fused op computes the scores over the whole window as the plain path does and saves
+// the value side and the stored M x W tensors; it pays off once the window is long and most of it lies
+// beyond the heads' spans.
+constexpr int64_t kSpanMinWindow = 512;
+constexpr int64_t kSpanMaxVisitedNum = 1, kSpanMaxVisitedDen = 2;
+// The banded / sparse paths against the plain composition: at most 3/4 of its query-key pairs.
+constexpr double kMaxReadFraction = 0.75;
+
+}  // namespace
+
+const char* attn_impl_name(AttnImpl value) { return kAttnImplNames.name(value); }
+AttnImpl parse_attn_impl(const std::string& name) { return kAttnImplNames.parse(name); }
+
+namespace auto_rule {
+
+bool span_fused(bool cuda, int64_t window, const std::vector<int64_t>& visited) {
+  if (cuda) return false;
+  int64_t sum = 0;
+  for (int64_t S : visited) sum += S;
+  const auto K = static_cast<int64_t>(visited.size());
+  return window >= kSpanMinWindow && sum * kSpanMaxVisitedDen <= kSpanMaxVisitedNum * K * window;
+}
+
+bool xl_per_head_windows(int64_t keys, int64_t queries, const std::vector<int64_t>& visited) {
+  int64_t read = 0;  // per-head products pay off once they skip a quarter of the keys
+  for (int64_t S : visited) read += std::min(keys, S - 1 + queries);
+  return 4 * read <= 3 * static_cast<int64_t>(visited.size()) * keys;
+}
+
+bool causal_tiles(double read, int64_t heads) { return read <= kMaxReadFraction * static_cast<double>(heads); }
+
+bool sparse_blocks(double blocks, int64_t queries, int64_t keys) {
+  return blocks <= kMaxReadFraction * static_cast<double>(queries) * static_cast<double>(keys);
+}
+
+bool dense_sdpa(int64_t queries, int64_t keys, bool training, double dropout) {
+  return queries == keys && (!training || dropout == 0);
+}
+
+}  // namespace auto_rule
+}  // namespace spanformer::attention
