@@ -41,6 +41,21 @@ std::string directory_of(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// AddressSanitizer cannot run a library opened with RTLD_DEEPBIND (google/sanitizers#611): sanitizer
+// builds (-DSPANFORMER_SANITIZE=ON, the fuzz targets) open it without, which is safe against PyPI's
+// LibTorch (its protobuf is not exported); Debian's LibTorch 1.13 needs the isolation (sentencepiece_shim.cpp).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kDeepBind = 0;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int kDeepBind = 0;
+#else
+constexpr int kDeepBind = RTLD_DEEPBIND;
+#endif
+#else
+constexpr int kDeepBind = RTLD_DEEPBIND;
+#endif
+
 // Opens the module once per process (RTLD_LOCAL | RTLD_DEEPBIND: its protobuf stays its own).
 const Module& module() {
   static std::once_flag once;
@@ -74,7 +89,7 @@ const Module& module() {
         tried += (tried.empty() ? "" : ", ") + path;
         continue;
       }
-      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | kDeepBind);
       if (lib == nullptr) {
         failure = fmt::format("cannot open the SentencePiece module {}: {}", path, dlerror());
         return;

@@ -93,6 +93,14 @@ void save_reference_state_dict(models::TransformerSeq& model, const std::string&
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(const std::string& path, const std::string& extraction) {
+  // The zip container first (every entry inside the file, every stored entry's CRC): LibTorch's zip reader
+  // reads past its buffer on a damaged central directory (found by the `reference` fuzz target, kept in
+  // tests/fuzz/crashes/reference/).
+  if (const auto zip = zip_container_problem(path); !zip.zip) {
+    fail("{} is not a readable state_dict (extract one in Python with: {})", path, extraction);
+  } else if (!zip.what.empty()) {
+    fail("{} is damaged: {}", path, zip.what);
+  }
   std::string bytes = read_file(path);
   c10::IValue value;
   try {
