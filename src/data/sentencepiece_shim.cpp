@@ -14,6 +14,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -79,14 +80,19 @@ const char* sfsp_train(const char* const* sentences, size_t n, const char* const
 
 void sfsp_free(void* p) { std::free(p); }
 
+// No exception crosses this C interface: SentencePiece's parts throw on some damaged models (darts_clone:
+// "failed to insert key: zero-length key", found by the sentencepiece fuzz target, kept in
+// tests/fuzz/crashes/sentencepiece/), and each becomes the function's error.
 const char* sfsp_load(const char* model, size_t size, void** handle) {
-  auto* p = new sentencepiece::SentencePieceProcessor();
-  if (const char* e = error(p->LoadFromSerializedProto(std::string(model, size)))) {
-    delete p;
-    return e;
+  try {
+    auto p = std::make_unique<sentencepiece::SentencePieceProcessor>();
+    if (const char* e = error(p->LoadFromSerializedProto(std::string(model, size)))) return e;
+    *handle = p.release();
+    return nullptr;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return last_error.c_str();
   }
-  *handle = p;
-  return nullptr;
 }
 
 void sfsp_close(void* handle) { delete static_cast<sentencepiece::SentencePieceProcessor*>(handle); }
@@ -102,22 +108,32 @@ int sfsp_special(void* handle, int which) {
 char* sfsp_piece(void* handle, int id) { return copy(static_cast<sentencepiece::SentencePieceProcessor*>(handle)->IdToPiece(id)); }
 
 const char* sfsp_encode(void* handle, const char* text, size_t length, int** ids, size_t* n) {
-  std::vector<int> out;
-  if (const char* e = error(static_cast<sentencepiece::SentencePieceProcessor*>(handle)->Encode(std::string(text, length), &out)))
-    return e;
-  *ids = static_cast<int*>(std::malloc(sizeof(int) * (out.size() + 1)));
-  if (*ids == nullptr) return "out of memory";
-  std::memcpy(*ids, out.data(), sizeof(int) * out.size());
-  *n = out.size();
-  return nullptr;
+  try {
+    std::vector<int> out;
+    if (const char* e = error(static_cast<sentencepiece::SentencePieceProcessor*>(handle)->Encode(std::string(text, length), &out)))
+      return e;
+    *ids = static_cast<int*>(std::malloc(sizeof(int) * (out.size() + 1)));
+    if (*ids == nullptr) return "out of memory";
+    std::memcpy(*ids, out.data(), sizeof(int) * out.size());
+    *n = out.size();
+    return nullptr;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return last_error.c_str();
+  }
 }
 
 const char* sfsp_decode(void* handle, const int* ids, size_t n, char** text) {
-  std::string out;
-  if (const char* e = error(static_cast<sentencepiece::SentencePieceProcessor*>(handle)->Decode(std::vector<int>(ids, ids + n), &out)))
-    return e;
-  *text = copy(out);
-  return *text == nullptr ? "out of memory" : nullptr;
+  try {
+    std::string out;
+    if (const char* e = error(static_cast<sentencepiece::SentencePieceProcessor*>(handle)->Decode(std::vector<int>(ids, ids + n), &out)))
+      return e;
+    *text = copy(out);
+    return *text == nullptr ? "out of memory" : nullptr;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return last_error.c_str();
+  }
 }
 
 }  // extern "C"
