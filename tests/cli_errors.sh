@@ -49,6 +49,8 @@ expect_error "file not found" "$bin" train -c "$tmp/none.json" --data "$tmp/data
 echo '{"model": {' > "$tmp/bad.json"
 expect_error "not valid JSON" "$bin" train -c "$tmp/bad.json" --data "$tmp/data" --out "$tmp/r9"
 expect_error "checkpoint not found" "$bin" eval "$tmp/none.pt"
+# A pickle declaring a storage larger than its zip entry (CRCs intact): refused before LibTorch reads past the entry.
+expect_error "declares 256 bytes for storage '1' and its entry holds 8" "$bin" eval "$src/tests/fuzz/crashes/checkpoint/tensor-bytes-beyond-record"
 head -c 2000 "$tmp/run/checkpoint.pt" > "$tmp/trunc.pt"
 expect_error "not a readable spanformer checkpoint" "$bin" eval "$tmp/trunc.pt"
 expect_error "not a readable spanformer checkpoint" "$bin" generate "$tmp/text.txt"

@@ -16,10 +16,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "pickle_storages.h"
 #include "spanformer/util/error.h"
 
 namespace spanformer {
@@ -239,6 +241,11 @@ ZipProblem zip_container_problem(const std::string& path) {
       break;
     }
   if (eocd == std::string::npos) return {false, "no end of a zip's central directory"};
+  struct Record {
+    uint64_t begin, size;
+    uint16_t method;
+  };
+  std::map<std::string, Record> records;
   try {
     uint64_t entries = le16(d + eocd + 10), cd_size = le32(d + eocd + 12), cd_offset = le32(d + eocd + 16);
     size_t cd_end = eocd;
@@ -283,6 +290,7 @@ ZipProblem zip_container_problem(const std::string& path) {
         damaged(fmt::format("entry '{}' has no local header where the directory says", name));
       const uint64_t begin = local + 30 + le16(d + local + 26) + le16(d + local + 28);
       if (begin > n || packed > n - begin) damaged(fmt::format("entry '{}' runs past the end of the file", name));
+      records[name] = {begin, packed, method};
       if (method == 8) continue;  // deflated (LibTorch's code entries): the inflating reader checks the CRC itself
       if (method != 0) damaged(fmt::format("entry '{}' has compression method {}, neither stored nor deflated", name, method));
       if (packed != size) damaged(fmt::format("entry '{}' is stored with two different sizes", name));
@@ -293,6 +301,27 @@ ZipProblem zip_container_problem(const std::string& path) {
         done += chunk;
       }
       if (actual != crc) damaged(fmt::format("entry '{}' fails its CRC-32", name));
+    }
+    // Every storage a pickle declares fits in its record (see pickle_storages.h).
+    for (const auto& [name, record] : records) {
+      const size_t slash = name.find('/');
+      const std::string dir = name.substr(0, slash + 1), base = name.substr(slash + 1);
+      if (slash == std::string::npos || (base != "data.pkl" && base != "constants.pkl")) continue;
+      if (record.method != 0) damaged(fmt::format("entry '{}' is compressed (LibTorch stores its pickles)", name));
+      std::vector<DeclaredStorage> storages;
+      try {
+        storages = pickle_storages(d + record.begin, record.size, name);
+      } catch (const Error& e) {
+        damaged(e.what());
+      }
+      const std::string prefix = dir + base.substr(0, base.size() - 4) + "/";
+      for (const auto& storage : storages) {
+        const auto it = records.find(prefix + storage.key);
+        if (it == records.end()) damaged(fmt::format("{} names storage '{}' and there is no entry {}", name, storage.key, prefix + storage.key));
+        if (storage.bytes > it->second.size)
+          damaged(fmt::format("{} declares {} bytes for storage '{}' and its entry holds {}", name, storage.bytes,
+                              storage.key, it->second.size));
+      }
     }
   } catch (const Found& found) {
     return found.problem;

@@ -81,7 +81,8 @@ void make_dirs(const std::string& path);
 // could make it allocate gigabytes (found by fuzzing: tests/fuzz/crashes/checkpoint). The problem
 // names the entry. Stored entries (the tensors and the pickles) are checked here,
 // deflated ones (LibTorch's code entries) by the inflating reader; zip64 records (LibTorch writes them
-// always) are followed.
+// always) are followed. Every storage that data.pkl or constants.pkl declares must fit in its entry:
+// LibTorch sizes a storage from the pickle and reads its entry's buffer that far (util/pickle_storages.h).
 struct ZipProblem {
   bool zip = true;   // false: no zip archive at all (too short, no central directory)
   std::string what;  // "" when the container is sound
