@@ -17,10 +17,15 @@ void add_config(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
   keys->add_option("--arch", *arch, "the family: " + train::family_names())->capture_default_str()->check(CLI::IsMember(names));
   keys->callback([arch, &run] {
     run = [arch] {
-      fmt::print("# {} config: {{\"arch\": \"{}\", \"model\": {{...}}, \"train\": {{...}}}}; any key can be given as "
-                 "--key=value or --section.key=value after the command\n",
-                 *arch, *arch);
-      for (const auto& k : train::family_info(*arch, "--arch").config_keys())
+      const auto keys = train::family_info(*arch, "--arch").config_keys();
+      std::string shape = fmt::format("{{\"arch\": \"{}\"", *arch);
+      for (size_t i = 0; i < keys.size(); ++i)
+        if (i == 0 || keys[i].section != keys[i - 1].section) shape += fmt::format(", \"{}\": {{...}}", keys[i].section);
+      fmt::print("# {} config: {}}}; any key can be given as --key=value or --section.key=value after the command\n"
+                 "# model: what the weights mean (a checkpoint fits a config whose model keys are equal); run: how "
+                 "they run (a command reading a checkpoint may override these)\n",
+                 *arch, shape);
+      for (const auto& k : keys)
         fmt::print("{:<28} {:<12} {:<12} {}\n", k.section + "." + k.name, k.type, k.default_value, k.help);
     };
   });

@@ -4,7 +4,7 @@
 # compare span attention implementations, and time CUDA training steps. Every figure lands in
 # $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
 #
-#   scripts/gpu-check.sh [stage...]     stages: info build test compare nccl train e2e profile (default: all,
+#   scripts/gpu-check.sh [stage...]     stages: info build test ops compare nccl train e2e profile (default: all,
 #                                       in order of what a short lease needs most)
 #
 # Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
@@ -27,7 +27,7 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-570}
 START=$(date +%s)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(info build test compare nccl train e2e profile)
+[ ${#stages[@]} -eq 0 ] && stages=(info build test ops compare nccl train e2e profile)
 failed=0
 
 # step NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in the log, prints one status line.
@@ -86,6 +86,13 @@ EOF
     # gtest lines in the log.
     GOMP_SPINCOUNT=10000 step ctest 240 ctest --test-dir "$BUILD/tests" -L cuda -j 4 -V
     grep -E "Test +#|tests passed|FAILED|Failure|measured:" "$LOG" | sed "s/^[0-9]*: //" | tail -80 | tee -a "$FIG"
+    ;;
+  ops)
+    # The perf mode of the ops' case lists (tests/op_cases.h): each perf case on its CUDA row beside the
+    # reference composition, bf16 and fp32.
+    step op_perf_bf16 120 "$BUILD/tests/spanformer_tests" --op-perf all --device cuda --dtype bfloat16 --reps 5
+    step op_perf_fp32 120 "$BUILD/tests/spanformer_tests" --op-perf all --device cuda --dtype float32 --reps 5
+    grep -E "^(op perf|adaptive_span|flash_attention|B[0-9])" "$LOG" | tail -20 | tee -a "$FIG"
     ;;
   compare)
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
@@ -166,7 +173,7 @@ EOF
     grep -E "Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per|Issue Slots|One or More" \
       "$OUT/ncu_span_forward.txt" | head -30 | tee -a "$FIG"
     ;;
-  *) echo "unknown stage '$stage' (info build test compare nccl train e2e profile)"; exit 2 ;;
+  *) echo "unknown stage '$stage' (info build test ops compare nccl train e2e profile)"; exit 2 ;;
   esac
 done
 exit $failed

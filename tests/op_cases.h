@@ -1,5 +1,10 @@
-// The hand-written kernels' cases and their measure, shared by the tests that run them on a GPU
-// (test_cuda.cpp, label cuda) and on the CPU model of CUDA (test_cuda_emulated.cpp, every CI run).
+// One case list per op, run on every backend a build has (ggml's test-backend-ops is the example):
+//   backend              where                                   cases run as
+//   cpu (the CPU row)    test_span_attention_op.cpp, test_flash  double: equal to the reference; float32: within its error
+//   the CPU model of CUDA test_cuda_emulated.cpp (every CI run)  float32 / bfloat16 / float16 within their error
+//   cuda                 test_cuda.cpp (label cuda)              the same, on the GPU
+// and in two modes: test (the cases marked test, above) and perf (the cases marked perf, timed by
+// `spanformer_tests --op-perf` on the CPU or a GPU: tests/op_perf.cpp).
 //
 // Tolerances are relative to the error of the same-precision reference computed on the same device:
 // the double-precision reference composition on the CPU is the truth, and a kernel's result may be at
@@ -11,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -38,9 +44,15 @@ inline void expect_within_reference_error(const KernelRun& run, const std::vecto
   const auto truth = run(false, at::kDouble, at::kCPU);
   const auto ref = run(false, dtype, device);
   const auto kernel = run(true, dtype, device);
+  // A result that is exactly 0 in truth (the q and k gradients of a band of one key: each softmax row is
+  // the constant 1) is measured against the largest magnitude of the case: its kernel value is the
+  // rounding residue of terms of that size (dP - rowsum(dO o O) in a flash backward).
+  double case_scale = 0;
+  for (const auto& t : truth) case_scale = std::max(case_scale, t.abs().max().item<double>());
   for (size_t i = 0; i < truth.size(); ++i) {
     ASSERT_FALSE(kernel[i].isnan().any().item<bool>()) << names[i] << ": NaN (an unwritten element?)";
-    const double scale = std::max(1e-3, truth[i].abs().max().item<double>());
+    const double largest = truth[i].abs().max().item<double>();
+    const double scale = std::max(1e-3, largest == 0 ? case_scale : largest);
     const double ref_error = max_diff(ref[i], truth[i]) / scale, kernel_error = max_diff(kernel[i], truth[i]) / scale;
     // The floor, where the same-dtype composition happens to be (nearly) exact: a few units in the last
     // place of the dtype relative to the largest magnitude (fp32 1e-6 = 8 ulp of 2^-23; fp16 1e-3 = 1 ulp
@@ -85,24 +97,56 @@ struct SpanCase {
   int64_t B, K, M, W, D, L;
   std::vector<double> spans;  // z per head, tokens
   double dropout;
+  bool test = true, perf = false;
 };
 
 // Spans away from the mask's kinks (z - (d - 1) = 0 or -R for an integer distance d): there a ratio
 // rounded to float32 or bfloat16 moves one distance in or out of the ramp, and the span gradient with it.
 inline const std::vector<SpanCase>& span_cases() {
-  static const std::vector<SpanCase> cases = {
-      {2, 2, 70, 40, 64, 100, {3.5, 90.0}, 0.0},          // M not a multiple of anything; spans short and long
-      {1, 3, 130, 64, 32, 64, {0.0, 20.25, 64.0}, 0.0},  // span 0, the whole window, D 32
-      {2, 2, 33, 30, 128, 30, {12.4, 2.3}, 0.0},          // D 128, window = L
-      {1, 2, 40, 48, 256, 48, {46.6, 5.3}, 0.0},          // D 256, the largest the kernel takes
-      {1, 2, 66, 20, 32, 40, {10.4, 30.0}, 0.3},          // dropout (same hash stream on every device)
-      {1, 2, 100, 300, 64, 300, {6.5, 250.3}, 0.0},       // whole key tiles beyond a head's span (Z only)
-  };
+  static const std::vector<SpanCase> cases = [] {
+    std::vector<SpanCase> c = {
+        {2, 2, 5, 16, 32, 16, {0.0, 16.0}, 0.0},            // M smaller than any tile; spans 0 and L
+        {2, 2, 70, 40, 64, 100, {3.5, 90.0}, 0.0},          // M not a multiple of anything; spans short and long
+        {1, 3, 130, 64, 32, 64, {0.0, 20.25, 64.0}, 0.0},  // span 0, the whole window, D 32
+        {1, 2, 130, 24, 96, 64, {50.5, 7.3}, 0.0},          // a window shorter than the span; D 96
+        {2, 2, 33, 30, 128, 30, {12.4, 2.3}, 0.0},          // D 128, window = L
+        {1, 2, 40, 48, 256, 48, {46.6, 5.3}, 0.0},          // D 256, the largest the kernel takes
+        {1, 2, 66, 20, 32, 40, {10.4, 30.0}, 0.3},          // dropout (same hash stream on every device)
+        {1, 2, 100, 300, 64, 300, {6.5, 250.3}, 0.0},       // whole key tiles beyond a head's span (Z only)
+    };
+    // Perf: the peers' shape (docs/benchmarks.md), K 8 heads of D 64 over a window of 8192 keys, every
+    // head at L and bimodal (half short, half long: the spans adaptive span learns).
+    c.push_back({1, 8, 512, 8192, 64, 8192, std::vector<double>(8, 8192.0), 0.0, false, true});
+    c.push_back({1, 8, 512, 8192, 64, 8192, {40.5, 80.5, 160.5, 320.5, 4000.5, 6000.5, 7000.5, 8100.5}, 0.0, false, true});
+    c.push_back({2, 4, 256, 1024, 64, 1024, {20.5, 100.5, 500.5, 1000.5}, 0.0, false, true});  // bench_small's layer
+    return c;
+  }();
   return cases;
 }
 
+// The cases of one mode (test or perf) of a list.
+template <typename Case>
+std::vector<Case> cases_of(const std::vector<Case>& all, bool perf) {
+  std::vector<Case> out;
+  for (const auto& c : all)
+    if (perf ? c.perf : c.test) out.push_back(c);
+  return out;
+}
+inline std::vector<SpanCase> span_test_cases() { return cases_of(span_cases(), false); }
+
 inline std::string span_label(const SpanCase& c) {
-  return fmt::format("B{} K{} M{} W{} D{} dropout {}", c.B, c.K, c.M, c.W, c.D, c.dropout);
+  const auto [lo, hi] = std::minmax_element(c.spans.begin(), c.spans.end());
+  return fmt::format("B{} K{} M{} W{} D{} L{} spans {}..{} dropout {}", c.B, c.K, c.M, c.W, c.D, c.L, *lo, *hi, c.dropout);
+}
+
+// The case's inputs in double on the CPU (q, k, v, key_pe, span_ratio), from a seed of its own.
+inline std::vector<at::Tensor> span_inputs(const SpanCase& c) {
+  at::manual_seed(11 + static_cast<uint64_t>(c.M));
+  auto o64 = at::TensorOptions().dtype(at::kDouble);
+  std::vector<double> ratios;
+  for (double z : c.spans) ratios.push_back(z / static_cast<double>(c.L));
+  return {at::randn({c.B, c.K, c.M, c.D}, o64), at::randn({c.B, c.K, c.W + c.M, c.D}, o64),
+          at::randn({c.B, c.K, c.W + c.M, c.D}, o64), at::randn({c.D, c.L}, o64), at::tensor(ratios, o64)};
 }
 
 inline ops::SpanAttentionOptions span_options(const SpanCase& c) {
@@ -120,15 +164,9 @@ using SpanKernel = std::function<at::Tensor(const Inputs& in, const ops::SpanAtt
 
 inline void expect_span_within_reference_error(const SpanCase& c, at::ScalarType dtype, double factor,
                                                at::Device device, const SpanKernel& kernel) {
-  at::manual_seed(11 + static_cast<uint64_t>(c.M));
-  auto o64 = at::TensorOptions().dtype(at::kDouble);
-  std::vector<double> ratios;
-  for (double z : c.spans) ratios.push_back(z / static_cast<double>(c.L));
-  const Inputs inputs = {at::randn({c.B, c.K, c.M, c.D}, o64), at::randn({c.B, c.K, c.W + c.M, c.D}, o64),
-                         at::randn({c.B, c.K, c.W + c.M, c.D}, o64), at::randn({c.D, c.L}, o64),
-                         at::tensor(ratios, o64)};
+  const Inputs inputs = span_inputs(c);
   const auto o = span_options(c);
-  const auto weights = at::randn({c.B, c.K, c.M, c.D}, o64);
+  const auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
   expect_within_reference_error(
       [&](bool use_kernel, at::ScalarType t, at::Device d) {
         const auto in = inputs_on(inputs, t, d);
@@ -140,22 +178,60 @@ inline void expect_span_within_reference_error(const SpanCase& c, at::ScalarType
 
 // ---- flash_attention --------------------------------------------------------------------------------
 
-// q (B, K, N, D), k and v (B, K, C, D), the keys' band (0 = dense) and dropout.
+// q (B, K, N, D), k and v (B, K, C, D), the keys' band (0 = dense), dropout, and the ATen tiles' size
+// (the cpu row; the CUDA kernels have their own).
 struct FlashCase {
   int64_t B, K, N, C, D, band;
   double dropout;
+  int64_t tile = 256;
+  bool test = true, perf = false;
 };
 
 inline const std::vector<FlashCase>& flash_cases() {
   static const std::vector<FlashCase> cases = {
-      {2, 3, 70, 70, 64, 0, 0.0},      // N not a multiple of the 8-row blocks or the 32-key tiles
-      {1, 2, 37, 100, 32, 0, 0.0},     // a KV cache: 63 earlier keys
-      {2, 2, 130, 130, 128, 17, 0.0},  // a sliding window of 17 keys
-      {1, 2, 40, 40, 256, 0, 0.0},     // D 256, the largest the kernels take
-      {1, 2, 66, 66, 48, 0, 0.3},      // dropout (the same hash stream as the CPU); D not a multiple of 32
-      {1, 1, 1, 50, 64, 0, 0.0},       // one query over a cache (generation)
+      {2, 3, 70, 70, 64, 0, 0.0, 32},      // N not a multiple of the 8-row blocks or the 32-key tiles
+      {1, 2, 37, 100, 32, 0, 0.0, 16},     // a KV cache: 63 earlier keys
+      {2, 2, 130, 130, 128, 17, 0.0, 64},  // a sliding window of 17 keys
+      {1, 2, 40, 40, 256, 0, 0.0},         // D 256, the largest the kernels take
+      {1, 2, 66, 66, 48, 0, 0.3, 8},       // dropout (the same hash stream as the CPU); D not a multiple of 32
+      {1, 1, 1, 50, 64, 0, 0.0, 7},        // one query over a cache (generation)
+      // The tiles' edges, D 8: one token, tiles of 7 and 8 over 37, more keys than queries, bands of 1,
+      // 5, 12 and beyond the keys, dropout with a band.
+      {2, 3, 1, 1, 8, 0, 0.0, 128},   {2, 3, 5, 5, 8, 0, 0.0, 128},   {2, 3, 37, 37, 8, 0, 0.0, 8},
+      {2, 3, 37, 37, 8, 0, 0.0, 7},   {2, 3, 64, 64, 8, 0, 0.0, 16},  {2, 3, 13, 50, 8, 0, 0.0, 8},
+      {2, 3, 37, 37, 8, 1, 0.0, 8},   {2, 3, 37, 37, 8, 5, 0.0, 8},   {2, 3, 30, 61, 8, 12, 0.0, 7},
+      {2, 3, 37, 37, 8, 100, 0.0, 8}, {2, 3, 37, 37, 8, 0, 0.3, 8},   {2, 3, 20, 45, 8, 9, 0.5, 6},
+      {2, 3, 150, 150, 8, 0, 0.1, 128},
+      // Perf: causal self-attention of K 8 heads of D 64 at 1k and 4k tokens, and a window of 128.
+      {1, 8, 1024, 1024, 64, 0, 0.0, 256, false, true},
+      {1, 8, 4096, 4096, 64, 0, 0.0, 256, false, true},
+      {1, 8, 4096, 4096, 64, 128, 0.0, 256, false, true},
   };
   return cases;
+}
+
+inline std::vector<FlashCase> flash_test_cases() { return cases_of(flash_cases(), false); }
+
+inline std::string flash_label(const FlashCase& c) {
+  return fmt::format("B{} K{} N{} C{} D{} band {} dropout {} tile {}", c.B, c.K, c.N, c.C, c.D, c.band, c.dropout, c.tile);
+}
+
+inline ops::FlashOptions flash_options(const FlashCase& c) {
+  ops::FlashOptions o;
+  o.band = c.band == 0 ? c.C : c.band;
+  o.dropout = c.dropout;
+  o.training = c.dropout > 0;
+  o.seed = 4321;
+  o.tile = c.tile;
+  o.cuda_kernel = true;
+  return o;
+}
+
+// The case's inputs in double on the CPU (q, k, v), from a seed of its own.
+inline std::vector<at::Tensor> flash_inputs(const FlashCase& c) {
+  at::manual_seed(17 + static_cast<uint64_t>(c.N) * 100 + static_cast<uint64_t>(c.C));
+  auto o64 = at::TensorOptions().dtype(at::kDouble);
+  return {at::randn({c.B, c.K, c.N, c.D}, o64), at::randn({c.B, c.K, c.C, c.D}, o64), at::randn({c.B, c.K, c.C, c.D}, o64)};
 }
 
 // The op's kernel path: (q, k, v) -> out, options with the band resolved (1 .. C) and the seed set.
@@ -163,25 +239,16 @@ using FlashKernel = std::function<at::Tensor(const Inputs& in, const ops::FlashO
 
 inline void expect_flash_within_reference_error(const FlashCase& c, at::ScalarType dtype, double factor,
                                                 at::Device device, const FlashKernel& kernel) {
-  at::manual_seed(17 + static_cast<uint64_t>(c.N));
-  auto o64 = at::TensorOptions().dtype(at::kDouble);
-  const Inputs inputs = {at::randn({c.B, c.K, c.N, c.D}, o64), at::randn({c.B, c.K, c.C, c.D}, o64),
-                         at::randn({c.B, c.K, c.C, c.D}, o64)};
-  const auto weights = at::randn({c.B, c.K, c.N, c.D}, o64);
-  ops::FlashOptions o;
-  o.band = c.band == 0 ? c.C : c.band;
-  o.dropout = c.dropout;
-  o.training = c.dropout > 0;
-  o.seed = 4321;
-  o.cuda_kernel = true;
-  const auto label = fmt::format("B{} K{} N{} C{} D{} band {} dropout {}", c.B, c.K, c.N, c.C, c.D, c.band, c.dropout);
+  const Inputs inputs = flash_inputs(c);
+  const auto weights = at::randn({c.B, c.K, c.N, c.D}, at::kDouble);
+  const auto o = flash_options(c);
   expect_within_reference_error(
       [&](bool use_kernel, at::ScalarType t, at::Device d) {
         const auto in = inputs_on(inputs, t, d);
         auto out = use_kernel ? kernel(in, o) : ops::flash_attention_reference(in[0], in[1], in[2], o);
         return output_and_gradients(out, in, weights);
       },
-      {"out", "q", "k", "v"}, label, dtype, factor, device);
+      {"out", "q", "k", "v"}, flash_label(c), dtype, factor, device);
 }
 
 }  // namespace spanformer::tu

@@ -2,7 +2,11 @@
 // with a message naming the key.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "spanformer/config/config.h"
+#include "spanformer/train/family.h"
+#include "spanformer/train/registry.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/names.h"
 #include "util.h"
@@ -127,5 +131,53 @@ TEST(Config, ShippedConfigsCarryTheReferenceValues) {
     EXPECT_EQ(c.model.adapt_span_ramp, 32);
     EXPECT_DOUBLE_EQ(c.model.adapt_span_init, 0.0);
     EXPECT_TRUE(c.model.adapt_span_cache);
+  }
+}
+
+// Every family's config has a model section (what the weights mean) and a run section (how they run),
+// read from one key table: a checkpoint fits a config when their model sections agree, whatever the run
+// keys say; files that kept run keys in `model` (every file before the split) still load the same.
+TEST(ConfigSections, RunKeysNeverMakeAnotherModelAndOldFilesStillLoad) {
+  for (const auto& info : train::families()) {
+    SCOPED_TRACE(info.name);
+    const nlohmann::json base = {{"arch", info.name}};
+    const auto defaults = info.make(base, "test", {})->config_json();
+    ASSERT_TRUE(defaults.contains("model") && defaults.contains("run"));
+    int run_keys = 0;
+    std::string model_int_key;
+    for (const auto& k : info.config_keys()) {
+      if (k.section == "model" && k.type == "int" && model_int_key.empty() && k.name != "vocab_size") model_int_key = k.name;
+      if (k.section != "run") continue;
+      ++run_keys;
+      const auto& d = defaults["run"][k.name];
+      nlohmann::json changed = k.type == "bool" ? nlohmann::json(!d.get<bool>())
+                               : k.type == "int" ? nlohmann::json(d.get<int64_t>() + 1)
+                               : k.type == "float" ? nlohmann::json(d.get<double>() + 0.05)
+                               : k.name == "attn_impl" ? nlohmann::json("plain")
+                               : k.name == "search_eval" ? nlohmann::json("argmax") : d;
+      ASSERT_NE(changed, d) << k.name << ": no other value to try";
+      auto family = info.make(base, "test", {"--run." + k.name + "=" + (changed.is_string() ? changed.get<std::string>() : changed.dump())});
+      const auto j = family->config_json();
+      EXPECT_EQ(j["run"][k.name], changed) << k.name;
+      EXPECT_FALSE(j["model"].contains(k.name)) << k.name;
+      EXPECT_EQ(family->model_difference(defaults), "") << "run key " << k.name;
+      // The old spelling: the key inside `model`, in a file and in an override.
+      nlohmann::json old = base;
+      old["model"][k.name] = changed;
+      EXPECT_EQ(info.make(old, "test", {})->config_json(), j) << k.name;
+      EXPECT_EQ(info.make(base, "test", {"--model." + k.name + "=" + (changed.is_string() ? changed.get<std::string>() : changed.dump())})->config_json(), j)
+          << k.name;
+    }
+    EXPECT_GE(run_keys, 3);
+    // A model key changes the model, and has no place in `run`.
+    ASSERT_FALSE(model_int_key.empty());
+    auto bigger = info.make(base, "test", {"--model." + model_int_key + "=" + std::to_string(defaults["model"][model_int_key].get<int64_t>() + 1)});
+    EXPECT_EQ(bigger->model_difference(defaults).rfind(model_int_key + " ", 0), 0u) << bigger->model_difference(defaults);
+    nlohmann::json misplaced = base;
+    misplaced["run"][model_int_key] = 3;
+    EXPECT_NE(error_of([&] { info.make(misplaced, "test.json", {}); }).find("'run." + model_int_key + "' is part of what the model is"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { info.make(base, "test", {"--run." + model_int_key + "=3"}); }).find("unknown config key"),
+              std::string::npos);
   }
 }

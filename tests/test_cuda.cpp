@@ -1,5 +1,5 @@
 // CUDA paths against the references (label cuda; skipped where no GPU is visible). The kernels' cases
-// and their measure (tests/kernel_cases.h) are shared with test_cuda_emulated.cpp, which runs the same
+// and their measure (tests/op_cases.h) are shared with test_cuda_emulated.cpp, which runs the same
 // kernels on the CPU model of CUDA in every CI run; model-level CUDA runs are held to the CPU in double.
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
 #include "gpt_util.h"
-#include "kernel_cases.h"
+#include "op_cases.h"
 #include "util.h"
 #include "xl_util.h"
 
@@ -86,7 +86,7 @@ void expect_cuda_training_within_float32_error(
 
 TEST(SpanAttentionCuda, Float32WithinTheFloat32ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& c : tu::span_cases()) {
+  for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     // fp32 atomics accumulate the key-side gradients in another order than the composition's products.
     tu::expect_span_within_reference_error(c, at::kFloat, 4.0, at::Device(at::kCUDA), span_kernel);
@@ -95,7 +95,7 @@ TEST(SpanAttentionCuda, Float32WithinTheFloat32ReferenceError) {
 
 TEST(SpanAttentionCuda, BFloat16WithinTheBFloat16ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& c : tu::span_cases()) {
+  for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     // The kernel reads bf16 and accumulates in fp32; the composition rounds its scores and softmax to
     // bf16 as well, so the kernel is expected below it; 2x leaves room for the final rounding.
@@ -105,7 +105,7 @@ TEST(SpanAttentionCuda, BFloat16WithinTheBFloat16ReferenceError) {
 
 TEST(SpanAttentionCuda, Float16WithinTheFloat16ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& c : tu::span_cases()) {
+  for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     // As bf16, with 3 more mantissa bits on both sides.
     tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), span_kernel);
@@ -172,20 +172,20 @@ TEST(ModelCuda, TrainingStepsMatchTheCpu) {
 TEST(FlashCuda, Float32WithinTheFloat32ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   // The kernels sum scores and values in another order than the composition's products: 4x.
-  for (const auto& c : tu::flash_cases())
+  for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kFloat, 4.0, at::Device(at::kCUDA), flash_kernel);
 }
 
 TEST(FlashCuda, BFloat16WithinTheBFloat16ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   // bf16 inputs, fp32 arithmetic in the kernels; the composition rounds scores and weights to bf16.
-  for (const auto& c : tu::flash_cases())
+  for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
 TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& c : tu::flash_cases())
+  for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 

@@ -1,6 +1,6 @@
 // The CUDA kernels (src/ops/cuda/*.cu) and their LibTorch glue run on the CPU model of CUDA
 // (tests/cuda_emulated/emulator.h) in every CI run, held to the double-precision reference with the measure and
-// cases the GPU tests use (tests/kernel_cases.h): float32 within 4x, bfloat16 within 2x of the same-dtype
+// cases the GPU tests use (tests/op_cases.h): float32 within 4x, bfloat16 within 2x of the same-dtype
 // composition's own error. The model runs every CUDA thread in lockstep at each barrier and shuffle, so it
 // checks indexing, tiling, barriers, warp reductions, dropout streams and the backward formulas; timing
 // and the fast-math intrinsics' last bits are left to the GPU (label cuda, tests/test_cuda.cpp).
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cuda_emulated/selftest.h"
-#include "kernel_cases.h"
+#include "op_cases.h"
 #include "ops/autograd_function.h"
 #include "ops/backends.h"
 #include "spanformer/util/torch_compat.h"
@@ -120,14 +120,14 @@ TEST(GpuEmulator, EnforcesTheLaunchLimits) {
 }
 
 TEST(SpanAttentionEmulated, Float32WithinTheFloat32ReferenceError) {
-  for (const auto& c : tu::span_cases()) {
+  for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     tu::expect_span_within_reference_error(c, at::kFloat, 4.0, at::kCPU, emulated_span);
   }
 }
 
 TEST(SpanAttentionEmulated, BFloat16WithinTheBFloat16ReferenceError) {
-  for (const auto& c : tu::span_cases()) {
+  for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
   }
@@ -137,14 +137,14 @@ TEST(SpanAttentionEmulated, BFloat16WithinTheBFloat16ReferenceError) {
 // same-dtype composition needs CPU matrix products in float16 (LibTorch 2.1 on; not on Debian's 1.13).
 #if SPANFORMER_HAS_CPU_HALF_MATMUL
 TEST(SpanAttentionEmulated, Float16WithinTheFloat16ReferenceError) {
-  for (const auto& c : tu::span_cases()) {
+  for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_span);
   }
 }
 
 TEST(FlashEmulated, Float16WithinTheFloat16ReferenceError) {
-  for (const auto& c : tu::flash_cases()) tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_flash);
+  for (const auto& c : tu::flash_test_cases()) tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_flash);
 }
 #endif
 
@@ -152,7 +152,7 @@ TEST(FlashEmulated, Float16WithinTheFloat16ReferenceError) {
 // D 256; here every case takes version 0's forward (the backward is version 0's in both).
 TEST(SpanAttentionEmulated, BFloat16ForwardVersion0WithinTheBFloat16ReferenceError) {
   ::setenv("SPANFORMER_SPAN_KERNEL", "v0", 1);
-  for (const auto& c : tu::span_cases()) {
+  for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
   }
@@ -160,10 +160,10 @@ TEST(SpanAttentionEmulated, BFloat16ForwardVersion0WithinTheBFloat16ReferenceErr
 }
 
 TEST(FlashEmulated, Float32WithinTheFloat32ReferenceError) {
-  for (const auto& c : tu::flash_cases()) tu::expect_flash_within_reference_error(c, at::kFloat, 4.0, at::kCPU, emulated_flash);
+  for (const auto& c : tu::flash_test_cases()) tu::expect_flash_within_reference_error(c, at::kFloat, 4.0, at::kCPU, emulated_flash);
 }
 
 TEST(FlashEmulated, BFloat16WithinTheBFloat16ReferenceError) {
-  for (const auto& c : tu::flash_cases())
+  for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
 }

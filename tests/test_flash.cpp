@@ -15,6 +15,7 @@
 
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
+#include "op_cases.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -56,27 +57,16 @@ at::Tensor loop_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 
 }  // namespace
 
+// The op's one case list (tests/op_cases.h) on the cpu row (ATen tiles of the case's size).
 TEST(FlashAttention, MatchesTheLoopOracleAndItsBackwardMatchesAutogradOfThePlainComposition) {
-  struct Case {
-    int64_t N, C, band, tile;
-    double dropout;
-  };
-  const std::vector<Case> cases = {
-      {1, 1, 0, 128, 0},   {5, 5, 0, 128, 0},    {37, 37, 0, 8, 0},   {37, 37, 0, 7, 0},   {64, 64, 0, 16, 0},
-      {13, 50, 0, 8, 0},   {1, 40, 0, 16, 0},    {37, 37, 1, 8, 0},   {37, 37, 5, 8, 0},   {30, 61, 12, 7, 0},
-      {37, 37, 100, 8, 0}, {37, 37, 0, 8, 0.3},  {20, 45, 9, 6, 0.5}, {150, 150, 0, 128, 0.1}};
-  for (const auto& c : cases) {
-    SCOPED_TRACE(fmt::format("N {} C {} band {} tile {} dropout {}", c.N, c.C, c.band, c.tile, c.dropout));
-    torch::manual_seed(c.N * 100 + c.C);
-    auto q = torch::randn({2, 3, c.N, 8}, torch::kDouble).requires_grad_();
-    auto k = torch::randn({2, 3, c.C, 8}, torch::kDouble).requires_grad_();
-    auto v = torch::randn({2, 3, c.C, 8}, torch::kDouble).requires_grad_();
-    ops::FlashOptions o;
-    o.band = c.band;
-    o.tile = c.tile;
-    o.dropout = c.dropout;
-    o.training = c.dropout > 0;
-    o.seed = 12345;
+  for (const auto& c : tu::flash_test_cases()) {
+    SCOPED_TRACE(tu::flash_label(c));
+    std::vector<at::Tensor> in;
+    for (const auto& t : tu::flash_inputs(c)) in.push_back(t.requires_grad_(true));
+    const auto& q = in[0];
+    const auto& k = in[1];
+    const auto& v = in[2];
+    const auto o = tu::flash_options(c);
     auto oracle = loop_flash(q.detach(), k.detach(), v.detach(), o);
     auto flash = ops::flash_attention(q, k, v, o);
     auto plain = ops::flash_attention_reference(q, k, v, o);
@@ -87,6 +77,14 @@ TEST(FlashAttention, MatchesTheLoopOracleAndItsBackwardMatchesAutogradOfThePlain
     auto gp = torch::autograd::grad({(plain * weight).sum()}, {q, k, v});
     for (size_t i = 0; i < 3; ++i) EXPECT_LT(max_diff(gf[i], gp[i]), 1e-11) << "gradient " << i;
   }
+}
+
+// float32 on the cpu row, every case: within a small multiple of the float32 composition's own error.
+TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
+  for (const auto& c : tu::flash_test_cases())
+    tu::expect_flash_within_reference_error(c, at::kFloat, 2.0, at::kCPU, [](const tu::Inputs& in, const ops::FlashOptions& o) {
+      return ops::flash_attention(in[0], in[1], in[2], o);
+    });
 }
 
 // The backward is right, not only equal to autograd's: central differences, with dropout on.

@@ -10,6 +10,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace spanformer::tu {
+int op_perf_main(const std::vector<std::string>& args);  // tests/op_perf.cpp
+}
 
 namespace {
 
@@ -47,6 +54,9 @@ int main(int argc, char** argv) {
   action.sa_flags = SA_SIGINFO;
   sigaction(SIGSEGV, &action, nullptr);
   sigaction(SIGBUS, &action, nullptr);
+  if (argc >= 2 && std::strcmp(argv[1], "--op-perf") == 0) {  // perf mode of the ops' case lists
+    return spanformer::tu::op_perf_main(std::vector<std::string>(argv + 2, argv + argc));
+  }
   ::testing::InitGoogleTest(&argc, argv);
   at::set_num_threads(2);
   return RUN_ALL_TESTS();

@@ -1,5 +1,6 @@
-// The fused adaptive-span attention op against its reference composition (double precision): forward
-// and every gradient, over shapes, spans and dropout; plus finite differences of the hand-written
+// The fused adaptive-span attention op (its cpu row) against its reference composition over the op's one
+// case list (tests/op_cases.h): forward and every gradient equal in double, within the float32
+// reference's error in float32; plus finite differences of the hand-written
 // backward and the link between the op's semantics and the model's plain attention.
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include "spanformer/attention/seq_attention.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/skew.h"
+#include "op_cases.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -16,15 +18,12 @@ using ops::SpanAttentionOptions;
 
 namespace {
 
+// The small cases below the shared list (finite differences, the model's link, dropout statistics).
 struct OpCase {
   int64_t B, K, M, W, D, L;
   std::vector<double> spans;  // z per head, in tokens
   double dropout;
 };
-
-void PrintTo(const OpCase& c, std::ostream* os) {
-  *os << "B" << c.B << " K" << c.K << " M" << c.M << " W" << c.W << " D" << c.D << " L" << c.L << " dropout " << c.dropout;
-}
 
 struct Inputs {
   at::Tensor q, k, v, pe, ratio;
@@ -57,20 +56,28 @@ SpanAttentionOptions options_of(const OpCase& c) {
 
 using tu::max_diff;
 
+// The cpu row: the op on CPU tensors.
+at::Tensor cpu_row(const tu::Inputs& in, const SpanAttentionOptions& o) {
+  return ops::adaptive_span_attention(in[0], in[1], in[2], in[3], in[4], o);
+}
+
 }  // namespace
 
-class SpanAttentionOp : public ::testing::TestWithParam<OpCase> {};
+// The op's one case list (tests/op_cases.h), on the cpu row.
+class SpanAttentionOp : public ::testing::TestWithParam<tu::SpanCase> {};
 
 TEST_P(SpanAttentionOp, ForwardAndGradientsMatchTheReferenceInDouble) {
-  const OpCase c = GetParam();
-  auto in = make_inputs(c, at::kDouble, 1);
-  auto o = options_of(c);
+  const auto& c = GetParam();
+  SCOPED_TRACE(tu::span_label(c));
+  std::vector<at::Tensor> in;
+  for (const auto& t : tu::span_inputs(c)) in.push_back(t.requires_grad_(true));
+  const auto o = tu::span_options(c);
   auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
-  auto fused = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
-  auto ref = ops::adaptive_span_attention_reference(in.q, in.k, in.v, in.pe, in.ratio, o);
+  auto fused = cpu_row(in, o);
+  auto ref = ops::adaptive_span_attention_reference(in[0], in[1], in[2], in[3], in[4], o);
   EXPECT_LT(max_diff(fused, ref), 1e-12);
-  auto gf = torch::autograd::grad({(fused * weights).sum()}, in.all());
-  auto gr = torch::autograd::grad({(ref * weights).sum()}, in.all());
+  auto gf = torch::autograd::grad({(fused * weights).sum()}, in);
+  auto gr = torch::autograd::grad({(ref * weights).sum()}, in);
   const char* names[] = {"q", "k", "v", "key_pe", "span_ratio"};
   for (size_t i = 0; i < gf.size(); ++i) {
     // Same arithmetic in another order, in double: agreement to ~1e-12 relative.
@@ -79,27 +86,12 @@ TEST_P(SpanAttentionOp, ForwardAndGradientsMatchTheReferenceInDouble) {
   }
 }
 
-TEST_P(SpanAttentionOp, Float32ErrorIsThatOfTheFloat32Reference) {
-  const OpCase c = GetParam();
-  auto in = make_inputs(c, at::kDouble, 2);
-  auto o = options_of(c);
-  auto truth = ops::adaptive_span_attention_reference(in.q, in.k, in.v, in.pe, in.ratio, o);
-  std::vector<at::Tensor> f;
-  for (const auto& t : in.all()) f.push_back(t.detach().to(at::kFloat));
-  auto fused = ops::adaptive_span_attention(f[0], f[1], f[2], f[3], f[4], o);
-  auto ref32 = ops::adaptive_span_attention_reference(f[0], f[1], f[2], f[3], f[4], o);
-  // Tolerance relative to the same-precision plain path's own error (plus float32 epsilon scale).
-  EXPECT_LE(max_diff(fused, truth), 2 * max_diff(ref32, truth) + 1e-6);
+TEST_P(SpanAttentionOp, Float32WithinTheFloat32ReferenceError) {
+  tu::expect_span_within_reference_error(GetParam(), at::kFloat, 2.0, at::kCPU, cpu_row);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, SpanAttentionOp,
-    ::testing::Values(OpCase{2, 2, 5, 16, 32, 16, {0.0, 16.0}, 0.0},             // spans 0 and L
-                      OpCase{1, 3, 70, 40, 64, 100, {3.5, 20.25, 90.0}, 0.0},    // M not a multiple of the tile
-                      OpCase{1, 2, 130, 24, 96, 64, {50.0, 7.0}, 0.0},          // window shorter than the span
-                      OpCase{2, 2, 9, 30, 128, 30, {12.0, 2.0}, 0.0},            // D = 128
-                      OpCase{1, 2, 66, 20, 32, 40, {10.0, 30.0}, 0.3}),          // dropout
-    [](const ::testing::TestParamInfo<OpCase>& info) { return "case" + std::to_string(info.index); });
+INSTANTIATE_TEST_SUITE_P(Cases, SpanAttentionOp, ::testing::ValuesIn(tu::span_test_cases()),
+                         [](const ::testing::TestParamInfo<tu::SpanCase>& info) { return "case" + std::to_string(info.index); });
 
 TEST(SpanAttentionOpTest, FiniteDifferencesOfTheHandWrittenBackward) {
   OpCase c{1, 2, 67, 12, 4, 16, {3.3, 9.6}, 0.0};  // spans not at a kink of the mask

@@ -425,7 +425,7 @@ TEST(Checkpoint, VersionOneFilesOfBothFamiliesStillLoad) {
   const auto j = xl_loaded->config_json();
   EXPECT_EQ(j["train"]["lr_warmup"], 5);
   EXPECT_EQ(j["train"]["eval_blocks"], 2);
-  EXPECT_EQ(j["model"]["eval_mem_len"], 9);
+  EXPECT_EQ(j["run"]["eval_mem_len"], 9);  // train.eval_* (version 1), then model.eval_*, now run.eval_*
   auto p = xl_loaded->module().named_parameters();
   for (const auto& item : xl_family->module().named_parameters())
     EXPECT_TRUE(torch::equal(item.value(), p[item.key()])) << item.key();

@@ -60,7 +60,7 @@ void check_attention_against_loops(bool with_span, attention::AttnImpl impl = at
     c.adapt_span_ramp = static_cast<int64_t>(R);
   }
   torch::manual_seed(5);
-  models::xl::RelAttention attn(c);
+  models::xl::RelAttention attn(models::xl::rel_attention_options(c));
   attn->to(torch::kDouble);
   attn->eval();
   if (with_span) {

@@ -304,8 +304,8 @@ def gpt_row(attention, T, batch, rounds, cli, threads):
 
 def lm_row(config_name, spans, rounds, cli, threads):
     """spans: a number (every head) or "bimodal"."""
-    c = json.load(open(os.path.join(ROOT, "configs", config_name)))["model"]
-    B = json.load(open(os.path.join(ROOT, "configs", config_name)))["train"]["batch_size"]
+    whole = json.load(open(os.path.join(ROOT, "configs", config_name)))
+    c, B = {**whole["model"], **whole.get("run", {})}, whole["train"]["batch_size"]
     V, H, K, I, L, M, layers = 256, c["hidden_size"], c["nb_heads"], c["inner_hidden_size"], c["attn_span"], c["block_size"], c["nb_layers"]
     span_args = ["--span-dist", "bimodal"] if spans == "bimodal" else ["--span", str(spans)]
 
@@ -374,7 +374,7 @@ class Seq2seq(nn.Module):
 def seq2seq_row(rounds, cli, threads):
     config = os.path.join(ROOT, "configs", "seq2seq", "transformer.json")
     c = json.load(open(config))
-    m, B, N = c["model"], c["train"]["batch_size"], c["data"]["max_length"]
+    m, B, N = {**c["model"], **c.get("run", {})}, c["train"]["batch_size"], c["data"]["max_length"]
     V, Vt = 16000, 8000  # `spanformer bench`'s sizes for this family
 
     def ours():

@@ -12,6 +12,7 @@ namespace {
 using nlohmann::json;
 using config_detail::Field;
 using config_detail::field;
+using config_detail::run_key;
 using config_detail::struct_to_json;
 using config_detail::find_field;
 using config_detail::read_section;
@@ -25,16 +26,16 @@ const std::vector<Field<ModelConfig>>& span_model_fields() {
       field("inner_hidden_size", &ModelConfig::inner_hidden_size, "I"),
       field("nb_heads", &ModelConfig::nb_heads, "K"),
       field("attn_span", &ModelConfig::attn_span, "L, maximum span"),
-      field("block_size", &ModelConfig::block_size, "M"),
-      field("dropout", &ModelConfig::dropout, "on attention probabilities and the FFN hidden layer"),
-      field("emb_dropout", &ModelConfig::emb_dropout, "on the embeddings and on the last hidden state"),
+      run_key(field("block_size", &ModelConfig::block_size, "M")),
+      run_key(field("dropout", &ModelConfig::dropout, "on attention probabilities and the FFN hidden layer")),
+      run_key(field("emb_dropout", &ModelConfig::emb_dropout, "on the embeddings and on the last hidden state")),
       field("adapt_span", &ModelConfig::adapt_span, "learn each head's span"),
       field("adapt_span_ramp", &ModelConfig::adapt_span_ramp, "R, width of the soft mask's ramp"),
       field("adapt_span_init", &ModelConfig::adapt_span_init, "initial span_ratio (z / L)"),
       field("adapt_span_loss", &ModelConfig::adapt_span_loss, "span-loss coefficient"),
-      field("adapt_span_cache", &ModelConfig::adapt_span_cache, "keep only the cache the current spans need"),
+      run_key(field("adapt_span_cache", &ModelConfig::adapt_span_cache, "keep only the cache the current spans need")),
       field("pers_mem_size", &ModelConfig::pers_mem_size, "N > 0: all-attention layers with persistent memory, no FFN"),
-      config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "auto | fused | plain: how attention is computed (attention/attn_impl.h); checkpoints load under any."),
+      run_key(config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "auto | fused | plain: how attention is computed (attention/attn_impl.h); checkpoints load under any.")),
   };
   return fields;
 }
@@ -42,8 +43,9 @@ const std::vector<Field<ModelConfig>>& span_model_fields() {
 // Adaptive-span files predate the "arch" tag: it is neither written nor required.
 const config_detail::Schema<Config>& span_schema() {
   static const config_detail::Schema<Config> schema{
-      nullptr, "adaptive-span", {config_detail::section("model", &Config::model, span_model_fields),
-                                 config_detail::train_section(&Config::train)}};
+      nullptr, "adaptive-span",
+      {config_detail::model_section(&Config::model, span_model_fields),
+       config_detail::run_section(&Config::model, span_model_fields), config_detail::train_section(&Config::train)}};
   return schema;
 }
 
@@ -62,6 +64,8 @@ ModelConfig model_config_from_json(const json& j, const std::string& origin) {
 }
 
 Config config_from_json(const json& j, const std::string& origin) { return span_schema().from_json(j, origin); }
+
+std::string model_difference(const Config& a, const Config& b) { return span_schema().model_difference(a, b); }
 
 Config load_config(const std::string& path) {
   return config_from_json(config_detail::read_json_file(path), path);

@@ -33,7 +33,26 @@ struct Field {
   std::function<void(T&, const json&)> set;
   const char* help = "";
   const char* choices = "";  // a closed choice's names, "a | b | c"
+  bool run = false;          // how the model runs, not what its weights mean (see Role)
 };
+
+// A model struct's keys are of two kinds, written to two sections of the file:
+//   model  what the weights mean: a checkpoint fits a config when these are equal;
+//   run    how it runs (attention implementation, dropout, lengths, evaluation protocol, decoding):
+//          what a command reading a checkpoint may override.
+// A table marks its run keys with run_key(field(...)); `any` is a whole table (the other sections).
+enum class Role { any, model, run };
+
+template <typename T>
+Field<T> run_key(Field<T> f) {
+  f.run = true;
+  return f;
+}
+
+template <typename T>
+bool has_role(const Field<T>& f, Role role) {
+  return role == Role::any || f.run == (role == Role::run);
+}
 
 template <typename T, typename V>
 Field<T> field(const char* name, V T::*member, const char* help) {
@@ -91,9 +110,10 @@ Field<T> enum_field(const char* name, E T::*member, E (*parse)(const std::string
 }
 
 template <typename T>
-json struct_to_json(const T& t, const std::vector<Field<T>>& fields) {
+json struct_to_json(const T& t, const std::vector<Field<T>>& fields, Role role = Role::any) {
   json j = json::object();
-  for (const auto& f : fields) j[f.name] = f.get(t);
+  for (const auto& f : fields)
+    if (has_role(f, role)) j[f.name] = f.get(t);
   return j;
 }
 
@@ -104,13 +124,17 @@ const Field<T>* find_field(const std::vector<Field<T>>& fields, const std::strin
   return nullptr;
 }
 
+// Reads a section's keys. The model section also takes the table's run keys: files written before the
+// run section existed kept them there (and still load).
 template <typename T>
 void read_section(T& t, const json& j, const std::vector<Field<T>>& fields, const std::string& section,
-                  const std::string& origin) {
+                  const std::string& origin, Role role = Role::any) {
   if (!j.is_object()) fail("{}: '{}' must be a JSON object", origin, section);
   for (const auto& [key, value] : j.items()) {
     const auto* f = find_field(fields, key);
     if (!f) fail("{}: unknown config key '{}.{}'", origin, section, key);
+    if (role == Role::run && !f->run)
+      fail("{}: '{}.{}' is part of what the model is: it belongs in the 'model' section", origin, section, key);
     f->set(t, value);
   }
 }
@@ -153,11 +177,13 @@ inline Override parse_override(std::string item,
 
 // Sets t's field named by the override when the section fits and t has that key (returns false
 // otherwise). String-valued keys take the text as it is, so "1e-3" stays a string only where strings belong.
+// A model section also takes its run keys when qualified with the old spelling ("model.dropout").
 template <typename T>
-bool set_override(T& t, const std::vector<Field<T>>& fields, const std::string& section, const Override& o) {
+bool set_override(T& t, const std::vector<Field<T>>& fields, const std::string& section, const Override& o,
+                  Role role = Role::any) {
   if (!o.section.empty() && o.section != section) return false;
   const auto* f = find_field(fields, o.key);
-  if (!f) return false;
+  if (!f || !(has_role(*f, role) || (role == Role::model && o.section == section))) return false;
   f->set(t, f->get(t).is_string() ? json(o.text) : o.value);
   return true;
 }
@@ -183,8 +209,9 @@ inline void require_fraction(const char* name, double v) {
 // One line per key for `spanformer config keys`: "section.key  type  default  help".
 template <typename T>
 void describe(std::vector<ConfigKey>& out, const std::string& section, const T& defaults,
-              const std::vector<Field<T>>& fields) {
+              const std::vector<Field<T>>& fields, Role role = Role::any) {
   for (const auto& f : fields) {
+    if (!has_role(f, role)) continue;
     const json v = f.get(defaults);
     std::string type = v.is_boolean() ? "bool" : v.is_number_integer() ? "int" : v.is_number() ? "float"
                        : v.is_array()  ? "list of int" : "string";

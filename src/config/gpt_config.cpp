@@ -32,6 +32,7 @@ namespace {
 using nlohmann::json;
 using config_detail::Field;
 using config_detail::field;
+using config_detail::run_key;
 using config_detail::read_section;
 using config_detail::struct_to_json;
 
@@ -49,8 +50,8 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
       config_detail::enum_field("activation", &C::activation, parse_activation, activation_name,
                                 "feed-forward GELU: gelu (exact, erf) | gelu_tanh (GPT-2's tanh approximation)"),
       field("tie_weights", &C::tie_weights, "output projection = token embedding"),
-      field("dropout", &C::dropout, "embeddings and each residual branch"),
-      field("attn_dropout", &C::attn_dropout, "attention probabilities"),
+      run_key(field("dropout", &C::dropout, "embeddings and each residual branch")),
+      run_key(field("attn_dropout", &C::attn_dropout, "attention probabilities")),
       field("init_std", &C::init_std, "N(0, init_std) weights; residual projections / sqrt(2 n_layer)"),
       config_detail::enum_field("attention", &C::attention, attention::parse_causal_kind, attention::causal_kind_name,
                                 "dense | flash | window | adaptive_span | sparse_strided | sparse_fixed | lsh"),
@@ -63,14 +64,14 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
       field("sparse_summary", &C::sparse_summary, "sparse_fixed: c, summary keys at the end of every block of l"),
       config_detail::enum_field("sparse_combine", &C::sparse_combine, attention::parse_sparse_combine,
                                 attention::sparse_combine_name, "sparse_*: merged (A1 u A2 in every head) | alternating (by layer) | per_head"),
-      field("lsh_hashes", &C::lsh_hashes, "lsh: R, hashing rounds (may differ at evaluation)"),
+      run_key(field("lsh_hashes", &C::lsh_hashes, "lsh: R, hashing rounds (may differ at evaluation)")),
       field("lsh_buckets", &C::lsh_buckets, "lsh: buckets, even (0 = about context / lsh_chunk)"),
       field("lsh_chunk", &C::lsh_chunk, "lsh: m, most recent same-bucket keys read per round"),
-      config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
-                                "plain (one masked T x T product) | fused (query tiles over their band) | auto; checkpoints load under any"),
+      run_key(config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
+                                "plain (one masked T x T product) | fused (query tiles over their band) | auto; checkpoints load under any")),
       field("reversible", &C::reversible, "reversible residual layers: activations recomputed in backward"),
-      field("ff_chunks", &C::ff_chunks, "feed-forward over this many slices of the positions (1 = whole)"),
-      field("eval_stride", &C::eval_stride, "sliding-window evaluation: tokens scored per window after the first (0 = context / 2)"),
+      run_key(field("ff_chunks", &C::ff_chunks, "feed-forward over this many slices of the positions (1 = whole)")),
+      run_key(field("eval_stride", &C::eval_stride, "sliding-window evaluation: tokens scored per window after the first (0 = context / 2)")),
   };
   return fields;
 }
@@ -93,8 +94,13 @@ namespace {
 
 const config_detail::Schema<GptConfig>& gpt_schema() {
   static const config_detail::Schema<GptConfig> schema{
-      "gpt", "GPT", {config_detail::section("model", &GptConfig::model, gpt_model_fields),
-                     config_detail::train_section(&GptConfig::train)}};
+      "gpt", "GPT",
+      {config_detail::model_section(&GptConfig::model, gpt_model_fields),
+       config_detail::run_section(&GptConfig::model, gpt_model_fields), config_detail::train_section(&GptConfig::train)},
+      nullptr,
+      [](json& model) {  // dense and flash compute the same function with the same weights
+        if (model["attention"] == "flash") model["attention"] = "dense";
+      }};
   return schema;
 }
 
@@ -156,19 +162,6 @@ void validate(const GptConfig& config) {
   validate(config.train);
 }
 
-std::string gpt_model_difference(const GptModelConfig& a, const GptModelConfig& b) {
-  auto ja = to_json(a), jb = to_json(b);
-  for (const auto& [key, value] : ja.items()) {
-    // How the model runs, not what its weights are.
-    if (key == "attn_impl" || key == "dropout" || key == "attn_dropout" || key == "eval_stride" || key == "lsh_hashes" ||
-        key == "ff_chunks")
-      continue;
-    // dense and flash compute the same function with the same weights
-    if (key == "attention" && (value == "dense" || value == "flash") && (jb[key] == "dense" || jb[key] == "flash"))
-      continue;
-    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
-  }
-  return "";
-}
+std::string model_difference(const GptConfig& a, const GptConfig& b) { return gpt_schema().model_difference(a, b); }
 
 }  // namespace spanformer

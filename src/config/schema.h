@@ -3,8 +3,13 @@
 // writer, override rule and `config keys` listing is this one template, so families differ only in
 // their tables:
 //
-//   {"arch": "gpt", "model": {...}, "train": {...}}        Schema{"gpt", "GPT", {section("model", ...),
+//   {"arch": "gpt", "model": {...}, "run": {...},          Schema{"gpt", "GPT", {model_section(...),
+//    "train": {...}}                                                              run_section(...),
 //                                                                                  train_section(...)}}
+//
+// "model" says what the weights mean and "run" how they run (fields.h: Role); both come from the same
+// key table of the family's model struct. A checkpoint fits a config when their model sections are
+// equal (model_difference); a command reading a checkpoint may override run keys.
 #pragma once
 #include <string>
 #include <vector>
@@ -23,13 +28,24 @@ struct Section {
   std::function<void(std::vector<ConfigKey>&, const C& defaults)> describe;
 };
 
-// The section `name` held in C::*member, read and written through the key table `fields()`.
+// The section `name` held in C::*member, read and written through the key table `fields()`; with a
+// role, only that role's keys of the table (fields.h: Role).
 template <typename C, typename S>
-Section<C> section(const char* name, S C::*member, const std::vector<Field<S>>& (*fields)()) {
-  return {name, [=](const C& c) { return struct_to_json(c.*member, fields()); },
-          [=](C& c, const json& j, const std::string& origin) { read_section(c.*member, j, fields(), name, origin); },
-          [=](C& c, const Override& o) { return set_override(c.*member, fields(), name, o); },
-          [=](std::vector<ConfigKey>& out, const C& d) { describe(out, name, d.*member, fields()); }};
+Section<C> section(const char* name, S C::*member, const std::vector<Field<S>>& (*fields)(), Role role = Role::any) {
+  return {name, [=](const C& c) { return struct_to_json(c.*member, fields(), role); },
+          [=](C& c, const json& j, const std::string& origin) { read_section(c.*member, j, fields(), name, origin, role); },
+          [=](C& c, const Override& o) { return set_override(c.*member, fields(), name, o, role); },
+          [=](std::vector<ConfigKey>& out, const C& d) { describe(out, name, d.*member, fields(), role); }};
+}
+
+// A family's model struct as its two sections, "model" and "run" (fields.h: Role).
+template <typename C, typename S>
+Section<C> model_section(S C::*member, const std::vector<Field<S>>& (*fields)()) {
+  return section("model", member, fields, Role::model);
+}
+template <typename C, typename S>
+Section<C> run_section(S C::*member, const std::vector<Field<S>>& (*fields)()) {
+  return section("run", member, fields, Role::run);
 }
 
 // The shared `train` section (old key spellings accepted); `other` takes the keys that older files of a
@@ -51,6 +67,8 @@ struct Schema {
   const char* title;  // for "not a GPT config"
   std::vector<Section<C>> sections;
   std::function<void(Override&)> adjust = nullptr;  // renames an override's section before it is set
+  // Puts the model section in one form where two spellings mean the same weights (GPT: flash is dense).
+  std::function<void(json& model)> same_weights = nullptr;
 
   std::vector<ConfigKey> keys() const {
     std::vector<ConfigKey> out;
@@ -80,6 +98,22 @@ struct Schema {
       s->read(c, value, origin);
     }
     return c;
+  }
+
+  // "" when a and b have the same model section (a checkpoint made with one fits the other), else the
+  // first key that differs: "n_layer 4 vs 2".
+  std::string model_difference(const C& a, const C& b) const {
+    const Section<C>* model = nullptr;
+    for (const auto& s : sections)
+      if (s.name == "model") model = &s;
+    json ja = model->write(a), jb = model->write(b);
+    if (same_weights) {
+      same_weights(ja);
+      same_weights(jb);
+    }
+    for (const auto& [key, value] : ja.items())
+      if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
+    return "";
   }
 
   void apply_overrides(C& c, const std::vector<std::string>& overrides) const {

@@ -10,6 +10,7 @@ namespace {
 using nlohmann::json;
 using config_detail::Field;
 using config_detail::field;
+using config_detail::run_key;
 using config_detail::read_section;
 using config_detail::struct_to_json;
 
@@ -24,7 +25,7 @@ const std::vector<Field<Seq2SeqModelConfig>>& seq2seq_model_fields() {
       field("n_layer", &C::n_layer, "GRU layers, or encoder blocks and decoder blocks each"),
       field("n_head", &C::n_head, "K, attention heads (transformer)"),
       field("d_inner", &C::d_inner, "I, feed-forward width (transformer; 0 = 4 d_model)"),
-      field("dropout", &C::dropout, "embeddings, recurrent layers' outputs, residual branches, attention weights"),
+      run_key(field("dropout", &C::dropout, "embeddings, recurrent layers' outputs, residual branches, attention weights")),
       config_detail::enum_field("score", &C::score, attention::parse_score_kind, attention::score_kind_name,
                                 "luong: dot | general"),
       field("input_feeding", &C::input_feeding, "luong: the previous attentional vector joins the input"),
@@ -34,11 +35,11 @@ const std::vector<Field<Seq2SeqModelConfig>>& seq2seq_model_fields() {
             "bahdanau: the paper's output, maxout over U s_{t-1} + V E y_{t-1} + C c_t (false: W_out s_t)"),
       field("pre_norm", &C::pre_norm, "transformer: LayerNorm before each sublayer (false: post-norm, the paper's)"),
       field("share_embeddings", &C::share_embeddings, "one table for source, target and output"),
-      field("max_positions", &C::max_positions, "longest sentence translated (transformer: its sinusoidal table, no weights)"),
-      field("label_smoothing", &C::label_smoothing, "training loss smoothing (the logged NLL is unsmoothed)"),
-      field("beam", &C::beam, "decoding: beam width (1 = greedy)"),
-      field("length_penalty", &C::length_penalty, "decoding: alpha of ((5 + |y|) / 6)^alpha"),
-      field("max_extra", &C::max_extra, "decoding: at most source length + max_extra tokens"),
+      run_key(field("max_positions", &C::max_positions, "longest sentence translated (transformer: its sinusoidal table, no weights)")),
+      run_key(field("label_smoothing", &C::label_smoothing, "training loss smoothing (the logged NLL is unsmoothed)")),
+      run_key(field("beam", &C::beam, "decoding: beam width (1 = greedy)")),
+      run_key(field("length_penalty", &C::length_penalty, "decoding: alpha of ((5 + |y|) / 6)^alpha")),
+      run_key(field("max_extra", &C::max_extra, "decoding: at most source length + max_extra tokens")),
   };
   return fields;
 }
@@ -105,9 +106,15 @@ namespace {
 
 const config_detail::Schema<Seq2SeqConfig>& seq2seq_schema() {
   static const config_detail::Schema<Seq2SeqConfig> schema{
-      "seq2seq", "seq2seq", {config_detail::section("model", &Seq2SeqConfig::model, seq2seq_model_fields),
-                             config_detail::section("data", &Seq2SeqConfig::data, data_fields),
-                             config_detail::train_section(&Seq2SeqConfig::train)}};
+      "seq2seq",
+      "seq2seq",
+      {config_detail::model_section(&Seq2SeqConfig::model, seq2seq_model_fields),
+       config_detail::run_section(&Seq2SeqConfig::model, seq2seq_model_fields),
+       config_detail::section("data", &Seq2SeqConfig::data, data_fields), config_detail::train_section(&Seq2SeqConfig::train)},
+      nullptr,
+      [](json& model) {  // the scoring function is a Luong model's only
+        if (model["kind"] != seq2seq_kind_name(Seq2SeqKind::kLuong)) model.erase("score");
+      }};
   return schema;
 }
 
@@ -167,16 +174,8 @@ void validate(const Seq2SeqConfig& config) {
          config.model.max_positions);
 }
 
-std::string seq2seq_model_difference(const Seq2SeqModelConfig& a, const Seq2SeqModelConfig& b) {
-  auto ja = struct_to_json(a, seq2seq_model_fields()), jb = struct_to_json(b, seq2seq_model_fields());
-  for (const auto& [key, value] : ja.items()) {
-    if (key == "dropout" || key == "label_smoothing" || key == "beam" || key == "length_penalty" || key == "max_extra" ||
-        key == "max_positions")
-      continue;  // how it trains or decodes, not what it is
-    if (key == "score" && a.kind != Seq2SeqKind::kLuong) continue;
-    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
-  }
-  return "";
+std::string model_difference(const Seq2SeqConfig& a, const Seq2SeqConfig& b) {
+  return seq2seq_schema().model_difference(a, b);
 }
 
 }  // namespace spanformer

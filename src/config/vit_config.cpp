@@ -9,6 +9,7 @@ namespace {
 using nlohmann::json;
 using config_detail::Field;
 using config_detail::field;
+using config_detail::run_key;
 using config_detail::read_section;
 using config_detail::struct_to_json;
 
@@ -23,12 +24,12 @@ const std::vector<Field<VitModelConfig>>& vit_model_fields() {
       field("n_head", &C::n_head, "K, attention heads"),
       field("d_model", &C::d_model, "H, a multiple of n_head"),
       field("d_inner", &C::d_inner, "I, GELU MLP width (0 = 4 d_model)"),
-      field("dropout", &C::dropout, "embeddings and each residual branch"),
-      field("attn_dropout", &C::attn_dropout, "attention probabilities"),
+      run_key(field("dropout", &C::dropout, "embeddings and each residual branch")),
+      run_key(field("attn_dropout", &C::attn_dropout, "attention probabilities")),
       field("pixel_mean", &C::pixel_mean, "input normalisation: (pixel / 255 - mean) / std"),
       field("pixel_std", &C::pixel_std, "input normalisation"),
-      field("augment_shift", &C::augment_shift, "training: random translation by up to this many pixels (0 = none)"),
-      field("valid_images", &C::valid_images, "the last images of the training file, held out for validation"),
+      run_key(field("augment_shift", &C::augment_shift, "training: random translation by up to this many pixels (0 = none)")),
+      run_key(field("valid_images", &C::valid_images, "the last images of the training file, held out for validation")),
   };
   return fields;
 }
@@ -56,8 +57,9 @@ namespace {
 
 const config_detail::Schema<VitConfig>& vit_schema() {
   static const config_detail::Schema<VitConfig> schema{
-      "vit", "ViT", {config_detail::section("model", &VitConfig::model, vit_model_fields),
-                     config_detail::train_section(&VitConfig::train)}};
+      "vit", "ViT",
+      {config_detail::model_section(&VitConfig::model, vit_model_fields),
+       config_detail::run_section(&VitConfig::model, vit_model_fields), config_detail::train_section(&VitConfig::train)}};
   return schema;
 }
 
@@ -100,13 +102,6 @@ void validate(const VitConfig& config) {
   validate(config.train);
 }
 
-std::string vit_model_difference(const VitModelConfig& a, const VitModelConfig& b) {
-  auto ja = struct_to_json(a, vit_model_fields()), jb = struct_to_json(b, vit_model_fields());
-  for (const auto& [key, value] : ja.items()) {
-    if (key == "dropout" || key == "attn_dropout" || key == "augment_shift" || key == "valid_images") continue;  // how it trains, not what it is
-    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
-  }
-  return "";
-}
+std::string model_difference(const VitConfig& a, const VitConfig& b) { return vit_schema().model_difference(a, b); }
 
 }  // namespace spanformer

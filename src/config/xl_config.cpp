@@ -31,6 +31,7 @@ namespace {
 using nlohmann::json;
 using config_detail::Field;
 using config_detail::field;
+using config_detail::run_key;
 using config_detail::find_field;
 using config_detail::read_section;
 using config_detail::struct_to_json;
@@ -42,23 +43,23 @@ const std::vector<Field<XlModelConfig>>& xl_model_fields() {
       field("n_layer", &C::n_layer, "Transformer-XL layers; the super-network has 2 x n_layer blocks"),             field("d_model", &C::d_model, "H"),
       field("n_head", &C::n_head, "K"),               field("d_head", &C::d_head, "D (K x D need not equal H)"),
       field("d_inner", &C::d_inner, "I"),             field("d_embed", &C::d_embed, "E, embedding width (0 = d_model)"),
-      field("dropout", &C::dropout, "embeddings, positions, attention output, feed-forward, last hidden"),             field("dropatt", &C::dropatt, "attention probabilities"),
-      field("tgt_len", &C::tgt_len, "M, segment length for training"),             field("mem_len", &C::mem_len, "Mm, hidden states kept per block"),
-      field("ext_len", &C::ext_len, "extended context: tokens re-read before each segment (not scored)"),             field("clamp_len", &C::clamp_len, "distances above this use the same position vector (0 = no clamp)"),
-      field("same_length", &C::same_length, "every query sees the same number of keys"),     field("pre_lnorm", &C::pre_lnorm, "LayerNorm before each block instead of after the residual"),
+      run_key(field("dropout", &C::dropout, "embeddings, positions, attention output, feed-forward, last hidden")),             run_key(field("dropatt", &C::dropatt, "attention probabilities")),
+      run_key(field("tgt_len", &C::tgt_len, "M, segment length for training")),             run_key(field("mem_len", &C::mem_len, "Mm, hidden states kept per block")),
+      run_key(field("ext_len", &C::ext_len, "extended context: tokens re-read before each segment (not scored)")),             run_key(field("clamp_len", &C::clamp_len, "distances above this use the same position vector (0 = no clamp)")),
+      run_key(field("same_length", &C::same_length, "every query sees the same number of keys")),     field("pre_lnorm", &C::pre_lnorm, "LayerNorm before each block instead of after the residual"),
       field("untie_r", &C::untie_r, "a separate (u, v) per attention block instead of one pair for all"),             field("adaptive", &C::adaptive, "adaptive input and adaptive softmax with `cutoffs`"),
       field("cutoffs", &C::cutoffs, "cluster boundaries in the frequency-sorted vocabulary"),             field("div_val", &C::div_val, "cluster i has width E / div_val^i"),
       field("tie_weight", &C::tie_weight, "output cluster weights = input embeddings"),       field("tie_projs", &C::tie_projs, "output projections of clusters 1.. = input projections"),
       field("init_std", &C::init_std, "N(0, init_std) weights; LayerNorm weight N(1, init_std)"),           field("proj_init_std", &C::proj_init_std, "N(0, proj_init_std) for adaptive projections"),
       field("search", &C::search, "PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}"),               field("search_hard", &C::search_hard, "straight-through one-hot samples instead of soft ones"),
-      config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name, "weights without noise at evaluation: softmax | argmax"),
+      run_key(config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name, "weights without noise at evaluation: softmax | argmax")),
       field("adapt_span", &C::adapt_span, "adaptive span (Sukhbaatar et al. 2019) inside every attention block"),
       field("attn_span", &C::attn_span, "L, the largest span (0 = mem_len + tgt_len)"),         field("adapt_span_ramp", &C::adapt_span_ramp, "R"),
       field("adapt_span_init", &C::adapt_span_init, "initial z / L"), field("adapt_span_loss", &C::adapt_span_loss, "span-loss coefficient"),
-      config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
-                                "with adapt_span: plain (one masked product per block) | fused (per-head windows) | auto; checkpoints load under any"),
-      field("eval_tgt_len", &C::eval_tgt_len, "evaluation segment length (0 = tgt_len; validation during training uses the training lengths)"),   field("eval_mem_len", &C::eval_mem_len, "evaluation memory length (-1 = mem_len)"),
-      field("eval_clamp_len", &C::eval_clamp_len, "evaluation clamp_len (-1 = clamp_len)"), field("eval_same_length", &C::eval_same_length, "evaluation: every query sees the same number of keys"),
+      run_key(config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
+                                "with adapt_span: plain (one masked product per block) | fused (per-head windows) | auto; checkpoints load under any")),
+      run_key(field("eval_tgt_len", &C::eval_tgt_len, "evaluation segment length (0 = tgt_len; validation during training uses the training lengths)")),   run_key(field("eval_mem_len", &C::eval_mem_len, "evaluation memory length (-1 = mem_len)")),
+      run_key(field("eval_clamp_len", &C::eval_clamp_len, "evaluation clamp_len (-1 = clamp_len)")), run_key(field("eval_same_length", &C::eval_same_length, "evaluation: every query sees the same number of keys")),
   };
   return fields;
 }
@@ -91,13 +92,14 @@ TauSchedule parse_tau_schedule(const std::string& name) { return kTauScheduleNam
 
 namespace {
 
-// Older files kept the evaluation protocol (eval_*) in `train`: it belongs to the model section now, in
-// files and in overrides.
+// Older files kept the evaluation protocol (eval_*) in `train`, later ones in `model`: it belongs to the
+// run section now, in files and in overrides.
 const config_detail::Schema<XlConfig>& xl_schema() {
   static const config_detail::Schema<XlConfig> schema{
       "xl",
       "Transformer-XL/PAR",
-      {config_detail::section("model", &XlConfig::model, xl_model_fields),
+      {config_detail::model_section(&XlConfig::model, xl_model_fields),
+       config_detail::run_section(&XlConfig::model, xl_model_fields),
        config_detail::section("search", &XlConfig::search, search_fields),
        config_detail::train_section<XlConfig>(&XlConfig::train,
                                               [](XlConfig& c, const std::string& key, const json& v) {
@@ -107,7 +109,7 @@ const config_detail::Schema<XlConfig>& xl_schema() {
                                                 return true;
                                               })},
       [](config_detail::Override& o) {
-        if (o.section == "train" && o.key.rfind("eval_", 0) == 0 && find_field(xl_model_fields(), o.key)) o.section = "model";
+        if (o.section == "train" && o.key.rfind("eval_", 0) == 0 && find_field(xl_model_fields(), o.key)) o.section = "run";
       }};
   return schema;
 }
@@ -236,16 +238,6 @@ void validate(const XlConfig& config) {
   validate(config.train);
 }
 
-std::string xl_model_difference(const XlModelConfig& a, const XlModelConfig& b) {
-  auto ja = to_json(a), jb = to_json(b);
-  for (const auto& [key, value] : ja.items()) {
-    // Lengths and the evaluation mode of the super-network are run-time choices, not the model.
-    if (key == "tgt_len" || key == "mem_len" || key == "ext_len" || key == "clamp_len" || key == "same_length" ||
-        key == "search_eval" || key == "attn_impl" || key == "dropout" || key == "dropatt" || key.rfind("eval_", 0) == 0)
-      continue;
-    if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
-  }
-  return "";
-}
+std::string model_difference(const XlConfig& a, const XlConfig& b) { return xl_schema().model_difference(a, b); }
 
 }  // namespace spanformer

@@ -14,32 +14,42 @@
 
 namespace spanformer::models {
 
-GptAttentionImpl::GptAttentionImpl(const GptModelConfig& config, int64_t layer) : config_(config), layer_(layer) {
-  const int64_t H = config.d_model;
-  const bool shared_qk = config.attention == attention::CausalKind::kLsh;  // Reformer: one q/k projection
+GptBlockOptions gpt_block_options(const GptModelConfig& config, int64_t layer) {
+  attention::CausalSpec pattern;
+  pattern.kind = config.attention;
+  pattern.window = config.window;
+  pattern.stride = config.stride_l();
+  pattern.summary = config.sparse_summary;
+  pattern.combine = config.sparse_combine;
+  pattern.layer = layer;
+  pattern.heads = config.n_head;
+  pattern.lsh_rounds = config.lsh_hashes;
+  pattern.lsh_buckets = config.buckets();
+  pattern.lsh_chunk = config.lsh_chunk;
+  pattern.dropout = config.attn_dropout;
+  auto attention = GptAttentionOptions(config.d_model, config.n_head).pattern(pattern).impl(config.attn_impl);
+  if (config.attention == attention::CausalKind::kAdaptiveSpan)
+    attention.span(nn::AdaptiveSpanOptions(config.span_limit(), config.n_head)
+                       .ramp(config.adapt_span_ramp)
+                       .init(config.adapt_span_init)
+                       .loss_coeff(config.adapt_span_loss));
+  return GptBlockOptions(attention, config.inner_dim())
+      .dropout(config.dropout)
+      .ff_chunks(config.ff_chunks)
+      .activation(config.activation);
+}
+
+GptAttentionImpl::GptAttentionImpl(GptAttentionOptions options) : options_(std::move(options)) {
+  const int64_t H = options_.d_model();
+  const bool shared_qk = options_.pattern().kind == attention::CausalKind::kLsh;  // Reformer: one q/k projection
   qkv = register_module("qkv", torch::nn::Linear(H, (shared_qk ? 2 : 3) * H));
   proj = register_module("proj", torch::nn::Linear(H, H));
-  if (config.attention == attention::CausalKind::kAdaptiveSpan)
-    span = register_module("span", nn::AdaptiveSpan(nn::AdaptiveSpanOptions(config.span_limit(), config.n_head)
-                                                        .ramp(config.adapt_span_ramp)
-                                                        .init(config.adapt_span_init)
-                                                        .loss_coeff(config.adapt_span_loss)));
+  if (options_.span()) span = register_module("span", nn::AdaptiveSpan(*options_.span()));
 }
 
 attention::CausalSpec GptAttentionImpl::spec() const {
-  attention::CausalSpec s;
-  s.kind = config_.attention;
-  s.window = config_.window;
+  attention::CausalSpec s = options_.pattern();
   s.span = span ? span.get() : nullptr;
-  s.stride = config_.stride_l();
-  s.summary = config_.sparse_summary;
-  s.combine = config_.sparse_combine;
-  s.layer = layer_;
-  s.heads = config_.n_head;
-  s.lsh_rounds = config_.lsh_hashes;
-  s.lsh_buckets = config_.buckets();
-  s.lsh_chunk = config_.lsh_chunk;
-  s.dropout = config_.attn_dropout;
   s.training = is_training();
   return s;
 }
@@ -48,12 +58,12 @@ int64_t GptAttentionImpl::band(int64_t keys) const { return attention::causal_ba
 
 torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
                                         int64_t keep) {
-  const int64_t B = h.size(0), N = h.size(1), H = config_.d_model, K = config_.n_head, D = H / K;
-  if (config_.attention == attention::CausalKind::kLsh) {  // shared q/k (B, K, N, D), no cache
+  const int64_t B = h.size(0), N = h.size(1), H = options_.d_model(), K = options_.heads(), D = H / K;
+  if (options_.pattern().kind == attention::CausalKind::kLsh) {  // shared q/k (B, K, N, D), no cache
     if (k_cache) fail("gpt: lsh attention reads no KV cache");
     auto qv = qkv(h).view({B, N, 2, K, D}).permute({2, 0, 3, 1, 4});  // (2, B, K, N, D)
     auto qk = qv[0];
-    auto out = attention::causal_attention(qk, qk, qv[1], spec(), config_.attn_impl);  // (B, K, N, D)
+    auto out = attention::causal_attention(qk, qk, qv[1], spec(), options_.impl());  // (B, K, N, D)
     return proj(out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
   }
   auto qkv_heads = qkv(h).view({B, N, 3, K, D}).permute({2, 0, 3, 1, 4});  // (3, B, K, N, D)
@@ -62,7 +72,7 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
     k = torch::cat({*k_cache, k}, 2);  // (B, K, C + N, D)
     v = torch::cat({*v_cache, v}, 2);
   }
-  auto out = attention::causal_attention(q, k, v, spec(), config_.attn_impl);  // (B, K, N, D)
+  auto out = attention::causal_attention(q, k, v, spec(), options_.impl());  // (B, K, N, D)
   if (k_cache) {
     const int64_t C = k.size(2);
     const int64_t kept = keep >= 0 ? std::min(C, keep) : C;
@@ -72,29 +82,29 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
   return proj(out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
 }
 
-GptBlockImpl::GptBlockImpl(const GptModelConfig& config, int64_t layer)
-    : dropout_(config.dropout), ff_chunks_(config.ff_chunks), activation_(config.activation) {
-  const int64_t H = config.d_model;
+GptBlockImpl::GptBlockImpl(GptBlockOptions options) : options_(std::move(options)) {
+  const int64_t H = options_.attention().d_model(), I = options_.d_inner();
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  attn = register_module("attn", GptAttention(config, layer));
+  attn = register_module("attn", GptAttention(options_.attention()));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  fc1 = register_module("fc1", torch::nn::Linear(H, config.inner_dim()));
-  fc2 = register_module("fc2", torch::nn::Linear(config.inner_dim(), H));
+  fc1 = register_module("fc1", torch::nn::Linear(H, I));
+  fc2 = register_module("fc2", torch::nn::Linear(I, H));
 }
 
 torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
                                              int64_t keep) {
-  return torch::dropout(attn(ln1(h), k_cache, v_cache, keep), dropout_, is_training());  // (B, N, H)
+  return torch::dropout(attn(ln1(h), k_cache, v_cache, keep), options_.dropout(), is_training());  // (B, N, H)
 }
 
 torch::Tensor GptBlockImpl::ff_branch(const torch::Tensor& h) {
-  const char* approximate = activation_ == Activation::kGeluTanh ? "tanh" : "none";
+  const char* approximate = options_.activation() == Activation::kGeluTanh ? "tanh" : "none";
+  const int64_t chunks = options_.ff_chunks();
   auto mlp = [&](const torch::Tensor& x) {
-    return torch::dropout(fc2(torch::gelu(fc1(ln2(x)), approximate)), dropout_, is_training());  // (B, n, H)
+    return torch::dropout(fc2(torch::gelu(fc1(ln2(x)), approximate)), options_.dropout(), is_training());  // (B, n, H)
   };
-  if (ff_chunks_ <= 1 || h.size(1) <= 1) return mlp(h);  // (B, N, H)
+  if (chunks <= 1 || h.size(1) <= 1) return mlp(h);  // (B, N, H)
   std::vector<torch::Tensor> parts;
-  for (const auto& x : h.chunk(std::min(ff_chunks_, h.size(1)), 1)) parts.push_back(mlp(x));  // (B, n, H) each
+  for (const auto& x : h.chunk(std::min(chunks, h.size(1)), 1)) parts.push_back(mlp(x));  // (B, n, H) each
   return torch::cat(parts, 1);  // (B, N, H)
 }
 
@@ -218,7 +228,7 @@ GptModelImpl::GptModelImpl(const GptModelConfig& config) : config_(config) {
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t l = 0; l < config.n_layer; ++l) {
-    block_list_.push_back(GptBlock(config, l));
+    block_list_.push_back(GptBlock(gpt_block_options(config, l)));
     blocks->push_back(block_list_.back());
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));

@@ -146,22 +146,19 @@ torch::Tensor RnnSeq2SeqImpl::step(DecodeState& state, const torch::Tensor& prev
 
 // ---- Transformer ----------------------------------------------------------------------------------
 
-TransformerLayerImpl::TransformerLayerImpl(const Seq2SeqModelConfig& c, bool decoder) : pre_norm_(c.pre_norm) {
-  const int64_t H = c.d_model;
-  attention::MultiHeadOptions o;
-  o.d_model = H;
-  o.heads = c.n_head;
-  o.dropout = c.dropout;
+TransformerLayerImpl::TransformerLayerImpl(TransformerLayerOptions options) : pre_norm_(options.pre_norm()) {
+  const auto& o = options.attention();
+  const int64_t H = o.d_model;
   self_attn = register_module("self_attn", attention::MultiHeadAttention(o));
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  if (decoder) {
+  if (options.decoder()) {
     cross_attn = register_module("cross_attn", attention::MultiHeadAttention(o));
     norm3 = register_module("norm3", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   }
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  fc1 = register_module("fc1", torch::nn::Linear(H, c.inner_dim()));
-  fc2 = register_module("fc2", torch::nn::Linear(c.inner_dim(), H));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  fc1 = register_module("fc1", torch::nn::Linear(H, options.d_inner()));
+  fc2 = register_module("fc2", torch::nn::Linear(options.d_inner(), H));
+  drop = register_module("drop", torch::nn::Dropout(options.dropout()));
 }
 
 torch::Tensor TransformerLayerImpl::sublayer(const torch::Tensor& x, torch::nn::LayerNorm& norm,
@@ -187,10 +184,11 @@ TransformerSeq2SeqImpl::TransformerSeq2SeqImpl(const Seq2SeqModelConfig& c) : co
   if (!c.share_embeddings) tgt_embed = register_module("tgt_embed", torch::nn::Embedding(c.target_vocab, H));
   encoder = register_module("encoder", torch::nn::ModuleList());
   decoder = register_module("decoder", torch::nn::ModuleList());
+  const auto layer = TransformerLayerOptions({H, c.n_head, 0, c.dropout, true}, c.inner_dim()).dropout(c.dropout).pre_norm(c.pre_norm);
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    enc_layers_.push_back(TransformerLayer(c, false));
+    enc_layers_.push_back(TransformerLayer(layer));
     encoder->push_back(enc_layers_.back());
-    dec_layers_.push_back(TransformerLayer(c, true));
+    dec_layers_.push_back(TransformerLayer(TransformerLayerOptions(layer).decoder(true)));
     decoder->push_back(dec_layers_.back());
   }
   if (c.pre_norm) {

@@ -5,21 +5,28 @@
 
 namespace spanformer::models {
 
-TransformerSeqLayerImpl::TransformerSeqLayerImpl(const ModelConfig& c) : dropout_(c.dropout) {
-  attn = register_module("attn", attention::SeqAttention(attention::SeqAttentionOptions(c.hidden_size, c.nb_heads, c.attn_span)
-                                                             .dropout(c.dropout)
-                                                             .adapt_span(c.adapt_span)
-                                                             .adapt_span_ramp(c.adapt_span_ramp)
-                                                             .adapt_span_init(c.adapt_span_init)
-                                                             .adapt_span_loss(c.adapt_span_loss)
-                                                             .adapt_span_cache(c.adapt_span_cache)
-                                                             .pers_mem_size(c.pers_mem_size)
-                                                             .impl(c.attn_impl)));
-  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size})));
-  if (c.pers_mem_size == 0) {
-    fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.inner_hidden_size));
-    fc2 = register_module("fc2", torch::nn::Linear(c.inner_hidden_size, c.hidden_size));
-    norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size})));
+TransformerSeqLayerOptions transformer_seq_layer_options(const ModelConfig& c) {
+  return TransformerSeqLayerOptions(attention::SeqAttentionOptions(c.hidden_size, c.nb_heads, c.attn_span)
+                                        .dropout(c.dropout)
+                                        .adapt_span(c.adapt_span)
+                                        .adapt_span_ramp(c.adapt_span_ramp)
+                                        .adapt_span_init(c.adapt_span_init)
+                                        .adapt_span_loss(c.adapt_span_loss)
+                                        .adapt_span_cache(c.adapt_span_cache)
+                                        .pers_mem_size(c.pers_mem_size)
+                                        .impl(c.attn_impl),
+                                    c.inner_hidden_size);
+}
+
+TransformerSeqLayerImpl::TransformerSeqLayerImpl(TransformerSeqLayerOptions o) : dropout_(o.attention().dropout()) {
+  const auto& a = o.attention();
+  const int64_t H = a.hidden_size();
+  attn = register_module("attn", attention::SeqAttention(a));
+  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
+  if (a.pers_mem_size() == 0) {
+    fc1 = register_module("fc1", torch::nn::Linear(H, o.inner_hidden_size()));
+    fc2 = register_module("fc2", torch::nn::Linear(o.inner_hidden_size(), H));
+    norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   }
 }
 
@@ -38,7 +45,7 @@ TransformerSeqImpl::TransformerSeqImpl(const ModelConfig& c) : config_(c), emb_d
   key_pe = register_parameter("key_pe", torch::randn({c.head_dim(), c.attn_span}));
   auto list = register_module("layers", torch::nn::ModuleList());  // parameter names layers.<l>.*
   for (int64_t l = 0; l < c.nb_layers; ++l) {
-    TransformerSeqLayer layer(c);
+    TransformerSeqLayer layer(transformer_seq_layer_options(c));
     list->push_back(layer);
     layers.push_back(layer);
   }

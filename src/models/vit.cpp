@@ -11,14 +11,14 @@
 
 namespace spanformer::models {
 
-VitBlockImpl::VitBlockImpl(const VitModelConfig& c) {
-  const int64_t H = c.d_model, I = c.inner_dim();
+VitBlockImpl::VitBlockImpl(VitBlockOptions o) {
+  const int64_t H = o.attention().d_model, I = o.d_inner();
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  attn = register_module("attn", attention::MultiHeadAttention(attention::MultiHeadOptions{H, c.n_head, 0, c.attn_dropout, true}));
+  attn = register_module("attn", attention::MultiHeadAttention(o.attention()));
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   fc1 = register_module("fc1", torch::nn::Linear(H, I));
   fc2 = register_module("fc2", torch::nn::Linear(I, H));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  drop = register_module("drop", torch::nn::Dropout(o.dropout()));
 }
 
 torch::Tensor VitBlockImpl::forward(const torch::Tensor& z, torch::Tensor* weights) {
@@ -36,7 +36,8 @@ VitModelImpl::VitModelImpl(const VitModelConfig& c) : config_(c) {
   cls_token = register_parameter("cls_token", torch::zeros({1, 1, H}));
   pos_embed = register_parameter("pos_embed", torch::randn({1, c.tokens(), H}) * 0.02);
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t l = 0; l < c.n_layer; ++l) blocks->push_back(VitBlock(c));
+  const auto block = VitBlockOptions({c.d_model, c.n_head, 0, c.attn_dropout, true}, c.inner_dim()).dropout(c.dropout);
+  for (int64_t l = 0; l < c.n_layer; ++l) blocks->push_back(VitBlock(block));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   head = register_module("head", torch::nn::Linear(H, c.classes));
   drop = register_module("drop", torch::nn::Dropout(c.dropout));

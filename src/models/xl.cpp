@@ -66,26 +66,41 @@ bool RelAttentionImpl::per_head_windows(const std::vector<int64_t>& visited, int
   return attention::auto_rule::xl_per_head_windows(Kl, M, visited);  // attention/attn_impl.h
 }
 
-RelAttentionImpl::RelAttentionImpl(const XlModelConfig& c)
-    : K_(c.n_head), D_(c.d_head), pre_lnorm_(c.pre_lnorm), impl_(c.attn_impl) {
-  const int64_t H = c.d_model, KD = c.n_head * c.d_head;
+RelAttentionOptions rel_attention_options(const XlModelConfig& c) {
+  auto o = RelAttentionOptions(c.d_model, c.n_head, c.d_head)
+               .pre_lnorm(c.pre_lnorm)
+               .dropout(c.dropout)
+               .dropatt(c.dropatt)
+               .untie_r(c.untie_r)
+               .init_std(c.init_std)
+               .impl(c.attn_impl);
+  if (c.adapt_span)
+    o.span(nn::AdaptiveSpanOptions(c.span_limit(), c.n_head)
+               .ramp(c.adapt_span_ramp)
+               .init(c.adapt_span_init)
+               .loss_coeff(c.adapt_span_loss)
+               .adapt_cache(true));
+  return o;
+}
+
+XlFeedForwardOptions feed_forward_options(const XlModelConfig& c) {
+  return XlFeedForwardOptions(c.d_model, c.d_inner).pre_lnorm(c.pre_lnorm).dropout(c.dropout);
+}
+
+RelAttentionImpl::RelAttentionImpl(RelAttentionOptions o)
+    : K_(o.heads()), D_(o.d_head()), pre_lnorm_(o.pre_lnorm()), impl_(o.impl()) {
+  const int64_t H = o.d_model(), KD = K_ * D_;
   qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(H, 3 * KD).bias(false)));
   r_net = register_module("r_net", torch::nn::Linear(torch::nn::LinearOptions(H, KD).bias(false)));
   o_net = register_module("o_net", torch::nn::Linear(torch::nn::LinearOptions(KD, H).bias(false)));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
-  dropatt = register_module("dropatt", torch::nn::Dropout(c.dropatt));
-  if (c.untie_r) {
-    r_w_bias = register_parameter("r_w_bias", torch::randn({K_, D_}) * c.init_std);
-    r_r_bias = register_parameter("r_r_bias", torch::randn({K_, D_}) * c.init_std);
+  drop = register_module("drop", torch::nn::Dropout(o.dropout()));
+  dropatt = register_module("dropatt", torch::nn::Dropout(o.dropatt()));
+  if (o.untie_r()) {
+    r_w_bias = register_parameter("r_w_bias", torch::randn({K_, D_}) * o.init_std());
+    r_r_bias = register_parameter("r_r_bias", torch::randn({K_, D_}) * o.init_std());
   }
-  if (c.adapt_span) {
-    span = register_module("span", nn::AdaptiveSpan(nn::AdaptiveSpanOptions(c.span_limit(), c.n_head)
-                                                        .ramp(c.adapt_span_ramp)
-                                                        .init(c.adapt_span_init)
-                                                        .loss_coeff(c.adapt_span_loss)
-                                                        .adapt_cache(true)));
-  }
+  if (o.span()) span = register_module("span", nn::AdaptiveSpan(*o.span()));
 }
 
 torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Tensor& mem, const torch::Tensor& r,
@@ -149,11 +164,11 @@ torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
   return pre_lnorm_ ? h + out : norm(h + out);
 }
 
-FeedForwardImpl::FeedForwardImpl(const XlModelConfig& c) : pre_lnorm_(c.pre_lnorm) {
-  fc1 = register_module("fc1", torch::nn::Linear(c.d_model, c.d_inner));
-  fc2 = register_module("fc2", torch::nn::Linear(c.d_inner, c.d_model));
-  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+FeedForwardImpl::FeedForwardImpl(XlFeedForwardOptions o) : pre_lnorm_(o.pre_lnorm()) {
+  fc1 = register_module("fc1", torch::nn::Linear(o.d_model(), o.d_inner()));
+  fc2 = register_module("fc2", torch::nn::Linear(o.d_inner(), o.d_model()));
+  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model()})));
+  drop = register_module("drop", torch::nn::Dropout(o.dropout()));
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& h) {
@@ -185,9 +200,9 @@ XlModelImpl::XlModelImpl(const XlModelConfig& c) : config_(c), blocks_(c.blocks(
   for (size_t b = 0; b < blocks_.size(); ++b) {
     const BlockKind kind = blocks_[b];
     attn.push_back(kind == BlockKind::kFeedForward ? RelAttention(nullptr)
-                                                   : register_module("attn_" + std::to_string(b), RelAttention(c)));
+                                                   : register_module("attn_" + std::to_string(b), RelAttention(rel_attention_options(c))));
     ff.push_back(kind == BlockKind::kAttention ? FeedForward(nullptr)
-                                               : register_module("ff_" + std::to_string(b), FeedForward(c)));
+                                               : register_module("ff_" + std::to_string(b), FeedForward(feed_forward_options(c))));
   }
   if (c.search) alpha = register_parameter("alpha", torch::zeros({static_cast<int64_t>(blocks_.size()), 3}));
   // The reference's weights_init: N(0, init_std) weights, zero biases, LayerNorm weight N(1, init_std).

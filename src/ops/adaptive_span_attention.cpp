@@ -4,6 +4,8 @@
 // (Python: torch.ops.spanformer.adaptive_span_attention) with one autograd function over private
 // forward / backward operators that have Meta kernels, so torch.compile(fullgraph=True) traces a model
 // that calls it without a graph break; the C++ entry point calls the same operator.
+#include <iterator>
+
 #include "op_autocast.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 
@@ -94,18 +96,6 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 // ---- backend rows -------------------------------------------------------------------------------
-// Which row runs: the CPU kernel on the CPU, the CUDA kernels for the dtypes and widths they take, the
-// reference composition (autograd over plain ATen ops) on every other device, dtype and width.
-enum class SpanRow { kCpu, kCuda, kReference };
-
-SpanRow span_row(const at::Tensor& q) {
-  if (q.device().is_cpu()) return SpanRow::kCpu;
-#ifdef SPANFORMER_WITH_CUDA
-  if (q.device().is_cuda() && cuda_glue::span_attention_supported(q)) return SpanRow::kCuda;
-#endif
-  return SpanRow::kReference;
-}
-
 SpanAttentionOptions span_options(const at::Tensor& span_ratio, int64_t W, int64_t attn_span, double ramp, double dropout,
                               bool training, int64_t seed, at::IntArrayRef visited) {
   SpanAttentionOptions o{attn_span, ramp, dropout, training, static_cast<uint64_t>(seed), visited.vec()};
@@ -147,6 +137,47 @@ constexpr char kSpanCudaBackward[] = "spanformer::_adaptive_span_attention_cuda_
 using SpanCpuRow = SpanDispatchedRow<kSpanCpuForward, kSpanCpuBackward>;
 using SpanCudaRow = SpanDispatchedRow<kSpanCudaForward, kSpanCudaBackward>;
 
+// ---- the backend table ----------------------------------------------------------------------------
+// The op's rows in the order the entry walks them: the first that takes the inputs runs. The table is
+// the one place that says which backend serves which device, dtype and width.
+//   cuda       CUDA tensors the kernels take (float32 / bfloat16 / float16, D a multiple of 32 up to 256)
+//   cpu        CPU tensors, any floating dtype: the fused kernel with its hand-written backward
+//   reference  everything else (another device, width or dtype): autograd over the plain composition
+struct SpanBackend {
+  const char* name;
+  bool (*takes)(const at::Tensor& q);
+  at::Tensor (*run)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                    const at::Tensor& span_ratio, const SpanCall& c);
+};
+
+template <class Row>
+at::Tensor run_span_row(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                        const at::Tensor& span_ratio, const SpanCall& c) {
+  return SpanAttentionFunction<Row>::apply(q, k, v, key_pe, span_ratio, c.attn_span, c.ramp, c.dropout, c.training, c.seed,
+                                           c.visited, c.keep);
+}
+
+at::Tensor run_span_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                              const at::Tensor& span_ratio, const SpanCall& c) {
+  SpanAttentionOptions o{c.attn_span, c.ramp, c.dropout, c.training,
+                         static_cast<uint64_t>(resolve_seed(c.seed, c.training, c.dropout)), c.visited};
+  return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, o);
+}
+
+const SpanBackend kSpanBackends[] = {
+#ifdef SPANFORMER_WITH_CUDA
+    {"cuda", [](const at::Tensor& q) { return q.is_cuda() && cuda_glue::span_attention_supported(q); }, &run_span_row<SpanCudaRow>},
+#endif
+    {"cpu", [](const at::Tensor& q) { return q.device().is_cpu(); }, &run_span_row<SpanCpuRow>},
+    {"reference", [](const at::Tensor&) { return true; }, &run_span_reference},
+};
+
+const SpanBackend& span_backend(const at::Tensor& q) {
+  for (const auto& row : kSpanBackends)
+    if (row.takes(q)) return row;
+  return kSpanBackends[std::size(kSpanBackends) - 1];
+}
+
 // ---- the operators' kernels ---------------------------------------------------------------------
 
 // spanformer::adaptive_span_attention (CompositeImplicitAutograd): checks once, picks the row.
@@ -159,18 +190,8 @@ at::Tensor span_attention_entry(const at::Tensor& q_in, const at::Tensor& k_in, 
   check_arguments(q, k, v, key_pe, span_ratio, o);
   const bool keep = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
                                                    key_pe.requires_grad() || span_ratio.requires_grad());
-  switch (span_row(q)) {
-    case SpanRow::kCpu:
-      return SpanAttentionFunction<SpanCpuRow>::apply(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout, training, seed,
-                                                  visited.vec(), keep);
-    case SpanRow::kCuda:
-      return SpanAttentionFunction<SpanCudaRow>::apply(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout, training,
-                                                   seed, visited.vec(), keep);
-    case SpanRow::kReference:
-      break;
-  }
-  o.seed = static_cast<uint64_t>(resolve_seed(seed, training, dropout));
-  return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, o);
+  const SpanCall call{attn_span, ramp, dropout, training, seed, visited.vec(), keep};
+  return span_backend(q).run(q, k, v, key_pe, span_ratio, call);
 }
 
 Triple span_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
@@ -296,6 +317,8 @@ TORCH_LIBRARY_IMPL(spanformer, CUDA, m) {
 #endif
 
 namespace spanformer::ops {
+
+const char* adaptive_span_attention_backend(const at::Tensor& q) { return span_backend(q).name; }
 
 at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& key_pe, const at::Tensor& span_ratio,

@@ -9,6 +9,10 @@
 //                            reference    (autograd over the composition)      adaptive_span_attention.cpp
 //   flash_attention          tiles        logsumexp (B, K, N)                  flash_attention.cpp (any device)
 //                            cuda         logsumexp (B, K, N) fp32              cuda/flash_attention_cuda.cpp
+// Which row serves which inputs is each op's backend table, walked in order by its entry (kSpanBackends
+// in adaptive_span_attention.cpp: cuda, cpu, reference; kFlashBackends in flash_attention.cpp: cuda,
+// tiles); adaptive_span_attention_backend(q) and flash_attention_backend(q) name the row. The tests
+// run one case list per op on every row a build has (tests/op_cases.h).
 // Dims: B batch, K heads, M / N queries, W window, C keys, D head width, L max span.
 #pragma once
 #include <ATen/ATen.h>

@@ -2,6 +2,8 @@
 // `tiles` row of src/ops/backends.h, and the flash attention operators registered with torch.library
 // (`spanformer::flash_attention`, one autograd function over private forward / backward operators with
 // Meta kernels, so torch.compile traces it; the C++ entry point calls the same operator).
+#include <iterator>
+
 #include "spanformer/ops/flash_attention.h"
 
 #include <ATen/Parallel.h>
@@ -218,23 +220,39 @@ at::Tensor flash_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at:
   return FlashFunction<FlashDispatchedRow>::apply(q, k, v, band, dropout, training, seed, tile, cuda_kernel);
 }
 
+// ---- the backend table ----------------------------------------------------------------------------
+// The op's rows in the order its kernels walk them: the first that takes the inputs runs (both halves
+// ask the same question, so a backward always meets its forward's row).
+//   cuda   CUDA tensors the kernels take (float32 / bfloat16 / float16, D <= 256) when cuda_kernel asks
+//   tiles  everything else: ATen tiles on any device ATen runs on
+// The plain composition (flash_attention_reference) is the `plain` implementation, not a row.
+struct FlashBackend {
+  const char* name;
+  bool (*takes)(const at::Tensor& q, bool cuda_kernel);
+  Forward (*forward)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o);
+  FlashGrads (*backward)(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& out, const at::Tensor& lse, const FlashOptions& o);
+};
+
+const FlashBackend kFlashBackends[] = {
 #ifdef SPANFORMER_WITH_CUDA
-bool flash_uses_cuda_kernels(const at::Tensor& q, bool cuda_kernel) {
-  return cuda_kernel && q.is_cuda() && cuda_glue::flash_supported(q);
-}
+    {"cuda", [](const at::Tensor& q, bool cuda_kernel) { return cuda_kernel && q.is_cuda() && cuda_glue::flash_supported(q); },
+     &cuda_glue::flash_forward, &cuda_glue::flash_backward},
 #endif
+    {"tiles", [](const at::Tensor&, bool) { return true; }, &tiles::flash_forward, &tiles::flash_backward},
+};
+
+const FlashBackend& flash_backend(const at::Tensor& q, bool cuda_kernel) {
+  for (const auto& row : kFlashBackends)
+    if (row.takes(q, cuda_kernel)) return row;
+  return kFlashBackends[std::size(kFlashBackends) - 1];
+}
 
 Triple flash_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
                             bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
   const int64_t used = resolve_seed(seed, training, dropout);
   const auto o = flash_options(FlashCall{band, dropout, training, seed, tile, cuda_kernel}, used);
-#ifdef SPANFORMER_WITH_CUDA
-  if (flash_uses_cuda_kernels(q, cuda_kernel)) {
-    auto f = cuda_glue::flash_forward(q, k, v, o);
-    return {f.out, f.saved, seed_tensor(used, q)};
-  }
-#endif
-  auto f = tiles::flash_forward(q, k, v, o);
+  auto f = flash_backend(q, cuda_kernel).forward(q, k, v, o);
   return {f.out, f.saved, seed_tensor(used, q)};
 }
 
@@ -243,13 +261,7 @@ Triple flash_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, co
                              double dropout, bool training, int64_t tile, bool cuda_kernel) {
   const auto o = flash_options(FlashCall{band, dropout, training, -1, tile, cuda_kernel},
                                seed_value(seed, training, dropout));
-#ifdef SPANFORMER_WITH_CUDA
-  if (flash_uses_cuda_kernels(q, cuda_kernel)) {
-    auto g = cuda_glue::flash_backward(grad_out, q, k, v, out, lse, o);
-    return {g.q, g.k, g.v};
-  }
-#endif
-  auto g = tiles::flash_backward(grad_out, q, k, v, out, lse, o);
+  auto g = flash_backend(q, cuda_kernel).backward(grad_out, q, k, v, out, lse, o);
   return {g.q, g.k, g.v};
 }
 
@@ -303,6 +315,8 @@ TORCH_LIBRARY_IMPL(spanformer, Meta, m) {
 }
 
 namespace spanformer::ops {
+
+const char* flash_attention_backend(const at::Tensor& q, bool cuda_kernel) { return flash_backend(q, cuda_kernel).name; }
 
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions o) {
   static auto op = c10::Dispatcher::singleton()

@@ -69,7 +69,7 @@
 #include <cstdint>
 #include <string>
 
-#include "spanformer/attention/attn_impl.h"
+#include "spanformer/attention/kinds.h"
 
 namespace spanformer::nn {
 class AdaptiveSpanImpl;
@@ -77,13 +77,7 @@ class AdaptiveSpanImpl;
 
 namespace spanformer::attention {
 
-enum class CausalKind { kDense, kFlash, kWindow, kAdaptiveSpan, kSparseStrided, kSparseFixed, kLsh };
-const char* causal_kind_name(CausalKind kind);
-CausalKind parse_causal_kind(const std::string& name);  // one-line error naming the choices
-
-enum class SparseCombine { kMerged, kAlternating, kPerHead };
-const char* sparse_combine_name(SparseCombine c);
-SparseCombine parse_sparse_combine(const std::string& name);
+// CausalKind and SparseCombine: attention/kinds.h.
 
 inline constexpr int64_t kQueryTile = 64;
 

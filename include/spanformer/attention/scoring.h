@@ -18,11 +18,11 @@
 #include <string>
 #include <utility>
 
+#include "spanformer/attention/kinds.h"
+
 namespace spanformer::attention {
 
-enum class ScoreKind { kAdditive, kDot, kScaledDot, kGeneral };
-const char* score_kind_name(ScoreKind kind);
-ScoreKind parse_score_kind(const std::string& name);  // one-line error naming the choices
+// ScoreKind (additive | dot | scaled_dot | general): attention/kinds.h.
 
 struct ScoringOptions {
   ScoreKind kind = ScoreKind::kScaledDot;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "spanformer/attention/attn_impl.h"
+#include "spanformer/attention/kinds.h"
 #include "spanformer/config/train_config.h"
 
 namespace spanformer {
@@ -51,6 +51,9 @@ struct Config {
 nlohmann::json to_json(const Config& config);
 nlohmann::json to_json(const ModelConfig& config);
 Config config_from_json(const nlohmann::json& j, const std::string& origin);
+// The first key of the model section that differs ("nb_layers 4 vs 2"; "" when a checkpoint made under
+// one config fits the other). Run and train keys may differ.
+std::string model_difference(const Config& a, const Config& b);
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& origin);
 
 // Reads a JSON config file (clear error for missing/corrupt files or unknown keys).

@@ -18,8 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "spanformer/attention/attn_impl.h"
-#include "spanformer/attention/causal_attention.h"
+#include "spanformer/attention/kinds.h"
 #include "spanformer/config/train_config.h"
 
 namespace spanformer {
@@ -97,7 +96,8 @@ std::vector<ConfigKey> gpt_config_keys();
 void validate(const GptModelConfig& config);
 void validate(const GptConfig& config);
 
-// Names the first difference between two model configs that changes the weights ("" when none).
-std::string gpt_model_difference(const GptModelConfig& a, const GptModelConfig& b);
+// The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
+// config fits the other). Run and train keys may differ.
+std::string model_difference(const GptConfig& a, const GptConfig& b);
 
 }  // namespace spanformer

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "spanformer/attention/scoring.h"
+#include "spanformer/attention/kinds.h"
 #include "spanformer/config/train_config.h"
 #include "spanformer/config/pairs_options.h"
 
@@ -71,7 +71,8 @@ void apply_overrides(Seq2SeqConfig& config, const std::vector<std::string>& over
 std::vector<ConfigKey> seq2seq_config_keys();
 void validate(const Seq2SeqModelConfig& config);
 void validate(const Seq2SeqConfig& config);
-// The first difference that changes the weights ("" when none).
-std::string seq2seq_model_difference(const Seq2SeqModelConfig& a, const Seq2SeqModelConfig& b);
+// The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
+// config fits the other). Run and train keys may differ.
+std::string model_difference(const Seq2SeqConfig& a, const Seq2SeqConfig& b);
 
 }  // namespace spanformer

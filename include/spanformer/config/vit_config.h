@@ -52,7 +52,8 @@ void apply_overrides(VitConfig& config, const std::vector<std::string>& override
 std::vector<ConfigKey> vit_config_keys();
 void validate(const VitModelConfig& config);
 void validate(const VitConfig& config);
-// The first difference that changes the weights ("" when none).
-std::string vit_model_difference(const VitModelConfig& a, const VitModelConfig& b);
+// The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
+// config fits the other). Run and train keys may differ.
+std::string model_difference(const VitConfig& a, const VitConfig& b);
 
 }  // namespace spanformer

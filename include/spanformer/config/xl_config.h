@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "spanformer/attention/attn_impl.h"
+#include "spanformer/attention/kinds.h"
 #include "spanformer/config/train_config.h"
 
 namespace spanformer {
@@ -116,7 +116,8 @@ void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides
 void validate(const XlModelConfig& config);
 void validate(const XlConfig& config);
 
-// Names the first difference between two model configs ("" when equal).
-std::string xl_model_difference(const XlModelConfig& a, const XlModelConfig& b);
+// The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
+// config fits the other). Run and train keys may differ.
+std::string model_difference(const XlConfig& a, const XlConfig& b);
 
 }  // namespace spanformer

@@ -29,6 +29,9 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <torch/arg.h>
+
+#include <optional>
 #include <vector>
 
 #include "spanformer/attention/causal_attention.h"
@@ -55,9 +58,36 @@ struct GptDecoder {
   GptCache cache;
 };
 
+// One layer's causal self-attention: H = d_model in K = heads heads of D = H / K, the pattern (the
+// fields of attention::CausalSpec a layer keeps: kind, window, stride, summary, combine, layer, LSH
+// sizes, attention dropout; the spans and the training flag are filled at each call), how it is
+// computed, and the learned spans of an adaptive_span pattern.
+struct GptAttentionOptions {
+  GptAttentionOptions(int64_t d_model, int64_t heads) : d_model_(d_model), heads_(heads) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, heads);
+  TORCH_ARG(attention::CausalSpec, pattern);
+  TORCH_ARG(attention::AttnImpl, impl) = attention::AttnImpl::kAuto;
+  TORCH_ARG(std::optional<nn::AdaptiveSpanOptions>, span);  // adaptive_span only
+};
+
+// A pre-norm block: the attention above, then the feed-forward H -> d_inner -> H (GELU, over
+// ff_chunks slices of the positions), dropout on both residual branches.
+struct GptBlockOptions {
+  GptBlockOptions(GptAttentionOptions attention, int64_t d_inner) : attention_(std::move(attention)), d_inner_(d_inner) {}
+  TORCH_ARG(GptAttentionOptions, attention);
+  TORCH_ARG(int64_t, d_inner);
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(int64_t, ff_chunks) = 1;
+  TORCH_ARG(Activation, activation) = Activation::kGelu;
+};
+
+// Layer `layer`'s options from a model config (what GptModel builds its blocks from).
+GptBlockOptions gpt_block_options(const GptModelConfig& config, int64_t layer);
+
 class GptAttentionImpl : public torch::nn::Module {
  public:
-  GptAttentionImpl(const GptModelConfig& config, int64_t layer);
+  explicit GptAttentionImpl(GptAttentionOptions options);
   // h (B, N, H) -> (B, N, H); with k_cache / v_cache (B, K, C, D) the new keys are appended (and the
   // cache trimmed to `keep` keys when keep >= 0).
   torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
@@ -70,14 +100,13 @@ class GptAttentionImpl : public torch::nn::Module {
   nn::AdaptiveSpan span{nullptr};  // adaptive_span only
 
  private:
-  GptModelConfig config_;
-  int64_t layer_;
+  GptAttentionOptions options_;
 };
 TORCH_MODULE(GptAttention);
 
 class GptBlockImpl : public torch::nn::Module {
  public:
-  GptBlockImpl(const GptModelConfig& config, int64_t layer);
+  explicit GptBlockImpl(GptBlockOptions options);
   torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
                         int64_t keep = -1);
 
@@ -91,9 +120,7 @@ class GptBlockImpl : public torch::nn::Module {
   torch::Tensor ff_branch(const torch::Tensor& h);
 
  private:
-  double dropout_;
-  int64_t ff_chunks_;
-  Activation activation_;
+  GptBlockOptions options_;
 };
 TORCH_MODULE(GptBlock);
 

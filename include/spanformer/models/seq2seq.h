@@ -30,6 +30,7 @@
 // next token's log-probabilities. forward() (teacher forcing, training) and step() by step compute the
 // same function: tests hold them to each other in double precision.
 #pragma once
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
@@ -102,9 +103,22 @@ class RnnSeq2SeqImpl : public torch::nn::Module, public Seq2SeqModel {
 };
 TORCH_MODULE(RnnSeq2Seq);
 
+// One Transformer layer (Vaswani et al. 2017): self-attention, cross-attention over the encoder's
+// memory (decoder layers), the feed-forward H -> d_inner (ReLU) -> H, each sublayer with dropout and a
+// LayerNorm before it (pre_norm) or after the residual.
+struct TransformerLayerOptions {
+  // attention: both attentions' options (H = d_model, K heads, dropout on the weights).
+  TransformerLayerOptions(attention::MultiHeadOptions attention, int64_t d_inner) : attention_(attention), d_inner_(d_inner) {}
+  TORCH_ARG(attention::MultiHeadOptions, attention);
+  TORCH_ARG(int64_t, d_inner);
+  TORCH_ARG(bool, decoder) = false;
+  TORCH_ARG(bool, pre_norm) = false;
+  TORCH_ARG(double, dropout) = 0.0;  // on each sublayer's output
+};
+
 class TransformerLayerImpl : public torch::nn::Module {
  public:
-  TransformerLayerImpl(const Seq2SeqModelConfig& config, bool decoder);
+  explicit TransformerLayerImpl(TransformerLayerOptions options);
   // x (B, N, H); memory (B, S, H) and its padding (B, S) for decoder layers. `weights`: cross-attention
   // (B, K, N, S) for decoder layers.
   torch::Tensor forward(const torch::Tensor& x, const attention::AttentionMask& self_mask, const torch::Tensor& memory = {},

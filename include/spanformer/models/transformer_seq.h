@@ -18,6 +18,8 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <torch/arg.h>
+
 #include <vector>
 
 #include "spanformer/attention/seq_attention.h"
@@ -25,9 +27,21 @@
 
 namespace spanformer::models {
 
+// One post-norm layer: the span-aware attention (its own options) and, without persistent memory, the
+// feed-forward H -> inner_hidden_size (ReLU, dropout) -> H.
+struct TransformerSeqLayerOptions {
+  TransformerSeqLayerOptions(attention::SeqAttentionOptions attention, int64_t inner_hidden_size)
+      : attention_(std::move(attention)), inner_hidden_size_(inner_hidden_size) {}
+  TORCH_ARG(attention::SeqAttentionOptions, attention);
+  TORCH_ARG(int64_t, inner_hidden_size);  // unused with persistent memory (attention().pers_mem_size() > 0)
+};
+
+// A layer's options from a model config (what TransformerSeq builds its layers from).
+TransformerSeqLayerOptions transformer_seq_layer_options(const ModelConfig& config);
+
 class TransformerSeqLayerImpl : public torch::nn::Module {
  public:
-  explicit TransformerSeqLayerImpl(const ModelConfig& config);
+  explicit TransformerSeqLayerImpl(TransformerSeqLayerOptions options);
   // h: (B, M, H), cache: (B, C, H), key_pe: (D, L) -> (B, M, H)
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cache, const torch::Tensor& key_pe);
 

@@ -20,6 +20,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <torch/arg.h>
+
 #include <vector>
 
 #include "spanformer/attention/multi_head.h"
@@ -27,9 +29,18 @@
 
 namespace spanformer::models {
 
+// One pre-norm encoder block: the self-attention (its own options: H = d_model, K heads, dropout on the
+// probabilities), the MLP H -> d_inner (GELU) -> H, dropout on both residual branches.
+struct VitBlockOptions {
+  VitBlockOptions(attention::MultiHeadOptions attention, int64_t d_inner) : attention_(attention), d_inner_(d_inner) {}
+  TORCH_ARG(attention::MultiHeadOptions, attention);
+  TORCH_ARG(int64_t, d_inner);
+  TORCH_ARG(double, dropout) = 0.0;
+};
+
 class VitBlockImpl : public torch::nn::Module {
  public:
-  explicit VitBlockImpl(const VitModelConfig& config);
+  explicit VitBlockImpl(VitBlockOptions options);
   // z (B, N, H) -> (B, N, H); `weights` receives the attention (B, K, N, N) when given.
   torch::Tensor forward(const torch::Tensor& z, torch::Tensor* weights = nullptr);
 

@@ -27,12 +27,14 @@
 //   [adaptive span: multiply by m_z(distance), renormalise], dropatt, @ v, W_o.
 // u, v (K, D) are shared by all blocks, or per block with untie_r.
 #pragma once
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <optional>
 #include <vector>
 
 #include "spanformer/config/xl_config.h"
@@ -63,9 +65,39 @@ struct Lengths {
   static Lengths of(const XlModelConfig& c) { return {c.mem_len, c.ext_len, c.clamp_len, c.same_length}; }
 };
 
+// One relative-position attention block: H = d_model into K = heads heads of D = d_head, LayerNorm
+// before (pre_lnorm) or after the residual, dropout on the output and on the probabilities, a (u, v)
+// bias pair of its own when untied (N(0, init_std)), and the learned spans of adaptive span.
+struct RelAttentionOptions {
+  RelAttentionOptions(int64_t d_model, int64_t heads, int64_t d_head) : d_model_(d_model), heads_(heads), d_head_(d_head) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, heads);
+  TORCH_ARG(int64_t, d_head);
+  TORCH_ARG(bool, pre_lnorm) = false;
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(double, dropatt) = 0.0;
+  TORCH_ARG(bool, untie_r) = false;
+  TORCH_ARG(double, init_std) = 0.02;
+  TORCH_ARG(std::optional<nn::AdaptiveSpanOptions>, span);  // adapt_span only
+  TORCH_ARG(attention::AttnImpl, impl) = attention::AttnImpl::kAuto;
+};
+
+// The position-wise feed-forward block: H -> d_inner (ReLU) -> H, dropout after each, LayerNorm as above.
+struct XlFeedForwardOptions {
+  XlFeedForwardOptions(int64_t d_model, int64_t d_inner) : d_model_(d_model), d_inner_(d_inner) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, d_inner);
+  TORCH_ARG(bool, pre_lnorm) = false;
+  TORCH_ARG(double, dropout) = 0.0;
+};
+
+// The blocks' options from a model config (what XlModel builds them from).
+RelAttentionOptions rel_attention_options(const XlModelConfig& config);
+XlFeedForwardOptions feed_forward_options(const XlModelConfig& config);
+
 class RelAttentionImpl : public torch::nn::Module {
  public:
-  explicit RelAttentionImpl(const XlModelConfig& config);
+  explicit RelAttentionImpl(RelAttentionOptions options);
   // h (B, M, H), mem (B, Mm, H), r (Mm + M, H), u, v (K, D), mask (M, Mm + M) -> (B, M, H)
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& mem, const torch::Tensor& r,
                         const torch::Tensor& u, const torch::Tensor& v, const torch::Tensor& mask);
@@ -87,7 +119,7 @@ TORCH_MODULE(RelAttention);
 
 class FeedForwardImpl : public torch::nn::Module {
  public:
-  explicit FeedForwardImpl(const XlModelConfig& config);
+  explicit FeedForwardImpl(XlFeedForwardOptions options);
   torch::Tensor forward(const torch::Tensor& h);  // (B, M, H) -> (B, M, H)
 
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};

@@ -42,10 +42,13 @@ struct SpanAttentionOptions {
   std::vector<int64_t> visited;
 };
 
-// Validates the arguments once and dispatches: CPU kernel, CUDA kernel, or the reference composition.
+// Validates the arguments once and dispatches to the first row of the op's backend table that takes
+// the inputs (src/ops/adaptive_span_attention.cpp): cuda, cpu, reference.
 at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                    const SpanAttentionOptions& options);
+// The name of the row that serves inputs like q: "cuda", "cpu" or "reference".
+const char* adaptive_span_attention_backend(const at::Tensor& q);
 
 // The executable spec: the reference's operations over the whole window with plain ATen ops (any dtype,
 // differentiable by autograd). Used by the tests as the oracle, and by devices without a kernel.

@@ -51,6 +51,8 @@ struct FlashOptions {
 // q (B, K, N, D); k, v (B, K, C, D) with C >= N >= 1, one dtype and device. Returns (B, K, N, D),
 // differentiable in q, k and v by the tiled backward above. Validates once (one-line errors).
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions options = {});
+// The name of the row of the op's backend table that serves inputs like q: "cuda" or "tiles".
+const char* flash_attention_backend(const at::Tensor& q, bool cuda_kernel = true);
 
 // The plain composition of the same formula: the whole (B, K, N, C) score tensor, the same dropout
 // mask; differentiable by autograd. For tests and the `plain` implementation.

@@ -32,7 +32,7 @@ inline cudaStream_t current_stream() {
 
 // A tensor for a kernel to fill. On the GPU, at::empty (every element is written by the kernel). On the
 // CPU model of CUDA, filled with NaN first, so that an element a kernel never writes shows in the tests
-// (tests/kernel_cases.h) instead of reading as whatever the allocator held.
+// (tests/op_cases.h) instead of reading as whatever the allocator held.
 inline at::Tensor uninitialized(at::IntArrayRef sizes, const at::TensorOptions& options) {
 #ifdef SPANFORMER_CUDA_EMULATE
   return at::full(sizes, std::numeric_limits<double>::quiet_NaN(), options);

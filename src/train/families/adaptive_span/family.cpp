@@ -59,13 +59,7 @@ class AdaptiveSpanFamily : public ConfiguredFamily<Config>,
   const char* name() const override { return "adaptive-span"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
-    auto other = config_from_json(checkpoint_config, "checkpoint");
-    auto ja = to_json(config_.model), jb = to_json(other.model);
-    for (const auto& [key, value] : ja.items()) {
-      if (key == "attn_impl") continue;  // how attention is computed, not what the model is
-      if (jb[key] != value) return fmt::format("{} {} vs {}", key, value.dump(), jb[key].dump());
-    }
-    return "";
+    return spanformer::model_difference(config_, config_from_json(checkpoint_config, "checkpoint"));
   }
 
   void build() override {

@@ -67,7 +67,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
   const GptConfig& config() const { return config_; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
-    return gpt_model_difference(config_.model, gpt_config_from_json(checkpoint_config, "checkpoint").model);
+    return spanformer::model_difference(config_, gpt_config_from_json(checkpoint_config, "checkpoint"));
   }
 
   void build() override {
@@ -435,8 +435,10 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
   model["positions"] = "learned";
   model["activation"] = act == "gelu" ? "gelu" : "gelu_tanh";
   model["tie_weights"] = hf.value("tie_word_embeddings", true);
-  model["dropout"] = hf.value("resid_pdrop", 0.1);
-  model["attn_dropout"] = hf.value("attn_pdrop", 0.1);
+  auto& run = config["run"];
+  if (!run.is_object()) run = nlohmann::json::object();
+  run["dropout"] = hf.value("resid_pdrop", 0.1);
+  run["attn_dropout"] = hf.value("attn_pdrop", 0.1);
   model["init_std"] = hf.value("initializer_range", 0.02);
   model["attention"] = flash ? "flash" : "dense";
 

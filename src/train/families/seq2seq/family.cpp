@@ -59,7 +59,7 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig>,
   const char* name() const override { return "seq2seq"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
-    return seq2seq_model_difference(config_.model, seq2seq_config_from_json(checkpoint_config, "checkpoint").model);
+    return spanformer::model_difference(config_, seq2seq_config_from_json(checkpoint_config, "checkpoint"));
   }
 
   void build() override { net_ = models::make_seq2seq(config_.model); }

@@ -40,7 +40,7 @@ class VitFamily : public ConfiguredFamily<VitConfig>,
   const char* name() const override { return "vit"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.classes, V, origin); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
-    return vit_model_difference(config_.model, vit_config_from_json(checkpoint_config, "checkpoint").model);
+    return spanformer::model_difference(config_, vit_config_from_json(checkpoint_config, "checkpoint"));
   }
 
   void build() override { model_ = VitModel(config_.model); }

@@ -52,7 +52,7 @@ class XlFamily : public ConfiguredFamily<XlConfig>,
   const char* name() const override { return "xl"; }
   void set_vocab_size(int64_t V, const std::string& origin) override { fill_vocab_size(config_.model.vocab_size, V, origin); }
   std::string model_difference(const nlohmann::json& checkpoint_config) const override {
-    return xl_model_difference(config_.model, xl_config_from_json(checkpoint_config, "checkpoint").model);
+    return spanformer::model_difference(config_, xl_config_from_json(checkpoint_config, "checkpoint"));
   }
 
   void build() override {
