@@ -53,7 +53,7 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
         fmt::print("imported {} -> {}\n", o->model, o->out);
         return;
       }
-      if (sniff_file_kind(o->model) == "a checkpoint (zip)") {  // ours, or the reference's torch.save
+      if (sniff_file_kind(o->model) == FileKind::kZip) {  // ours, or the reference's torch.save
         bool ours = true;
         try {
           train::Checkpoint ck(o->model);

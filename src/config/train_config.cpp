@@ -150,7 +150,7 @@ nlohmann::json read_config_file(const std::string& path) {
   require_file(path, file_exists(RunPaths(path).config()) ? fmt::format(" (a run directory: its config is {})",
                                                                          RunPaths(path).config())
                                                           : std::string());
-  if (sniff_file_kind(path) == "a checkpoint (zip)")
+  if (sniff_file_kind(path) == FileKind::kZip)
     fail("{} is a checkpoint, not a config file (continue its run: train --resume --out RUN; start from its weights: "
          "--init CHECKPOINT)", path);
   const std::string text = read_file(path);

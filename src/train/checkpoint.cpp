@@ -116,8 +116,8 @@ Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_
   }
   check_readable(path_);
   if (const auto zip = zip_container_problem(path_); !zip.zip) {
-    if (const auto kind = sniff_file_kind(path_); kind == "a JSON file (a config or a log)")
-      fail("{} is {}, not a checkpoint: give a run directory or its checkpoint.pt", path_, kind);
+    if (const auto kind = sniff_file_kind(path_); kind == FileKind::kJson)
+      fail("{} is {}, not a checkpoint: give a run directory or its checkpoint.pt", path_, file_kind_text(kind));
     fail("{} is not a readable spanformer checkpoint (truncated, corrupt, or another format)", path_);
   } else if (!zip.what.empty()) {
     fail("{} is damaged: {} (the file changed after it was written)", path_, zip.what);

@@ -57,14 +57,23 @@ void require_file(const std::string& path, const std::string& hint) {
   fail("file not found: {}", path);
 }
 
-std::string sniff_file_kind(const std::string& path) {
+FileKind sniff_file_kind(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char head[4] = {0, 0, 0, 0};
   in.read(head, 4);
-  if (head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) return "a checkpoint (zip)";
+  if (head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) return FileKind::kZip;
   size_t i = 0;
   while (i < 4 && (head[i] == ' ' || head[i] == '\n' || head[i] == '\t' || head[i] == '\r')) ++i;
-  if (i < 4 && head[i] == '{') return "a JSON file (a config or a log)";
+  if (i < 4 && head[i] == '{') return FileKind::kJson;
+  return FileKind::kUnknown;
+}
+
+const char* file_kind_text(FileKind kind) {
+  switch (kind) {
+    case FileKind::kZip: return "a checkpoint (zip)";
+    case FileKind::kJson: return "a JSON file (a config or a log)";
+    case FileKind::kUnknown: break;
+  }
   return "";
 }
 

@@ -25,9 +25,11 @@ bool file_exists(const std::string& path);
 // Refuses a path that is not a regular file in one line naming what it is: "X is a directory, not a
 // file" (with `hint` after it when given) or "file not found: X".
 void require_file(const std::string& path, const std::string& hint = "");
-// What the first bytes of an existing file say it is, for refusals: "a checkpoint (zip)", "a JSON file
-// (a config or a log)", or "" when nothing is recognised.
-std::string sniff_file_kind(const std::string& path);
+// What the first bytes of an existing file say it is, for refusals; file_kind_text names it in a
+// message: "a checkpoint (zip)", "a JSON file (a config or a log)", "" when nothing is recognised.
+enum class FileKind { kUnknown, kZip, kJson };
+FileKind sniff_file_kind(const std::string& path);
+const char* file_kind_text(FileKind kind);
 
 // Throws Error "PATH exists and is not a regular file (what): ..." when something other than a regular
 // file (a directory, a device, a pipe) is at `path`; an absent path or a regular file passes. `what`

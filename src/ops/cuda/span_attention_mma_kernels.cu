@@ -61,7 +61,9 @@ __device__ __forceinline__ float ramp_mask(float z, float ramp, int64_t d) {
 // where some pair is within the span) and pe's rows for the distances dlo .. dlo + 127 (zero outside
 // 1 .. W), as 16-byte vectors, each thread's loads all issued before its stores (one memory latency a
 // batch, not one an element: version 1's first GPU run spent most of its time in an element-wise loop
-// here). kBatch vectors in flight per thread bound the registers the copy holds.
+// here). kBatch is the batch as written; after unrolling nvcc schedules the loads of several batches
+// ahead of their stores, so it does not bound the registers the copy holds (nvcc 13.0 for sm_90: 255
+// registers and 256 bytes of spills at D 128, docs/kernels.md "v1 on a GPU").
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(T* ks, T* vs, T* pes, const T* k, const T* v, const T* pe_d, int64_t j0,
                                           int64_t dlo, int64_t W, int64_t M, bool values) {
