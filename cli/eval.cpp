@@ -73,7 +73,10 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       request.data = o->data;
       request.split = o->split;
       request.batch = o->batch;
-      request.unit = o->unit;
+      if (!o->unit.empty()) {
+        if (o->unit != "bpc" && o->unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", o->unit);
+        request.unit = metrics::parse_unit(o->unit);
+      }
       request.ids = o->ids;
       request.vocab = o->vocab;
       request.dump_logprobs = o->dump;

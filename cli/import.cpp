@@ -53,15 +53,8 @@ void add_import(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
         fmt::print("imported {} -> {}\n", o->model, o->out);
         return;
       }
-      if (sniff_file_kind(o->model) == FileKind::kZip) {  // ours, or the reference's torch.save
-        bool ours = true;
-        try {
-          train::Checkpoint ck(o->model);
-        } catch (const Error&) {
-          ours = false;
-        }
-        if (ours) fail("import {}: {} is a spanformer checkpoint already (import reads the reference's state_dict)", o->kind, o->model);
-      }
+      if (train::has_checkpoint_marker(o->model))
+        fail("import {}: {} is a spanformer checkpoint already (import reads the reference's state_dict)", o->kind, o->model);
       if (o->config.empty() || o->vocab.empty()) fail("import {}: --config and --vocab are required", o->kind);
       auto family = train::family_from_config_file(o->config, overrides);
       auto vocab = o->level == "word" ? data::read_word_vocab(o->vocab) : data::read_vocab(o->vocab);

@@ -76,7 +76,7 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
                    o->out);
       else if (main)
         fmt::print("trained {} steps: train {:.4f} {}, valid {:.4f} {}; checkpoint {}/checkpoint.pt\n", r.steps,
-                   r.last_train, r.unit, r.last_valid, r.unit, o->out);
+                   r.last_train, metrics::unit_name(r.unit), r.last_valid, metrics::unit_name(r.unit), o->out);
       if (r.interrupted) std::exit(130);
     };
   });

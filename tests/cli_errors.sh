@@ -256,7 +256,19 @@ expect_error "$tmp/data is a directory, not a file (the seq2seq family reads one
 expect_error "import adaptive-span: $tmp/run/checkpoint.pt is a spanformer checkpoint already (import reads the reference's state_dict)" \
   "$bin" import adaptive-span "$tmp/run/checkpoint.pt" --out "$tmp/sweep6.pt"
 expect_error "$tmp/run is a directory, not a file" "$bin" import safetensors "$tmp/run" --out "$tmp/sweep7.pt"
-for d in sweep1 sweep2 sweep3 sweep4 sweep5 sweep6.pt sweep7.pt; do
+# ... and a damaged one is still ours (a tensor record altered, the zip's CRCs rewritten to match).
+"$py" - "$tmp/run/checkpoint.pt" "$tmp/altered.pt" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as src, zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_STORED) as dst:
+    for info in src.infolist():
+        data = bytearray(src.read(info))
+        if info.filename.endswith("/data/1"): data[0] ^= 0x40
+        dst.writestr(info.filename, bytes(data))
+PY
+expect_error "altered.pt is damaged: entry '.*' fails its checksum" "$bin" eval "$tmp/altered.pt" --data "$tmp/data"
+expect_error "import adaptive-span: $tmp/altered.pt is a spanformer checkpoint already" \
+  "$bin" import adaptive-span "$tmp/altered.pt" --out "$tmp/sweep8.pt"
+for d in sweep1 sweep2 sweep3 sweep4 sweep5 sweep6.pt sweep7.pt sweep8.pt; do
   [ ! -e "$tmp/$d" ] || { echo "FAIL: a refused command wrote $d"; failures=$((failures + 1)); }
 done
 

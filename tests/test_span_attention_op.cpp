@@ -18,19 +18,16 @@ using ops::SpanAttentionOptions;
 
 namespace {
 
-// The small cases below the shared list (finite differences, the model's link, dropout statistics).
-struct OpCase {
-  int64_t B, K, M, W, D, L;
-  std::vector<double> spans;  // z per head, in tokens
-  double dropout;
-};
+// The small cases below the shared list (finite differences, the model's link, dropout statistics) are
+// tu::SpanCase values too, with their inputs made here from a seed of their own.
+using tu::SpanCase;
 
 struct Inputs {
   at::Tensor q, k, v, pe, ratio;
   std::vector<at::Tensor> all() const { return {q, k, v, pe, ratio}; }
 };
 
-Inputs make_inputs(const OpCase& c, at::ScalarType dtype, uint64_t seed) {
+Inputs make_inputs(const SpanCase& c, at::ScalarType dtype, uint64_t seed) {
   at::manual_seed(seed);
   auto o = at::TensorOptions().dtype(dtype);
   Inputs in;
@@ -42,16 +39,6 @@ Inputs make_inputs(const OpCase& c, at::ScalarType dtype, uint64_t seed) {
   for (double z : c.spans) ratios.push_back(z / static_cast<double>(c.L));
   in.ratio = at::tensor(ratios, o).requires_grad_(true);
   return in;
-}
-
-SpanAttentionOptions options_of(const OpCase& c) {
-  SpanAttentionOptions o;
-  o.attn_span = c.L;
-  o.ramp = 8;
-  o.dropout = c.dropout;
-  o.training = c.dropout > 0;
-  o.seed = 1234;
-  return o;
 }
 
 using tu::max_diff;
@@ -94,9 +81,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, SpanAttentionOp, ::testing::ValuesIn(tu::span_te
                          [](const ::testing::TestParamInfo<tu::SpanCase>& info) { return "case" + std::to_string(info.index); });
 
 TEST(SpanAttentionOpTest, FiniteDifferencesOfTheHandWrittenBackward) {
-  OpCase c{1, 2, 67, 12, 4, 16, {3.3, 9.6}, 0.0};  // spans not at a kink of the mask
+  SpanCase c{1, 2, 67, 12, 4, 16, {3.3, 9.6}, 0.0};  // spans not at a kink of the mask
   auto in = make_inputs(c, at::kDouble, 3);
-  auto o = options_of(c);
+  auto o = tu::span_options(c);
   auto weights = at::randn({1, 2, 67, 4}, at::kDouble);
   auto f = [&] { return (ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o) * weights).sum(); };
   tu::expect_finite_differences(f, in.all());
@@ -104,9 +91,9 @@ TEST(SpanAttentionOpTest, FiniteDifferencesOfTheHandWrittenBackward) {
 
 TEST(SpanAttentionOpTest, ReferenceIsTheModelsAttentionWhenEveryDistanceIsVisited) {
   // With spans reaching the window, the op's semantics are exactly the plain layer's.
-  OpCase c{2, 2, 6, 10, 8, 10, {10.0, 9.5}, 0.0};
+  SpanCase c{2, 2, 6, 10, 8, 10, {10.0, 9.5}, 0.0};
   auto in = make_inputs(c, at::kDouble, 4);
-  auto o = options_of(c);
+  auto o = tu::span_options(c);
   auto op = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
   auto scores = ops::unskew(at::matmul(in.q, in.k.transpose(-1, -2))) + at::matmul(in.q, in.pe);
   auto p = at::softmax(scores / std::sqrt(8.0), -1);
@@ -117,9 +104,9 @@ TEST(SpanAttentionOpTest, ReferenceIsTheModelsAttentionWhenEveryDistanceIsVisite
 }
 
 TEST(SpanAttentionOpTest, DropoutIsSeededAndUnbiased) {
-  OpCase c{1, 1, 64, 32, 16, 32, {32.0}, 0.5};
+  SpanCase c{1, 1, 64, 32, 16, 32, {32.0}, 0.5};
   auto in = make_inputs(c, at::kDouble, 5);
-  auto o = options_of(c);
+  auto o = tu::span_options(c);
   at::NoGradGuard guard;
   auto a = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
   auto b = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);

@@ -189,7 +189,7 @@ TEST(XlTraining, ResumedRunContinuesBitForBitAndTheLossFalls) {
     run(c, b_dir, false, 3);  // stop inside an interval, away from a checkpoint boundary
     auto r2 = run(c, b_dir, true, -1);
     EXPECT_EQ(r2.steps, 8);
-    EXPECT_EQ(r1.unit, "ppl");
+    EXPECT_EQ(r1.unit, metrics::Unit::kPpl);
     // Every weight, optimizer state (both optimizers of a super-network), memory and the generator.
     train::Checkpoint a(a_dir + "/checkpoint.pt");
     EXPECT_EQ(a.family(), "xl");

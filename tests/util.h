@@ -145,9 +145,9 @@ inline void expect_bf16_run(nlohmann::json config, const std::string& dir, int64
   config["train"]["amp"] = "bf16";
   const auto bf16 = run_family(config, dir + "/bf16");
   for (auto [a, b, what] : {std::tuple{fp32.last_train, bf16.last_train, "train"}, std::tuple{fp32.last_valid, bf16.last_valid, "valid"}}) {
-    std::printf("measured: %s %s float32 %.6f, bf16 %.6f (%+.2f%%)\n", what, fp32.unit.c_str(), a, b, 100 * (b - a) / a);
+    std::printf("measured: %s %s float32 %.6f, bf16 %.6f (%+.2f%%)\n", what, metrics::unit_name(fp32.unit), a, b, 100 * (b - a) / a);
     EXPECT_NE(a, b) << what << ": the bf16 run computed exactly the float32 run's figure";
-    EXPECT_NEAR(b, a, tolerance * std::abs(a)) << what << " (" << fp32.unit << ")";
+    EXPECT_NEAR(b, a, tolerance * std::abs(a)) << what << " (" << metrics::unit_name(fp32.unit) << ")";
   }
   spanformer::train::Checkpoint checkpoint(dir + "/bf16/checkpoint.pt");
   const auto manifest = nlohmann::json::parse(checkpoint.text("manifest"));

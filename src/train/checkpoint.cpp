@@ -106,6 +106,26 @@ void CheckpointWriter::save(const std::string& path) {
   });
 }
 
+namespace {
+bool is_format_marker(const std::string& f) {
+  return f == kCheckpointFormat || f == "spanformer-checkpoint-v1" || f == "spanformer-xl-checkpoint-v1";
+}
+}  // namespace
+
+bool has_checkpoint_marker(const std::string& path) {
+  if (sniff_file_kind(path) != FileKind::kZip) return false;
+  if (const auto zip = zip_container_problem(path); !zip.zip || !zip.what.empty()) return false;  // unsafe to load
+  torch::serialize::InputArchive archive;
+  c10::IValue format;
+  try {
+    archive.load_from(path);
+    if (!archive.try_read("format", format)) return false;
+  } catch (const std::exception&) {
+    return false;
+  }
+  return format.isString() && is_format_marker(format.toStringRef());
+}
+
 Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_in)) {
   if (!file_exists(path_)) {
     std::error_code ec;

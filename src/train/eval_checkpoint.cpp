@@ -15,7 +15,7 @@ namespace spanformer::train {
 namespace {
 
 CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, ExampleSets& sets, const CheckpointEval& r) {
-  if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || !r.unit.empty())
+  if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || r.unit)
     fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());
   const std::string dir = r.data.empty() ? family.train().data : r.data;
   if (!r.dump_outputs.empty() && r.group && r.group->world() > 1) fail("--dump-outputs runs in one process");
@@ -56,7 +56,7 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
   if (r.batch == 0 || r.batch < -1) fail("--batch must be positive (got {})", r.batch);
   if (!r.dump_outputs.empty() && !family.as<ExampleSets>())
     fail("--dump-outputs is for the example families (seq2seq, vit); language models have --dump-logprobs");
-  if (!r.unit.empty() && r.unit != "bpc" && r.unit != "ppl") fail("--unit must be bpc or ppl (got '{}')", r.unit);
+  if (r.unit == metrics::Unit::kNats) fail("--unit must be bpc or ppl (got 'nats': a language model reports bits or perplexity)");
   // The same numbers from the same command: what a forward draws (LSH attention's rotations) comes from
   // the run's seed, not from LibTorch's default generator, which starts from a nondeterministic seed.
   torch::manual_seed(static_cast<uint64_t>(family.train().seed));
@@ -90,8 +90,9 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
     out.main = false;
     return out;
   }
-  const std::string unit = !r.unit.empty() ? r.unit : ck.vocab().word_level ? "ppl" : "bpc";
-  const double value = unit == "ppl" ? std::exp(report.nll) : report.nll / std::log(2.0);
+  const auto unit_kind = r.unit ? *r.unit : ck.vocab().word_level ? metrics::Unit::kPpl : metrics::Unit::kBpc;
+  const std::string unit = metrics::unit_name(unit_kind);
+  const double value = metrics::in_unit(report.nll, unit_kind);
   const double seconds = now_seconds() - start;
   const std::string split = raw ? r.ids : r.split;
   out.record = nlohmann::json{{"checkpoint", ck.path()}, {"split", split}, {"data", raw ? r.ids : dir},

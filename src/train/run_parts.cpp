@@ -18,15 +18,6 @@
 
 namespace spanformer::train::run {
 
-constexpr auto kUnitNames = name_table("unit", std::pair{Unit::kBpc, "bpc"}, std::pair{Unit::kPpl, "ppl"},
-                                       std::pair{Unit::kNats, "nats"});
-
-const char* unit_name(Unit unit) { return kUnitNames.name(unit); }
-
-double in_unit(double nll, Unit unit) {
-  return unit == Unit::kPpl ? std::exp(nll) : unit == Unit::kBpc ? nll / std::log(2.0) : nll;
-}
-
 // ---- Batches --------------------------------------------------------------------------------------
 
 void Batches::check_same_data(const Checkpoint& ck) const {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "spanformer/data/corpus.h"
+#include "spanformer/metrics/units.h"
 #include "spanformer/train/family.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/run_paths.h"
@@ -23,11 +24,9 @@
 
 namespace spanformer::train::run {
 
-// What a run reports its losses in: bits per character (byte vocabularies), perplexity (word ones) or
-// nats (example data, with the accuracy beside it).
-enum class Unit { kBpc, kPpl, kNats };
-const char* unit_name(Unit unit);
-double in_unit(double nll, Unit unit);  // from nats per token
+using metrics::in_unit;
+using metrics::Unit;
+using metrics::unit_name;
 
 // Where a run is: saved in every checkpoint and restored exactly on resume.
 struct Position {

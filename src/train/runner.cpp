@@ -170,7 +170,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
   };
 
   RunResult result;
-  result.unit = run::unit_name(batches->unit());
+  result.unit = batches->unit();
   const int64_t items_per_step = tc.batch_size * batches->block();
   run::IntervalLog interval(batches->unit(), batches->data().item + "_per_s", batches->speed_unit(), items_per_step,
                             shard.world);

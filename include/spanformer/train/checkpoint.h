@@ -86,4 +86,9 @@ class Checkpoint {
 // "checkpoint.pt" inside a run directory, or the path itself.
 std::string checkpoint_file(const std::string& path);
 
+// Whether the file `path` carries a spanformer format marker (any version), read without verifying
+// its entries: a damaged checkpoint of ours is still ours. `import` asks this before it tries a zip as
+// the reference's torch.save state_dict.
+bool has_checkpoint_marker(const std::string& path);
+
 }  // namespace spanformer::train

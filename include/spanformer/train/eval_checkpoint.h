@@ -11,8 +11,10 @@
 #pragma once
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
+#include "spanformer/metrics/units.h"
 #include "spanformer/train/family.h"
 
 namespace spanformer::train {
@@ -21,7 +23,7 @@ struct CheckpointEval {
   std::string data;           // prepared data directory or image set ("": the one the model was trained on)
   std::string split = "test"; // train | valid | test
   int64_t batch = -1;         // streams, or examples per forward (-1: the config's eval_batch_size)
-  std::string unit;           // language models: bpc | ppl ("": bpc for byte vocabularies, ppl for words)
+  std::optional<metrics::Unit> unit;  // language models: bpc | ppl (none: bpc for byte vocabularies, ppl for words)
   std::string ids;            // language models: score this headerless one-byte id file instead of a split
   std::string vocab;          // vocab.txt the ids were made with (must be the checkpoint's)
   std::string dump_logprobs;  // language models: one log-probability per scored token to this file

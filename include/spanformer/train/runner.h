@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/metrics/units.h"
 #include "spanformer/train/family.h"
 
 namespace spanformer::train {
@@ -50,7 +51,7 @@ struct RunResult {
   double last_train = 0, last_valid = 0;  // in `unit`, at the last evaluation of this session
   double last_accuracy = -1;   // example data: valid accuracy at that evaluation
   bool evaluated = false;      // false: stopped before this session's first evaluation
-  std::string unit;            // bpc, ppl or nats (example data)
+  metrics::Unit unit = metrics::Unit::kBpc;  // bpc, ppl or nats (example data)
   bool interrupted = false;
 };
 
