@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
-#include <cmath>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -13,7 +12,6 @@
 #include "spanformer/train/evaluate.h"
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
-#include "spanformer/util/names.h"
 #include "spanformer/util/runtime.h"
 
 namespace spanformer::train::run {
