@@ -1,79 +1,15 @@
+// The adaptive-span config's enums and the model's invariants (`validate` of the model section), which
+// models/transformer_seq check when built. The family's key table, train defaults and schema are in
+// src/train/families/adaptive_span/config.cpp.
 #include "spanformer/config/config.h"
 
+#include <algorithm>
 #include <cmath>
 
-#include "schema.h"
+#include "fields.h"
 #include "spanformer/util/error.h"
-#include "spanformer/util/io.h"
 
 namespace spanformer {
-namespace {
-
-using nlohmann::json;
-using config_detail::Field;
-using config_detail::field;
-using config_detail::run_key;
-using config_detail::struct_to_json;
-using config_detail::find_field;
-using config_detail::read_section;
-using config_detail::train_fields;
-
-const std::vector<Field<ModelConfig>>& span_model_fields() {
-  static const std::vector<Field<ModelConfig>> fields = {
-      field("vocab_size", &ModelConfig::vocab_size, "V; taken from the prepared data when 0"),
-      field("nb_layers", &ModelConfig::nb_layers, "layers"),
-      field("hidden_size", &ModelConfig::hidden_size, "H"),
-      field("inner_hidden_size", &ModelConfig::inner_hidden_size, "I"),
-      field("nb_heads", &ModelConfig::nb_heads, "K"),
-      field("attn_span", &ModelConfig::attn_span, "L, maximum span"),
-      run_key(field("block_size", &ModelConfig::block_size, "M")),
-      run_key(field("dropout", &ModelConfig::dropout, "on attention probabilities and the FFN hidden layer")),
-      run_key(field("emb_dropout", &ModelConfig::emb_dropout, "on the embeddings and on the last hidden state")),
-      field("adapt_span", &ModelConfig::adapt_span, "learn each head's span"),
-      field("adapt_span_ramp", &ModelConfig::adapt_span_ramp, "R, width of the soft mask's ramp"),
-      field("adapt_span_init", &ModelConfig::adapt_span_init, "initial span_ratio (z / L)"),
-      field("adapt_span_loss", &ModelConfig::adapt_span_loss, "span-loss coefficient"),
-      run_key(field("adapt_span_cache", &ModelConfig::adapt_span_cache, "keep only the cache the current spans need")),
-      field("pers_mem_size", &ModelConfig::pers_mem_size, "N > 0: all-attention layers with persistent memory, no FFN"),
-      run_key(config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "auto | fused | plain: how attention is computed (attention/attn_impl.h); checkpoints load under any.")),
-  };
-  return fields;
-}
-
-// Adaptive-span files predate the "arch" tag: it is neither written nor required.
-const config_detail::Schema<Config>& span_schema() {
-  static const config_detail::Schema<Config> schema{
-      nullptr, "adaptive-span",
-      {config_detail::model_section(&Config::model, span_model_fields),
-       config_detail::run_section(&Config::model, span_model_fields), config_detail::train_section(&Config::train)}};
-  return schema;
-}
-
-}  // namespace
-
-std::vector<ConfigKey> adaptive_span_config_keys() { return span_schema().keys(); }
-
-json to_json(const ModelConfig& config) { return struct_to_json(config, span_model_fields()); }
-
-json to_json(const Config& config) { return span_schema().to_json(config); }
-
-ModelConfig model_config_from_json(const json& j, const std::string& origin) {
-  ModelConfig config;
-  read_section(config, j, span_model_fields(), "model", origin);
-  return config;
-}
-
-Config config_from_json(const json& j, const std::string& origin) { return span_schema().from_json(j, origin); }
-
-std::string model_difference(const Config& a, const Config& b) { return span_schema().model_difference(a, b); }
-
-Config load_config(const std::string& path) {
-  return config_from_json(config_detail::read_json_file(path), path);
-}
-
-void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
-  span_schema().apply_overrides(config, overrides);
-}
 
 void validate(const ModelConfig& c) {
   config_detail::require_positive("nb_layers", c.nb_layers);
@@ -99,13 +35,6 @@ void validate(const ModelConfig& c) {
   check_model_fits(2 * V * H + H * static_cast<double>(c.attn_span) / static_cast<double>(c.nb_heads) +
                    static_cast<double>(c.nb_layers) *
                        (4 * H * H + 2 * H * static_cast<double>(c.inner_hidden_size) + 2 * H * static_cast<double>(c.pers_mem_size)));
-}
-
-void validate(const Config& config) {
-  validate(config.model);
-  validate(config.train);
-  if (config.train.eval_blocks <= 0)
-    fail("config: eval_blocks must be positive (got {})", config.train.eval_blocks);
 }
 
 }  // namespace spanformer

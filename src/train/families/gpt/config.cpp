@@ -1,0 +1,115 @@
+// The GPT family's config code: its key table (names, sections, help), its train defaults and
+// its schema (JSON in and out, overrides, `config keys`, the model section a checkpoint must match).
+// The structs, their enums and the model's own validation are in spanformer/config/gpt_config.h and
+// src/config/: the models (models/, below the families) are built and checked from them.
+#include "spanformer/config/gpt_config.h"
+
+#include "config/schema.h"
+
+namespace spanformer {
+
+TrainConfig gpt_train_defaults() {
+  TrainConfig t;
+  t.batch_size = 16;
+  t.optim = OptimKind::kAdamW;
+  t.weight_decay = 0.1;
+  t.adam_beta2 = 0.95;
+  t.lr = 1e-3;
+  t.lr_min = 1e-4;
+  t.scheduler = Schedule::kCosine;
+  t.lr_warmup = 100;
+  t.grad_clip = 1.0;
+  t.nb_steps = 5000;
+  t.eval_interval = 250;
+  t.eval_blocks = 20;
+  t.eval_batch_size = 4;
+  return t;
+}
+
+namespace {
+
+using nlohmann::json;
+using config_detail::Field;
+using config_detail::field;
+using config_detail::run_key;
+using config_detail::read_section;
+using config_detail::struct_to_json;
+
+const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
+  using C = GptModelConfig;
+  static const std::vector<Field<C>> fields = {
+      field("vocab_size", &C::vocab_size, "V; taken from the prepared data when 0"),
+      field("n_layer", &C::n_layer, "N, decoder blocks"),
+      field("n_head", &C::n_head, "K, attention heads"),
+      field("d_model", &C::d_model, "H, a multiple of n_head"),
+      field("d_inner", &C::d_inner, "I, feed-forward width (0 = 4 d_model)"),
+      field("context", &C::context, "T: tokens per training example, the longest context"),
+      config_detail::enum_field("positions", &C::positions, parse_positions, positions_name,
+                                "learned (GPT-2) | sinusoidal (Vaswani et al.)"),
+      config_detail::enum_field("activation", &C::activation, parse_activation, activation_name,
+                                "feed-forward GELU: gelu (exact, erf) | gelu_tanh (GPT-2's tanh approximation)"),
+      field("tie_weights", &C::tie_weights, "output projection = token embedding"),
+      run_key(field("dropout", &C::dropout, "embeddings and each residual branch")),
+      run_key(field("attn_dropout", &C::attn_dropout, "attention probabilities")),
+      field("init_std", &C::init_std, "N(0, init_std) weights; residual projections / sqrt(2 n_layer)"),
+      config_detail::enum_field("attention", &C::attention, attention::parse_causal_kind, attention::causal_kind_name,
+                                "dense | flash | window | adaptive_span | sparse_strided | sparse_fixed | lsh"),
+      field("window", &C::window, "window: keys per query, itself included"),
+      field("attn_span", &C::attn_span, "adaptive_span: L, the largest span (0 = context)"),
+      field("adapt_span_ramp", &C::adapt_span_ramp, "adaptive_span: R, the mask's ramp"),
+      field("adapt_span_init", &C::adapt_span_init, "adaptive_span: initial z / L"),
+      field("adapt_span_loss", &C::adapt_span_loss, "adaptive_span: span-loss coefficient"),
+      field("sparse_stride", &C::sparse_stride, "sparse_*: l, the stride (0 = round(sqrt(context)))"),
+      field("sparse_summary", &C::sparse_summary, "sparse_fixed: c, summary keys at the end of every block of l"),
+      config_detail::enum_field("sparse_combine", &C::sparse_combine, attention::parse_sparse_combine,
+                                attention::sparse_combine_name, "sparse_*: merged (A1 u A2 in every head) | alternating (by layer) | per_head"),
+      run_key(field("lsh_hashes", &C::lsh_hashes, "lsh: R, hashing rounds (may differ at evaluation)")),
+      field("lsh_buckets", &C::lsh_buckets, "lsh: buckets, even (0 = about context / lsh_chunk)"),
+      field("lsh_chunk", &C::lsh_chunk, "lsh: m, most recent same-bucket keys read per round"),
+      run_key(config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
+                                "plain (one masked T x T product) | fused (query tiles over their band) | auto; checkpoints load under any")),
+      field("reversible", &C::reversible, "reversible residual layers: activations recomputed in backward"),
+      run_key(field("ff_chunks", &C::ff_chunks, "feed-forward over this many slices of the positions (1 = whole)")),
+      run_key(field("eval_stride", &C::eval_stride, "sliding-window evaluation: tokens scored per window after the first (0 = context / 2)")),
+  };
+  return fields;
+}
+
+}  // namespace
+
+namespace {
+
+const config_detail::Schema<GptConfig>& gpt_schema() {
+  static const config_detail::Schema<GptConfig> schema{
+      "gpt", "GPT",
+      {config_detail::model_section(&GptConfig::model, gpt_model_fields),
+       config_detail::run_section(&GptConfig::model, gpt_model_fields), config_detail::train_section(&GptConfig::train)},
+      nullptr,
+      [](json& model) {  // dense and flash compute the same function with the same weights
+        if (model["attention"] == "flash") model["attention"] = "dense";
+      }};
+  return schema;
+}
+
+}  // namespace
+
+std::vector<ConfigKey> gpt_config_keys() { return gpt_schema().keys(); }
+
+json to_json(const GptModelConfig& config) { return struct_to_json(config, gpt_model_fields()); }
+
+json to_json(const GptConfig& config) { return gpt_schema().to_json(config); }
+
+GptConfig gpt_config_from_json(const json& j, const std::string& origin) { return gpt_schema().from_json(j, origin); }
+
+void apply_overrides(GptConfig& config, const std::vector<std::string>& overrides) {
+  gpt_schema().apply_overrides(config, overrides);
+}
+
+void validate(const GptConfig& config) {
+  validate(config.model);
+  validate(config.train);
+}
+
+std::string model_difference(const GptConfig& a, const GptConfig& b) { return gpt_schema().model_difference(a, b); }
+
+}  // namespace spanformer

@@ -1,0 +1,89 @@
+// The ViT family's config code: its key table (names, sections, help), its train defaults and
+// its schema (JSON in and out, overrides, `config keys`, the model section a checkpoint must match).
+// The structs, their enums and the model's own validation are in spanformer/config/vit_config.h and
+// src/config/: the models (models/, below the families) are built and checked from them.
+#include "spanformer/config/vit_config.h"
+
+#include "config/schema.h"
+
+namespace spanformer {
+
+namespace {
+
+using nlohmann::json;
+using config_detail::Field;
+using config_detail::field;
+using config_detail::run_key;
+using config_detail::read_section;
+using config_detail::struct_to_json;
+
+const std::vector<Field<VitModelConfig>>& vit_model_fields() {
+  using C = VitModelConfig;
+  static const std::vector<Field<C>> fields = {
+      field("image_size", &C::image_size, "S: images are S x S"),
+      field("channels", &C::channels, "colour channels"),
+      field("patch", &C::patch, "P: patches of P x P pixels (S a multiple of P)"),
+      field("classes", &C::classes, "C; taken from the data when 0"),
+      field("n_layer", &C::n_layer, "L, encoder blocks (pre-norm)"),
+      field("n_head", &C::n_head, "K, attention heads"),
+      field("d_model", &C::d_model, "H, a multiple of n_head"),
+      field("d_inner", &C::d_inner, "I, GELU MLP width (0 = 4 d_model)"),
+      run_key(field("dropout", &C::dropout, "embeddings and each residual branch")),
+      run_key(field("attn_dropout", &C::attn_dropout, "attention probabilities")),
+      field("pixel_mean", &C::pixel_mean, "input normalisation: (pixel / 255 - mean) / std"),
+      field("pixel_std", &C::pixel_std, "input normalisation"),
+      run_key(field("augment_shift", &C::augment_shift, "training: random translation by up to this many pixels (0 = none)")),
+      run_key(field("valid_images", &C::valid_images, "the last images of the training file, held out for validation")),
+  };
+  return fields;
+}
+
+}  // namespace
+
+TrainConfig vit_train_defaults() {
+  TrainConfig t;
+  t.data = "/usr/share/datasets/fashion-mnist";
+  t.batch_size = 128;
+  t.optim = OptimKind::kAdamW;
+  t.weight_decay = 0.05;
+  t.lr = 2e-3;
+  t.lr_min = 0;
+  t.scheduler = Schedule::kCosine;
+  t.lr_warmup = 200;
+  t.grad_clip = 1.0;
+  t.nb_steps = 3000;
+  t.eval_interval = 250;
+  t.eval_batch_size = 500;
+  return t;
+}
+
+namespace {
+
+const config_detail::Schema<VitConfig>& vit_schema() {
+  static const config_detail::Schema<VitConfig> schema{
+      "vit", "ViT",
+      {config_detail::model_section(&VitConfig::model, vit_model_fields),
+       config_detail::run_section(&VitConfig::model, vit_model_fields), config_detail::train_section(&VitConfig::train)}};
+  return schema;
+}
+
+}  // namespace
+
+std::vector<ConfigKey> vit_config_keys() { return vit_schema().keys(); }
+
+json to_json(const VitConfig& config) { return vit_schema().to_json(config); }
+
+VitConfig vit_config_from_json(const json& j, const std::string& origin) { return vit_schema().from_json(j, origin); }
+
+void apply_overrides(VitConfig& config, const std::vector<std::string>& overrides) {
+  vit_schema().apply_overrides(config, overrides);
+}
+
+void validate(const VitConfig& config) {
+  validate(config.model);
+  validate(config.train);
+}
+
+std::string model_difference(const VitConfig& a, const VitConfig& b) { return vit_schema().model_difference(a, b); }
+
+}  // namespace spanformer
