@@ -354,6 +354,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return causal_attention_reference(q, k, v, plain);
   }
   if (spec.kind == CausalKind::kFlash) {  // the same formula as dense, its own tiles and backward
+    // auto: PyTorch's fused kernel where it computes this formula (as for dense; measured faster than the
+    // op's tiles on the CPU and on CUDA: docs/benchmarks.md, docs/kernels.md); fused: the op itself.
+    if (impl == AttnImpl::kAuto && auto_rule::dense_sdpa(N, C, spec.training, spec.dropout)) {
+      if (auto out = compat::sdpa_causal(q, k, v); out.defined()) return out;  // (B, K, N, D)
+    }
     ops::FlashOptions o;
     o.tile = spec.flash_tile;
     o.dropout = spec.dropout;
