@@ -207,7 +207,8 @@ def span_row(pattern, rounds):
 
 # ---- causal flash attention ----------------------------------------------------------------------
 
-def flash_row(T, rounds):
+def flash_impls(T):
+    """{ours, sdpa}: forward + backward of causal attention, B 1, K 8, D 64."""
     B, K, D = 1, 8, 64
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(B, K, T, D, generator=g).requires_grad_() for _ in range(3))
@@ -218,9 +219,12 @@ def flash_row(T, rounds):
             torch.autograd.grad(f(q, k, v), (q, k, v), grad)
         return run
 
-    impls = {"ours": fwd_bwd(lambda q, k, v: spanformer.flash_attention(q, k, v)),
-             "sdpa": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
-    med, _ = interleave(impls, rounds, 1)
+    return {"ours": fwd_bwd(lambda q, k, v: spanformer.flash_attention(q, k, v)),
+            "sdpa": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
+
+
+def flash_row(T, rounds):
+    med, _ = interleave(flash_impls(T), rounds, 1)
     return med
 
 
@@ -274,15 +278,9 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
 
 
-def gpt_row(attention, T, batch, rounds, cli, threads):
+def gpt_twins(attention, T, batch):
+    """{eager, compiled}: the PyTorch GPT's training step (the same sizes, optimizer and loss)."""
     V, H, K, layers, window = 256, 256, 4, 4, 128
-    config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
-    span_args = ["--span-dist", "bimodal"] if attention == "adaptive_span" else []
-
-    def ours():
-        return bench_ms(cli, threads, "-c", config, f"--attention={attention}", f"--context={T}",
-                        f"--batch_size={batch}", *span_args)
-
     spans = bimodal_spans(K, T) if attention == "adaptive_span" else None  # issue 37's rule (Python's draws)
     model = Gpt(V, T, H, K, layers, window if attention == "window" else 0, spans)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, betas=(0.9, 0.95), weight_decay=0.1)  # the gpt defaults
@@ -297,21 +295,28 @@ def gpt_row(attention, T, batch, rounds, cli, threads):
             opt.step()
         return run
 
-    return beside_ours(ours, {"eager": step(model), "compiled": step(torch.compile(model))}, rounds)
+    return {"eager": step(model), "compiled": step(torch.compile(model))}
+
+
+def gpt_row(attention, T, batch, rounds, cli, threads):
+    config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
+    span_args = ["--span-dist", "bimodal"] if attention == "adaptive_span" else []
+
+    def ours():
+        return bench_ms(cli, threads, "-c", config, f"--attention={attention}", f"--context={T}",
+                        f"--batch_size={batch}", *span_args)
+
+    return beside_ours(ours, gpt_twins(attention, T, batch), rounds)
 
 
 # ---- the adaptive-span language model -------------------------------------------------------------
 
-def lm_row(config_name, spans, rounds, cli, threads):
-    """spans: a number (every head) or "bimodal"."""
+def lm_twins(config_name, spans):
+    """{eager, compiled}: reference_semantics.py's model, its training step; spans: a number (every
+    head) or "bimodal"."""
     whole = json.load(open(os.path.join(ROOT, "configs", config_name)))
     c, B = {**whole["model"], **whole.get("run", {})}, whole["train"]["batch_size"]
     V, H, K, I, L, M, layers = 256, c["hidden_size"], c["nb_heads"], c["inner_hidden_size"], c["attn_span"], c["block_size"], c["nb_layers"]
-    span_args = ["--span-dist", "bimodal"] if spans == "bimodal" else ["--span", str(spans)]
-
-    def ours():
-        return bench_ms(cli, threads, "-c", os.path.join(ROOT, "configs", config_name), *span_args)
-
     torch.manual_seed(0)
     model = ReferenceLm(V, H, K, I, L, layers, 32, 0.0)
     with torch.no_grad():
@@ -342,7 +347,16 @@ def lm_row(config_name, spans, rounds, cli, threads):
             loss.item()
         return run
 
-    return beside_ours(ours, {"eager": step(model), "compiled": step(compiled)}, rounds)
+    return {"eager": step(model), "compiled": step(compiled)}
+
+
+def lm_row(config_name, spans, rounds, cli, threads):
+    span_args = ["--span-dist", "bimodal"] if spans == "bimodal" else ["--span", str(spans)]
+
+    def ours():
+        return bench_ms(cli, threads, "-c", os.path.join(ROOT, "configs", config_name), *span_args)
+
+    return beside_ours(ours, lm_twins(config_name, spans), rounds)
 
 
 # ---- the encoder-decoder Transformer ----------------------------------------------------------------
@@ -371,15 +385,11 @@ class Seq2seq(nn.Module):
         return F.cross_entropy(logits.reshape(-1, self.Vt), y_out.reshape(-1), label_smoothing=0.1)
 
 
-def seq2seq_row(rounds, cli, threads):
-    config = os.path.join(ROOT, "configs", "seq2seq", "transformer.json")
-    c = json.load(open(config))
+def seq2seq_twins():
+    """{eager, compiled}: nn.Transformer's training step with configs/seq2seq/transformer.json's sizes."""
+    c = json.load(open(os.path.join(ROOT, "configs", "seq2seq", "transformer.json")))
     m, B, N = {**c["model"], **c.get("run", {})}, c["train"]["batch_size"], c["data"]["max_length"]
     V, Vt = 16000, 8000  # `spanformer bench`'s sizes for this family
-
-    def ours():
-        return bench_ms(cli, threads, "-c", config)
-
     torch.manual_seed(0)
     model = Seq2seq(V, Vt, m["d_model"], m["n_head"], m["d_inner"], m["n_layer"], m["dropout"])
     opt = torch.optim.Adam(model.parameters(), lr=1e-9, betas=(0.9, 0.98))
@@ -395,7 +405,16 @@ def seq2seq_row(rounds, cli, threads):
             opt.step()
         return run
 
-    return beside_ours(ours, {"eager": step(model), "compiled": step(compiled)}, rounds)
+    return {"eager": step(model), "compiled": step(compiled)}
+
+
+def seq2seq_row(rounds, cli, threads):
+    config = os.path.join(ROOT, "configs", "seq2seq", "transformer.json")
+
+    def ours():
+        return bench_ms(cli, threads, "-c", config)
+
+    return beside_ours(ours, seq2seq_twins(), rounds)
 
 
 def main():

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
@@ -107,9 +108,15 @@ void CheckpointWriter::save(const std::string& path) {
 }
 
 namespace {
-bool is_format_marker(const std::string& f) {
-  return f == kCheckpointFormat || f == "spanformer-checkpoint-v1" || f == "spanformer-xl-checkpoint-v1";
+// Version 1's format markers and the family each one meant (header comment).
+constexpr std::pair<const char*, const char*> kVersionOneFormats[] = {{"spanformer-checkpoint-v1", "adaptive-span"},
+                                                                      {"spanformer-xl-checkpoint-v1", "xl"}};
+const char* version_one_family(const std::string& format) {  // nullptr: not a version 1 marker
+  for (const auto& [marker, family] : kVersionOneFormats)
+    if (format == marker) return family;
+  return nullptr;
 }
+bool is_format_marker(const std::string& f) { return f == kCheckpointFormat || version_one_family(f); }
 }  // namespace
 
 bool has_checkpoint_marker(const std::string& path) {
@@ -151,9 +158,9 @@ Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_
   if (!archive_.try_read("format", format) || !format.isString())
     fail("{} is not a spanformer checkpoint (no format marker; reference models need `spanformer import`)", path_);
   const std::string f = format.toStringRef();
-  if (f == "spanformer-checkpoint-v1" || f == "spanformer-xl-checkpoint-v1") {
+  if (const char* family = version_one_family(f)) {
     version_ = 1;
-    family_ = f == "spanformer-checkpoint-v1" ? "adaptive-span" : "xl";
+    family_ = family;
     c10::IValue config, vocab, level;
     if (!archive_.try_read("config", config) || !archive_.try_read("vocab", vocab) || !config.isString() ||
         !vocab.isString())
