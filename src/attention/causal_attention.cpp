@@ -353,12 +353,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     if (plain.kind == CausalKind::kFlash) plain.kind = CausalKind::kDense;
     return causal_attention_reference(q, k, v, plain);
   }
+  // Dense and flash (the same formula) under auto: PyTorch's fused kernel where it computes it, measured
+  // faster than our dense composition and the flash op's tiles on the CPU and on CUDA (docs/benchmarks.md,
+  // docs/kernels.md); fused and plain run ours below.
+  if (impl == AttnImpl::kAuto && (spec.kind == CausalKind::kDense || spec.kind == CausalKind::kFlash) &&
+      auto_rule::dense_sdpa(N, C, spec.training, spec.dropout)) {
+    if (auto out = compat::sdpa_causal(q, k, v); out.defined()) return out;  // (B, K, N, D)
+  }
   if (spec.kind == CausalKind::kFlash) {  // the same formula as dense, its own tiles and backward
-    // auto: PyTorch's fused kernel where it computes this formula (as for dense; measured faster than the
-    // op's tiles on the CPU and on CUDA: docs/benchmarks.md, docs/kernels.md); fused: the op itself.
-    if (impl == AttnImpl::kAuto && auto_rule::dense_sdpa(N, C, spec.training, spec.dropout)) {
-      if (auto out = compat::sdpa_causal(q, k, v); out.defined()) return out;  // (B, K, N, D)
-    }
     ops::FlashOptions o;
     o.tile = spec.flash_tile;
     o.dropout = spec.dropout;
@@ -397,9 +399,6 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
       first = end;
     }
     return parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // (B, K, N, D)
-  }
-  if (impl == AttnImpl::kAuto && spec.kind == CausalKind::kDense && auto_rule::dense_sdpa(N, C, spec.training, spec.dropout)) {
-    if (auto out = compat::sdpa_causal(q, k, v); out.defined()) return out;  // (B, K, N, D)
   }
   const auto groups = head_groups(spec, N, C, K);
   double read = 0;  // query-key pairs the tiles read, as a fraction of the plain composition's N x C per head
