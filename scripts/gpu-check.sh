@@ -4,7 +4,7 @@
 # compare span attention implementations, and time CUDA training steps. Every figure lands in
 # $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
 #
-#   scripts/gpu-check.sh [stage...]     stages: info build test ops compare nccl train e2e profile (default: all,
+#   scripts/gpu-check.sh [stage...]     stages: info build test ops compare tune nccl train peers e2e profile (default: all,
 #                                       in order of what a short lease needs most)
 #
 # Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
@@ -27,7 +27,7 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-570}
 START=$(date +%s)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(info build test ops compare nccl train e2e profile)
+[ ${#stages[@]} -eq 0 ] && stages=(info build test ops compare tune nccl train peers e2e profile)
 failed=0
 
 # step NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in the log, prints one status line.
@@ -101,6 +101,11 @@ EOF
     step flash_bf16 150 $PY bench/python/gpu_flash.py --dtype bf16 --T 1024 4096 --out "$FIG"
     step compare_fp32_small 120 $PY bench/python/gpu_compare.py --dtype fp32 --B 2 --L 2048 --out "$FIG"
     ;;
+  tune)
+    # Version 1's variants A/B (forward, interleaved rounds): bench/python/gpu_span_tune.py.
+    export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
+    step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b3}" --out "$FIG"
+    ;;
   train)
     # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command), bf16
     # autocast (train.amp) first, then fp32 for the span configs; every family.
@@ -118,6 +123,14 @@ EOF
         done
       done
     done
+    ;;
+  peers)
+    # The training rows of bench/python/peers.py on the GPU: ours (`spanformer --device cuda bench
+    # --amp=bf16`) beside the same model in PyTorch eager and under torch.compile, bf16 autocast.
+    export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so SPANFORMER_CLI=$PWD/$BUILD/spanformer
+    step peers 300 $PY bench/python/peers.py --device cuda --rows gpt,lm,seq2seq --gpt-lengths 1024:8 \
+      --gpt-attentions dense --rounds 5
+    grep -E "^(# peers|\| )" "$LOG" | grep -E "peers|PyTorch|nn.Transformer" | tail -12 | tee -a "$FIG"
     ;;
   e2e)
     # A CUDA training run end to end (configs/demo.json on $DATA): straight through, and stopped half way
@@ -173,7 +186,7 @@ EOF
     grep -E "Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per|Issue Slots|One or More" \
       "$OUT/ncu_span_forward.txt" | head -30 | tee -a "$FIG"
     ;;
-  *) echo "unknown stage '$stage' (info build test ops compare nccl train e2e profile)"; exit 2 ;;
+  *) echo "unknown stage '$stage' (info build test ops compare tune nccl train peers e2e profile)"; exit 2 ;;
   esac
 done
 exit $failed

@@ -1,8 +1,15 @@
-"""spanformer beside what a user would pick instead in PyTorch 2.x, on the CPU (issue 35's table):
-FlexAttention, scaled_dot_product_attention and torch.compile, one process, interleaved rounds, medians.
+"""spanformer beside what a user would pick instead in PyTorch 2.x, on the CPU (issue 35's table) or on
+a GPU (issue 37, the training rows in bf16): FlexAttention, scaled_dot_product_attention and
+torch.compile, one process, interleaved rounds, medians.
 
     SPANFORMER_TORCH_OPS=build/libspanformer_torch_ops.so SPANFORMER_CLI=build/spanformer \
         .venv/bin/python bench/python/peers.py [--rounds 3] [--rows gemm,span,flash,gpt] [--threads 2]
+    ... peers.py --device cuda --rows gpt,lm,seq2seq     (scripts/gpu-check.sh peers)
+
+With --device cuda the training rows (gpt, lm, seq2seq) run on the GPU under bf16 autocast, ours as
+`spanformer --device cuda bench --amp=bf16 --steps 10 --warmup 3` (its ms per step), the twins timed
+with a device synchronisation around each step; the operator rows on a GPU are gpu_compare.py's and
+gpu_flash.py's.
 
 Each round times every implementation of a row once, one after another, so that the shared machine's
 drift falls on all of them alike; a row prints the median of each over the rounds. What is timed:
@@ -81,11 +88,26 @@ def prefer_this_torchs_libraries():
     builder._get_python_related_args = python_related_args
 
 
+DEVICE = torch.device("cpu")  # --device: where the twins run; on CUDA under bf16 autocast
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def autocast():
+    """bf16 autocast on CUDA (ours runs with train.amp=bf16 there), nothing on the CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=DEVICE.type == "cuda")
+
+
 def timed(fn, warmup=1):
     for _ in range(warmup):
         fn()
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return (time.perf_counter() - start) * 1e3
 
 
@@ -102,8 +124,12 @@ def interleave(impls, rounds, warmup):
 
 
 def bench_ms(cli, threads, *args):
-    """`spanformer bench ... --json` (one timed step after one warm-up step): its ms per step."""
-    out = subprocess.run([cli, "--threads", str(threads), "bench", *args, "--steps", "1", "--warmup", "1", "--json"],
+    """`spanformer bench ... --json` (one timed step after one warm-up step; on CUDA ten after three, in
+    bf16): its ms per step."""
+    where = ["--steps", "1", "--warmup", "1"]
+    if DEVICE.type == "cuda":
+        where = ["--steps", "10", "--warmup", "3", "--amp=bf16"]
+    out = subprocess.run([cli, "--threads", str(threads), "--device", str(DEVICE), "bench", *args, *where, "--json"],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
 
@@ -246,7 +272,7 @@ class Block(nn.Module):
         if mask is None:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dtype == torch.bool else mask.to(q.dtype))
         x = x + self.proj(a.transpose(1, 2).reshape(B, N, H))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
@@ -266,9 +292,10 @@ class Gpt(nn.Module):
         d = i.unsqueeze(1) - i.unsqueeze(0) + 1  # (T, T): distance, 1 = the query itself
         if spans is not None:
             z = torch.tensor(spans).view(-1, 1, 1)
-            self.mask = ((ramp + z - (d - 1)) / ramp).clamp(0, 1).log().masked_fill(d < 1, float("-inf"))  # (K, T, T)
+            mask = ((ramp + z - (d - 1)) / ramp).clamp(0, 1).log().masked_fill(d < 1, float("-inf"))  # (K, T, T)
         else:
-            self.mask = None if window == 0 else (d >= 1) & (d <= window)
+            mask = None if window == 0 else (d >= 1) & (d <= window)
+        self.register_buffer("mask", mask)
 
     def forward(self, x, y):
         h = self.wte(x) + self.wpe.weight[: x.shape[1]]
@@ -282,15 +309,17 @@ def gpt_twins(attention, T, batch):
     """{eager, compiled}: the PyTorch GPT's training step (the same sizes, optimizer and loss)."""
     V, H, K, layers, window = 256, 256, 4, 4, 128
     spans = bimodal_spans(K, T) if attention == "adaptive_span" else None  # issue 37's rule (Python's draws)
-    model = Gpt(V, T, H, K, layers, window if attention == "window" else 0, spans)
+    model = Gpt(V, T, H, K, layers, window if attention == "window" else 0, spans).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, betas=(0.9, 0.95), weight_decay=0.1)  # the gpt defaults
-    x = torch.randint(V, (batch, T))
-    y = torch.randint(V, (batch, T))
+    x = torch.randint(V, (batch, T), device=DEVICE)
+    y = torch.randint(V, (batch, T), device=DEVICE)
 
     def step(loss_fn):
         def run():
             opt.zero_grad(set_to_none=True)
-            loss_fn(x, y).backward()
+            with autocast():
+                loss = loss_fn(x, y)
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # train.grad_clip
             opt.step()
         return run
@@ -323,27 +352,27 @@ def lm_twins(config_name, spans):
         for index, layer in enumerate(model.layers):
             z = bimodal_spans(K, L, seed=index) if spans == "bimodal" else [float(spans)] * K
             layer.ratio.copy_(torch.tensor(z).view(K, 1, 1) / L)
+    model.to(DEVICE)
     params = list(model.parameters())
     sums = [torch.zeros_like(q) for q in params]
-    state = {"caches": [torch.zeros(B, layer.cache_size(), H) for layer in model.layers]}
+    state = {"caches": [torch.zeros(B, layer.cache_size(), H, device=DEVICE) for layer in model.layers]}
     compiled = torch.compile(model)
 
     def step(net):
         def run():
-            x, y = torch.randint(V, (B, M)), torch.randint(V, (B, M))
+            x, y = torch.randint(V, (B, M), device=DEVICE), torch.randint(V, (B, M), device=DEVICE)
             for q in params:
                 q.grad = None
-            out, state["caches"] = net(x, state["caches"])
-            loss = F.nll_loss(out.view(-1, V), y.view(-1)) + sum(2e-6 * L * layer.ratio.mean() for layer in model.layers)
+            with autocast():
+                out, state["caches"] = net(x, state["caches"])
+                loss = F.nll_loss(out.view(-1, V).float(), y.view(-1)) + sum(2e-6 * L * layer.ratio.mean() for layer in model.layers)
             loss.backward()
             with torch.no_grad():
-                for q, s in zip(params, sums):  # Adagrad, per-tensor clip (the reference's optimizer)
-                    lr = 1e-9
-                    n = q.grad.norm().item()
-                    if n > 0.03:
-                        lr *= 0.03 / (n + 1e-10)
+                for q, s in zip(params, sums):  # Adagrad, per-tensor clip at 0.03 (the reference's
+                    n = q.grad.norm()            # optimizer; the clip factor kept on the device)
+                    lr = 1e-9 * torch.where(n > 0.03, 0.03 / (n + 1e-10), torch.ones_like(n))
                     s.addcmul_(q.grad, q.grad)
-                    q.addcdiv_(q.grad, s.sqrt().add_(1e-10), value=-lr)
+                    q.sub_(lr * q.grad / s.sqrt().add_(1e-10))
             loss.item()
         return run
 
@@ -379,7 +408,7 @@ class Seq2seq(nn.Module):
 
     def forward(self, x, y_in, y_out):
         T = y_in.shape[1]
-        causal = torch.triu(torch.full((T, T), float("-inf")), 1)
+        causal = torch.triu(torch.full((T, T), float("-inf"), device=x.device), 1)
         h = self.core(self.embed(x), self.embed(y_in), tgt_mask=causal)
         logits = h @ self.emb.weight[: self.Vt].t()
         return F.cross_entropy(logits.reshape(-1, self.Vt), y_out.reshape(-1), label_smoothing=0.1)
@@ -391,16 +420,18 @@ def seq2seq_twins():
     m, B, N = {**c["model"], **c.get("run", {})}, c["train"]["batch_size"], c["data"]["max_length"]
     V, Vt = 16000, 8000  # `spanformer bench`'s sizes for this family
     torch.manual_seed(0)
-    model = Seq2seq(V, Vt, m["d_model"], m["n_head"], m["d_inner"], m["n_layer"], m["dropout"])
+    model = Seq2seq(V, Vt, m["d_model"], m["n_head"], m["d_inner"], m["n_layer"], m["dropout"]).to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-9, betas=(0.9, 0.98))
     compiled = torch.compile(model)
 
     def step(net):
         def run():
-            x = torch.randint(4, V, (B, N))
-            y = torch.randint(4, Vt, (B, N + 2))
+            x = torch.randint(4, V, (B, N), device=DEVICE)
+            y = torch.randint(4, Vt, (B, N + 2), device=DEVICE)
             opt.zero_grad(set_to_none=True)
-            net(x, y[:, :-1], y[:, 1:]).backward()
+            with autocast():
+                loss = net(x, y[:, :-1], y[:, 1:])
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         return run
@@ -424,12 +455,19 @@ def main():
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--gpt-lengths", default="1024:8,4096:2")
     parser.add_argument("--gpt-attentions", default="dense,window,adaptive_span")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and set(args.rows.split(",")) - {"gpt", "lm", "seq2seq"}:
+        parser.error("--device cuda times the training rows only (gpt, lm, seq2seq); the operators' GPU "
+                     "figures are gpu_compare.py's and gpu_flash.py's")
     torch.set_num_threads(args.threads)
     prefer_this_torchs_libraries()
     cli = os.environ.get("SPANFORMER_CLI", os.path.join(ROOT, "build", "spanformer"))
     rows = args.rows.split(",")
-    print(f"# peers: torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, medians (ms)")
+    where = f"{torch.cuda.get_device_name()}, bf16 autocast" if DEVICE.type == "cuda" else f"{args.threads} threads"
+    print(f"# peers: torch {torch.__version__}, {where}, {args.rounds} rounds, medians (ms)")
     if "gemm" in rows:
         print(f"gemm ceiling: {gemm_ceiling(args.rounds):.1f} GFLOP/s (float32 2048^3 mm)", flush=True)
     print("| what | ours | peer | peer ms | ratio (peer / ours) |")

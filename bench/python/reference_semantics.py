@@ -60,7 +60,7 @@ class Layer(nn.Module):
         a = unskew(q @ k.transpose(-1, -2)) + q @ pe
         a = F.softmax(a / math.sqrt(self.D), -1)
         W = a.size(-1)
-        tmpl = torch.linspace(1 - self.L, 0, self.L)
+        tmpl = torch.linspace(1 - self.L, 0, self.L, device=h.device)
         mask = ((tmpl + self.ratio * self.L) / self.ramp + 1).clamp(0, 1)[:, :, -W:]
         a = (a.view(B, self.K, M, W) * mask).view(B * self.K, M, W)
         a = a / (a.sum(-1, keepdim=True) + 1e-8)

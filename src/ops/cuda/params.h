@@ -44,6 +44,7 @@ struct SpanAttentionParams {
   uint64_t seed;
   DType dtype;
   bool forward_v0;          // the forward takes version 0 even where version 1 could (A/B measurements)
+  int forward_min_blocks;   // version 1's __launch_bounds__ blocks an SM: 2 (default) or 3 (A/B measurements)
 };
 
 // Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256. The forward

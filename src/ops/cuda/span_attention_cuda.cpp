@@ -35,9 +35,12 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.training = o.training;
   p.seed = o.seed;
   p.dtype = cuda::dtype_of(q, "adaptive_span_attention");
-  // SPANFORMER_SPAN_KERNEL=v0: the forward's version 0 where version 1 would run (A/B measurements).
+  // SPANFORMER_SPAN_KERNEL=v0: the forward's version 0 where version 1 would run; =v1b3: version 1
+  // compiled for 3 blocks an SM (at most 168 registers a thread) instead of 2 (A/B measurements).
   const char* version = std::getenv("SPANFORMER_SPAN_KERNEL");
-  p.forward_v0 = version != nullptr && std::string(version) == "v0";
+  const std::string chosen = version != nullptr ? version : "";
+  p.forward_v0 = chosen == "v0";
+  p.forward_min_blocks = chosen == "v1b3" ? 3 : 2;
   return p;
 }
 

@@ -53,7 +53,7 @@ __device__ __forceinline__ uint32_t load_pair(const T* p) {  // two consecutive 
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-__device__ __forceinline__ float ramp_mask(float z, float ramp, int64_t d) {
+__device__ __forceinline__ float ramp_mask(float z, float ramp, int d) {
   return fminf(fmaxf((z - static_cast<float>(d - 1)) / ramp + 1.f, 0.f), 1.f);
 }
 
@@ -102,8 +102,9 @@ __device__ __forceinline__ void load_tile(T* ks, T* vs, T* pes, const T* k, cons
   }
 }
 
-template <typename T, int D>
-__global__ void forward_mma_kernel(SpanAttentionParams p) {
+// MinBlocks: blocks an SM that __launch_bounds__ asks registers for (2: up to 255 registers a thread).
+template <typename T, int D, int MinBlocks>
+__global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(SpanAttentionParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
   constexpr int P = pitch<D>(), KC = D / 16, NT = D / 8;
   T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
@@ -117,7 +118,7 @@ __global__ void forward_mma_kernel(SpanAttentionParams p) {
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int64_t r0 = i0 + warp * 16;  // the warp's first query row
-  const int64_t S = p.visited[h];
+  const int S = p.visited[h];
   const float z = p.span_ratio[h] * static_cast<float>(L);
   const float inv_sqrt_d = rsqrtf(static_cast<float>(D));
   const bool dropping = p.training && p.dropout > 0.f;
@@ -179,15 +180,18 @@ __global__ void forward_mma_kernel(SpanAttentionParams p) {
     }
     __syncwarp();
 
-    // Scores of the warp's rows; -inf outside the window (or past the last query).
+    // Scores of the warp's rows; -inf outside the window (or past the last query). Index arithmetic in
+    // 32 bits (M + W < 2^31, checked by the glue): element (row, col) is query r0 + row at distance
+    // d0 + row - col.
+    const int d0 = static_cast<int>(r0 + W - j0), rows_left = static_cast<int>(M - r0), Wi = static_cast<int>(W);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = g + (e >> 1) * 8, col = n * 8 + 2 * t + (e & 1);
-        const int64_t i = r0 + row, d = i + W - (j0 + col);
-        const bool valid = i < M && d >= 1 && d <= W;
+        const int d = d0 + row - col;
+        const bool valid = row < rows_left && d >= 1 && d <= Wi;
         s[n][e] = valid ? (s[n][e] + gw[row * kGPitch + row - col + kKeys - 1]) * inv_sqrt_d : -INFINITY;
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
       }
@@ -212,10 +216,10 @@ __global__ void forward_mma_kernel(SpanAttentionParams p) {
         z_part[rr] += ex;
         float w = 0.f;
         if (values) {
-          const int64_t i = r0 + row, d = i + W - (j0 + col);
+          const int d = d0 + row - col;
           const float m = d <= S ? ramp_mask(z, p.ramp, d) : 0.f;
           n_part[rr] += ex * m;
-          const bool kept = !dropping || dropout_keep_hash(p.seed, b, h, i, d, static_cast<double>(p.dropout));
+          const bool kept = !dropping || dropout_keep_hash(p.seed, b, h, r0 + row, d, static_cast<double>(p.dropout));
           w = ex * m * (kept ? drop_scale : 0.f);
         }
         s[n][e] = w;
@@ -273,7 +277,7 @@ __global__ void forward_mma_kernel(SpanAttentionParams p) {
 
 template <typename T, int D>
 cudaError_t launch_mma(const SpanAttentionParams& p, cudaStream_t stream) {
-  const auto kernel = forward_mma_kernel<T, D>;
+  const auto kernel = p.forward_min_blocks == 3 ? forward_mma_kernel<T, D, 3> : forward_mma_kernel<T, D, 2>;
   constexpr size_t bytes = shared_bytes<T, D>();
   if (bytes > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
@@ -299,7 +303,8 @@ cudaError_t launch_mma_for_width(const SpanAttentionParams& p, cudaStream_t stre
 bool span_attention_mma_supported(const SpanAttentionParams& p) {
   const auto aligned = [](const void* x) { return x != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0; };
   return p.dtype != DType::kFloat32 && (p.D == 32 || p.D == 64 || p.D == 128) && aligned(p.k) && aligned(p.v) &&
-         aligned(p.key_pe_by_distance);  // 16-byte tile loads
+         aligned(p.key_pe_by_distance) &&  // 16-byte tile loads
+         p.W + p.M + kKeys < (int64_t{1} << 31);  // 32-bit distances and rows in the score loops
 }
 
 cudaError_t span_attention_forward_mma(const SpanAttentionParams& p, cudaStream_t stream) {

@@ -1,0 +1,64 @@
+"""A/B of span kernel version 1's variants on a GPU, forward only, at gpu_compare.py's shape (bf16, B 8,
+K 8, M 512, D 64, L 8192; spans all at L and bimodal 64 / L): each variant selected by
+SPANFORMER_SPAN_KERNEL as the glue reads it at each call, interleaved over rounds (every round times
+each variant once with triton's do_bench), medians of the rounds; the plain composition beside them for
+the ratio issue 37 sets (bimodal >= 3x plain).
+
+    SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_span_tune.py \\
+        [--variants v1,v1b3] [--rounds 5] [--out figures.md]
+
+Variants: v1 (the default: __launch_bounds__ for 2 blocks an SM), v1b3 (3 blocks an SM, at most 168
+registers a thread), v0 (version 0's forward).
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.join(here, "..", "..", "python")]
+import spanformer  # noqa: E402,F401  (loads the operator library)
+from gpu_compare import make_inputs, with_version  # noqa: E402
+from gpu_table import bench, finish  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="v1,v1b3")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    B, K, M, D, L, R = 8, 8, 512, 64, 8192, 32.0
+    ops = torch.ops.spanformer
+    lines = [f"# gpu_span_tune.py on {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, B {B} K {K} "
+             f"M {M} D {D} L {L}, forward, medians of {a.rounds} interleaved rounds of do_bench medians",
+             "| spans | implementation | forward ms | rounds (ms) | plain / this | max abs diff vs plain |", "|---|---|---|---|---|---|"]
+    patterns = {"all": [float(L)] * K, "bimodal": [64.0 if h % 2 == 0 else float(L) for h in range(K)]}
+    for pattern, spans in patterns.items():
+        q, k, v, pe, ratio = make_inputs(B, K, M, D, L, spans, torch.bfloat16, seed=len(pattern))
+        kernel = lambda: ops.adaptive_span_attention(q, k, v, pe, ratio, L, R)  # noqa: E731
+        impls = {"plain": lambda: ops.adaptive_span_attention_reference(q, k, v, pe, ratio, L, R)}
+        for name in a.variants.split(","):
+            impls[name] = kernel if name == "v1" else with_version(kernel, name)
+        with torch.no_grad():
+            ref = impls["plain"]().float()
+            diffs = {name: (fn().float() - ref).abs().max().item() for name, fn in impls.items()}
+            times = {name: [] for name in impls}
+            for _ in range(a.rounds):
+                for name, fn in impls.items():
+                    times[name].append(bench(fn))
+        plain = statistics.median(times["plain"])
+        for name, t in times.items():
+            ms = statistics.median(t)
+            lines.append(f"| {pattern} | {name} | {ms:.3f} | {' '.join(f'{x:.3f}' for x in t)} | {plain / ms:.2f} | "
+                         f"{diffs[name]:.3g} |")
+            print(lines[-1], flush=True)
+        del q, k, v, pe, ratio, ref
+        torch.cuda.empty_cache()
+    finish(lines, a.out)
+
+
+if __name__ == "__main__":
+    main()
