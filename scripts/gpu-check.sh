@@ -104,7 +104,7 @@ EOF
   tune)
     # Version 1's variants A/B (forward, interleaved rounds): bench/python/gpu_span_tune.py.
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
-    step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b3}" --out "$FIG"
+    step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b2,v1b3,v1b3-in-order}" --out "$FIG"
     ;;
   train)
     # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command), bf16

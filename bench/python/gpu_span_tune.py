@@ -5,10 +5,11 @@ each variant once with triton's do_bench), medians of the rounds; the plain comp
 the ratio issue 37 sets (bimodal >= 3x plain).
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_span_tune.py \\
-        [--variants v1,v1b3] [--rounds 5] [--out figures.md]
+        [--variants v1,v1b2,v1b3,v1b3-in-order] [--rounds 5] [--out figures.md]
 
-Variants: v1 (the default: __launch_bounds__ for 2 blocks an SM), v1b3 (3 blocks an SM, at most 168
-registers a thread), v0 (version 0's forward).
+Variants: v1 (the default: the glue picks 2 or 3 blocks an SM from the spans), v1b2 (__launch_bounds__
+for 2 blocks an SM), v1b3 (3 blocks an SM, at most 168 registers a thread), v1b3-in-order (3 blocks,
+heads in their order instead of longest span first), v0 (version 0's forward).
 """
 import argparse
 import os
@@ -26,7 +27,7 @@ from gpu_table import bench, finish  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="v1,v1b3")
+    ap.add_argument("--variants", default="v1,v1b2,v1b3,v1b3-in-order")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="")
     a = ap.parse_args()

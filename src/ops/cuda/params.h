@@ -25,6 +25,7 @@ struct SpanAttentionParams {
   const void* key_pe_by_distance;  // (W, D): row d - 1 is key_pe[:, L - d] (version 1 reads pe in 16-byte rows)
   const float* span_ratio;  // (K)
   const int* visited;       // (K) distances each head reads, 1 .. W
+  const int* head_order;    // (K) the heads by visited distance, longest first (version 1's block order)
   // Forward outputs.
   void* out;                // (B, K, M, D), `dtype`
   float* row_max;           // (B, K, M) running max of the scores
@@ -44,7 +45,7 @@ struct SpanAttentionParams {
   uint64_t seed;
   DType dtype;
   bool forward_v0;          // the forward takes version 0 even where version 1 could (A/B measurements)
-  int forward_min_blocks;   // version 1's __launch_bounds__ blocks an SM: 2 (default) or 3 (A/B measurements)
+  int forward_min_blocks;   // version 1's __launch_bounds__ blocks an SM: 2 or 3 (the glue's rule)
 };
 
 // Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256. The forward

@@ -3,7 +3,9 @@
 // SpanAttentionParams and launches on the current stream. The forward keeps each row's (max, Z, N) in
 // fp32; gradients are accumulated in fp32 and cast back to the inputs' dtype.
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.key_pe = key_pe.data_ptr();
   p.span_ratio = ratio.data_ptr<float>();
   p.visited = visited.data_ptr<int>();
+  p.head_order = p.visited + q.size(1);
   p.B = q.size(0);
   p.K = q.size(1);
   p.M = q.size(2);
@@ -35,18 +38,35 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.training = o.training;
   p.seed = o.seed;
   p.dtype = cuda::dtype_of(q, "adaptive_span_attention");
-  // SPANFORMER_SPAN_KERNEL=v0: the forward's version 0 where version 1 would run; =v1b3: version 1
-  // compiled for 3 blocks an SM (at most 168 registers a thread) instead of 2 (A/B measurements).
+  // Version 1's blocks an SM: 3 (at most 168 registers a thread) where at least a quarter of the
+  // window's distances lie beyond the heads' spans, whose tiles add to Z only and finish sooner; 2 where
+  // (nearly) every head spans the window, whose equal blocks fill 2 waves of 2 on 132 SMs better than
+  // 1.3 waves of 3 (measured, docs/kernels.md "v1 on a GPU"). SPANFORMER_SPAN_KERNEL overrides it for
+  // A/B measurements: v0 (version 0's forward), v1b2, v1b3, v1b3-in-order.
+  int64_t visited_sum = 0;
+  for (const auto s : o.visited) visited_sum += s;
+  const int64_t window = k.size(2) - q.size(2);
   const char* version = std::getenv("SPANFORMER_SPAN_KERNEL");
   const std::string chosen = version != nullptr ? version : "";
   p.forward_v0 = chosen == "v0";
-  p.forward_min_blocks = chosen == "v1b3" ? 3 : 2;
+  p.forward_min_blocks = chosen == "v1b2" ? 2 : chosen.rfind("v1b3", 0) == 0 ? 3 : 4 * visited_sum <= 3 * window * q.size(1) ? 3 : 2;
   return p;
 }
 
-// The distances each head visits, as the kernels read them: (K) int32 on the inputs' device.
+// What the kernels read per head, (2K) int32 on the inputs' device: the distances each head visits,
+// then the heads by visited distance, longest first (version 1 starts the blocks of long heads first, so
+// that the short heads' quicker blocks fill the last wave).
+// SPANFORMER_SPAN_KERNEL=v1b3-in-order keeps the heads in order (A/B measurements).
 at::Tensor visited_tensor(const SpanAttentionOptions& o, const at::Tensor& like) {
-  return at::tensor(std::vector<int>(o.visited.begin(), o.visited.end()), like.options().dtype(at::kInt));
+  const auto K = static_cast<int>(o.visited.size());
+  std::vector<int> both(o.visited.begin(), o.visited.end());
+  std::vector<int> order(K);
+  std::iota(order.begin(), order.end(), 0);
+  const char* version = std::getenv("SPANFORMER_SPAN_KERNEL");
+  if (version == nullptr || std::string(version) != "v1b3-in-order")
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return o.visited[a] > o.visited[b]; });
+  both.insert(both.end(), order.begin(), order.end());
+  return at::tensor(both, like.options().dtype(at::kInt));
 }
 
 }  // namespace

@@ -112,9 +112,10 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
   T* pes = vs + kKeys * P;             // (kDist, P)
   float* g_all = reinterpret_cast<float*>(pes + kDist * P);  // (kWarps, 16, kGPitch)
 
+  // Block order: head rank (longest visited span first), batch, query tile.
   const int64_t tiles = (p.M + kRows - 1) / kRows;
-  const int64_t x = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * kRows;
-  const int64_t b = x / p.K, h = x % p.K, W = p.W, M = p.M, L = p.L;
+  const int64_t h = p.head_order[blockIdx.x / (tiles * p.B)], b = (blockIdx.x / tiles) % p.B;
+  const int64_t x = b * p.K + h, i0 = (blockIdx.x % tiles) * kRows, W = p.W, M = p.M, L = p.L;
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int64_t r0 = i0 + warp * 16;  // the warp's first query row
