@@ -5,11 +5,13 @@ each variant once with triton's do_bench), medians of the rounds; the plain comp
 the ratio issue 37 sets (bimodal >= 3x plain).
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_span_tune.py \\
-        [--variants v1,v1b2,v1b3,v1b3-in-order] [--rounds 5] [--out figures.md]
+        [--variants v1,v1b2,v1b3,v1b3-in-order] [--rounds 5] [--backward] [--out figures.md]
 
 Variants: v1 (the default: the glue picks 2 or 3 blocks an SM from the spans), v1b2 (__launch_bounds__
 for 2 blocks an SM), v1b3 (3 blocks an SM, at most 168 registers a thread), v1b3-in-order (3 blocks,
-heads in their order instead of longest span first), v0 (version 0's forward).
+heads in their order instead of longest span first), v1-bwd-v0 (version 0's backward after version 1),
+v0 (version 0's forward and backward). --backward times forward + backward (version 2's backward for
+every variant but v0 and v1-bwd-v0).
 """
 import argparse
 import os
@@ -29,13 +31,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="v1,v1b2,v1b3,v1b3-in-order")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--backward", action="store_true",
+                    help="time forward + backward (gradients of q, k, v, as gpu_compare.py) instead of the forward")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     B, K, M, D, L, R = 8, 8, 512, 64, 8192, 32.0
     ops = torch.ops.spanformer
+    what = "forward + backward" if a.backward else "forward"
     lines = [f"# gpu_span_tune.py on {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, B {B} K {K} "
-             f"M {M} D {D} L {L}, forward, medians of {a.rounds} interleaved rounds of do_bench medians",
-             "| spans | implementation | forward ms | rounds (ms) | plain / this | max abs diff vs plain |", "|---|---|---|---|---|---|"]
+             f"M {M} D {D} L {L}, {what}, medians of {a.rounds} interleaved rounds of do_bench medians",
+             f"| spans | implementation | {what} ms | rounds (ms) | plain / this | "
+             f"{'largest gradient difference vs plain (relative)' if a.backward else 'max abs diff vs plain'} |",
+             "|---|---|---|---|---|---|"]
     patterns = {"all": [float(L)] * K, "bimodal": [64.0 if h % 2 == 0 else float(L) for h in range(K)]}
     for pattern, spans in patterns.items():
         q, k, v, pe, ratio = make_inputs(B, K, M, D, L, spans, torch.bfloat16, seed=len(pattern))
@@ -46,10 +53,22 @@ def main():
         with torch.no_grad():
             ref = impls["plain"]().float()
             diffs = {name: (fn().float() - ref).abs().max().item() for name, fn in impls.items()}
-            times = {name: [] for name in impls}
-            for _ in range(a.rounds):
-                for name, fn in impls.items():
-                    times[name].append(bench(fn))
+        if a.backward:
+            grad = torch.randn_like(q)
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            impls = {name: (lambda fn: lambda: torch.autograd.grad(fn(), (q, k, v), grad))(fn) for name, fn in impls.items()}
+            grads = {name: fn() for name, fn in impls.items()}
+            for name in impls:  # largest gradient difference from the plain composition's, relative to its largest
+                diffs[name] = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
+                                  for x, y in zip(grads[name], grads["plain"]))
+        times = {name: [] for name in impls}
+        for _ in range(a.rounds):
+            for name, fn in impls.items():
+                if a.backward:
+                    times[name].append(bench(fn, 3, 100))
+                else:
+                    with torch.no_grad():
+                        times[name].append(bench(fn))
         plain = statistics.median(times["plain"])
         for name, t in times.items():
             ms = statistics.median(t)

@@ -37,6 +37,7 @@ struct SpanAttentionParams {
   float* grad_k;
   float* grad_v;
   float* grad_key_pe;
+  float* grad_key_pe_by_distance;  // (W, D): version 2's key_pe gradient by distance (the glue adds it in)
   float* grad_span_ratio;
   int64_t B, K, M, W, D, L;
   float ramp;
@@ -45,16 +46,20 @@ struct SpanAttentionParams {
   uint64_t seed;
   DType dtype;
   bool forward_v0;          // the forward takes version 0 even where version 1 could (A/B measurements)
+  bool backward_v0;         // the backward takes version 0 even where version 2 could
   int forward_min_blocks;   // version 1's __launch_bounds__ blocks an SM: 2 or 3 (the glue's rule)
 };
 
 // Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256. The forward
 // takes version 1 (tensor cores, span_attention_mma_kernels.cu) for bf16 / fp16 with D 32, 64 or 128,
-// else version 0; the backward is version 0's, from the row statistics either writes.
+// else version 0; the backward takes version 2 (tensor cores, same file) for bf16 / fp16 with D 32 or
+// 64, else version 0; either backward works from the row statistics either forward writes.
 cudaError_t span_attention_forward(const SpanAttentionParams& params, cudaStream_t stream);
 cudaError_t span_attention_backward(const SpanAttentionParams& params, cudaStream_t stream);
 bool span_attention_mma_supported(const SpanAttentionParams& params);
 cudaError_t span_attention_forward_mma(const SpanAttentionParams& params, cudaStream_t stream);
+bool span_attention_mma_backward_supported(const SpanAttentionParams& params);
+cudaError_t span_attention_backward_mma(const SpanAttentionParams& params, cudaStream_t stream);
 
 struct FlashParams {
   const void* q;

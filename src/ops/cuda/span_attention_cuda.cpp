@@ -42,13 +42,15 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   // window's distances lie beyond the heads' spans, whose tiles add to Z only and finish sooner; 2 where
   // (nearly) every head spans the window, whose equal blocks fill 2 waves of 2 on 132 SMs better than
   // 1.3 waves of 3 (measured, docs/kernels.md "v1 on a GPU"). SPANFORMER_SPAN_KERNEL overrides it for
-  // A/B measurements: v0 (version 0's forward), v1b2, v1b3, v1b3-in-order.
+  // A/B measurements: v0 (version 0's forward and backward), v1-bwd-v0 (version 0's backward), v1b2, v1b3,
+  // v1b3-in-order.
   int64_t visited_sum = 0;
   for (const auto s : o.visited) visited_sum += s;
   const int64_t window = k.size(2) - q.size(2);
   const char* version = std::getenv("SPANFORMER_SPAN_KERNEL");
   const std::string chosen = version != nullptr ? version : "";
   p.forward_v0 = chosen == "v0";
+  p.backward_v0 = chosen == "v0" || chosen == "v1-bwd-v0";
   p.forward_min_blocks = chosen == "v1b2" ? 2 : chosen.rfind("v1b3", 0) == 0 ? 3 : 4 * visited_sum <= 3 * window * q.size(1) ? 3 : 2;
   return p;
 }
@@ -123,7 +125,10 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_in, const at::
   p.grad_v = dv.data_ptr<float>();
   p.grad_key_pe = dpe.data_ptr<float>();
   p.grad_span_ratio = dratio.data_ptr<float>();
+  auto dpe_by_distance = at::zeros({W, q.size(3)}, f32);  // (W, D): version 2's dpe, row d - 1 = distance d
+  p.grad_key_pe_by_distance = dpe_by_distance.data_ptr<float>();
   cuda::check_launch(cuda::span_attention_backward(p, cuda::current_stream()), "adaptive_span_attention CUDA backward");
+  dpe.narrow(1, L - W, W).add_(dpe_by_distance.flip({0}).t());
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dpe.to(pe.scalar_type()),
           dratio.to(ratio_in.scalar_type())};
 }

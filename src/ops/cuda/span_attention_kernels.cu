@@ -202,6 +202,7 @@ cudaError_t span_attention_forward(const SpanAttentionParams& p, cudaStream_t st
 }
 
 cudaError_t span_attention_backward(const SpanAttentionParams& p, cudaStream_t stream) {
+  if (!p.backward_v0 && span_attention_mma_backward_supported(p)) return span_attention_backward_mma(p, stream);
   return launch(p, stream, backward_kernel<float>, backward_kernel<__nv_bfloat16>, backward_kernel<__half>);
 }
 
