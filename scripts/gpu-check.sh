@@ -102,9 +102,11 @@ EOF
     step compare_fp32_small 120 $PY bench/python/gpu_compare.py --dtype fp32 --B 2 --L 2048 --out "$FIG"
     ;;
   tune)
-    # Version 1's variants A/B (forward, interleaved rounds): bench/python/gpu_span_tune.py.
+    # Version 1's variants A/B (forward, interleaved rounds), then forward + backward (version 2's
+    # backward; both blocks-an-SM choices of the forward): bench/python/gpu_span_tune.py.
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
     step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b2,v1b3,v1b3-in-order}" --out "$FIG"
+    step span_tune_backward 150 $PY bench/python/gpu_span_tune.py --backward --variants v1,v1b2,v1b3 --rounds 3 --out "$FIG"
     ;;
   train)
     # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command), bf16

@@ -14,7 +14,7 @@ What each line computes:
   kernel     torch.ops.spanformer.adaptive_span_attention on CUDA (src/ops/cuda, numbered versions in
              docs/kernels.md): the same function; its forward is version 1 (tensor cores) for bf16 with
              D 32 / 64 / 128, else version 0;
-  kernel v0  the same op with SPANFORMER_SPAN_KERNEL=v0: version 0's forward, measured beside it;
+  kernel v0  the same op with SPANFORMER_SPAN_KERNEL=v0: version 0's forward and backward, beside it;
   flex       FlexAttention (torch.compile) with a block mask that lets head h see distances 1 .. S_h:
              hard window attention, not the adaptive-span function (no soft ramp, no whole-window
              normaliser), the speed bar the issue sets;
@@ -25,7 +25,8 @@ What each line computes:
              is rounding; the whole function (matmul + flex) is one torch.compile graph;
   sdpa_dense scaled_dot_product_attention over all W + M keys, no mask: dense attention's cost.
 Each row gives the forward and the forward + backward (gradients of q, k, v; the kernel's backward is
-version 0's for every forward). "Useful" FLOP/s (forward) count 4 * B * K * M * D * S_h per head (QK^T and PV over the visited distances only),
+version 2's (tensor cores) for bf16 / fp16 with D 32 or 64, else version 0's; "kernel v0" is version 0
+both ways). "Useful" FLOP/s (forward) count 4 * B * K * M * D * S_h per head (QK^T and PV over the visited distances only),
 the pe term 2 * B * K * M * D * W, and nothing for masked-out work.
 """
 import argparse

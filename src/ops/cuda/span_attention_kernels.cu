@@ -9,8 +9,9 @@
 //   ds_d = p_d (dw_d m_d - G2) / sqrt(D),
 // (ds_d = -p_d G2 / sqrt(D) beyond the span) and accumulates dk, dv, dkey_pe and dspan_ratio with
 // fp32 atomics. Run on an H100 on 2026-11-23 (docs/kernels.md): correct, 19x slower than the plain
-// composition. The forward's version 1 (tensor cores) is span_attention_mma_kernels.cu; this backward
-// serves both, from the row statistics (max, Z, N) each forward writes.
+// composition. The forward's version 1 and the backward's version 2 (tensor cores, bf16 / fp16) are in
+// span_attention_mma_kernels.cu; this backward serves fp32 and the widths version 2 does not take, from
+// the row statistics (max, Z, N) either forward writes.
 #include "../dropout_hash.h"
 #include "device.cuh"
 #include "params.h"
