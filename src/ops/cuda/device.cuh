@@ -67,6 +67,48 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// Two consecutive elements as one 32-bit register (p 4-byte aligned).
+template <typename T>
+__device__ __forceinline__ uint32_t load_pair(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Fragments of m16n8k16 from row-major shared matrices (layouts: emulator_device.h, combine_mma).
+// A (16 x 16): rows m0 + g (+8), columns k0 + 2t (+1, +8, +9); pairs along a row are one register.
+template <typename T>
+__device__ __forceinline__ void a_of_rows(uint32_t (&a)[4], const T* m, int pitch, int m0, int k0, int g, int t) {
+  a[0] = load_pair(m + (m0 + g) * pitch + k0 + 2 * t);
+  a[1] = load_pair(m + (m0 + g + 8) * pitch + k0 + 2 * t);
+  a[2] = load_pair(m + (m0 + g) * pitch + k0 + 2 * t + 8);
+  a[3] = load_pair(m + (m0 + g + 8) * pitch + k0 + 2 * t + 8);
+}
+// B (k x n = 16 x 8) of a matrix whose rows are k: rows k0 + 2t (+1, +8, +9), column n0 + g.
+template <typename T>
+__device__ __forceinline__ void b_of_rows(uint32_t (&bf)[2], const T* m, int pitch, int k0, int n0, int g, int t) {
+  const T* col = m + (k0 + 2 * t) * pitch + n0 + g;
+  bf[0] = pack_bits(bits_of(col[0]), bits_of(col[pitch]));
+  bf[1] = pack_bits(bits_of(col[8 * pitch]), bits_of(col[9 * pitch]));
+}
+// acc = A B for one warp: A rows [m0, m0 + 16) of a shared (.., Kdim) matrix, B a shared (Kdim, D)
+// matrix; acc in the accumulator layout (n-tile n: rows g, g + 8, columns 8n + 2t, + 1).
+template <typename T, int D, int Kdim>
+__device__ __forceinline__ void rows_times(float (&acc)[D / 8][4], const T* a, int a_pitch, int m0, const T* b,
+                                           int b_pitch, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int c = 0; c < Kdim / 16; ++c) {
+    uint32_t af[4];
+    a_of_rows(af, a, a_pitch, m0, 16 * c, g, t);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      uint32_t bf[2];
+      b_of_rows(bf, b, b_pitch, 16 * c, n * 8, g, t);
+      mma_16816<T>(acc[n], af, bf);
+    }
+  }
+}
+
 // 16 bytes (8 bf16 / fp16 elements) as one load or store: the widest a thread issues (LDG.128 / STS.128).
 // Both addresses must be 16-byte aligned.
 #ifdef SPANFORMER_CUDA_EMULATE

@@ -18,7 +18,8 @@
 // Dropout: Z_ij = keep / (1 - p) from the same splitmix64 hash as the CPU op and the reference
 // (ops/dropout_hash.h, keyed by batch, head, query position and key position).
 // exp/log are the accurate expf/logf: the tests hold fp32 to the fp32 composition's own error.
-// The next version is the tiled tensor-core one (mma.sync, docs/kernels.md).
+// Version 1 (tensor cores, bf16 / fp16, D 32 / 64 / 128 forward and 32 / 64 backward) is
+// flash_attention_mma_kernels.cu; these kernels serve fp32 and the other widths.
 #include "../dropout_hash.h"
 #include "device.cuh"
 #include "params.h"
@@ -274,12 +275,16 @@ bool flash_supported(int64_t D) { return D >= 1 && D <= kWarp * kMaxPerLane; }
 
 cudaError_t flash_attention_forward(const FlashParams& p, cudaStream_t stream) {
   if (!flash_supported(p.D) || p.N < 1 || p.C < p.N || p.band < 1) return cudaErrorInvalidValue;
+  if (!p.version0 && flash_mma_forward_supported(p)) return flash_attention_forward_mma(p, stream);
   const size_t floats = 2 * kKeys * (p.D + 1) + kRowsPerBlock * p.D;
   return launch<Forward>(p, row_blocks(p), kRowsPerBlock * kWarp, floats, stream);
 }
 
+bool flash_backward_accumulates(const FlashParams& p) { return !p.version0 && flash_mma_backward_supported(p); }
+
 cudaError_t flash_attention_backward(const FlashParams& p, cudaStream_t stream) {
   if (!flash_supported(p.D) || p.N < 1 || p.C < p.N || p.band < 1) return cudaErrorInvalidValue;
+  if (flash_backward_accumulates(p)) return flash_attention_backward_mma(p, stream);
   cudaError_t err = launch<DQ>(p, row_blocks(p), kRowsPerBlock * kWarp,
                                2 * kKeys * (p.D + 1) + 2 * kRowsPerBlock * p.D, stream);
   if (err != cudaSuccess) return err;

@@ -78,11 +78,20 @@ struct FlashParams {
   bool training;
   uint64_t seed;
   DType dtype;
+  bool version0;            // version 0 both ways even where version 1 could (SPANFORMER_FLASH_KERNEL=v0)
 };
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
+// Version 1 (tensor cores, flash_attention_mma_kernels.cu) runs for bf16 / fp16 with D 32, 64 or 128
+// (forward) and 32 or 64 (backward), version 0 elsewhere. Version 1's backward adds dk and dv into the
+// buffers (flash_backward_accumulates: the caller zeroes them); version 0 writes every element.
 bool flash_supported(int64_t D);
 cudaError_t flash_attention_forward(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward(const FlashParams& params, cudaStream_t stream);
+bool flash_backward_accumulates(const FlashParams& params);
+bool flash_mma_forward_supported(const FlashParams& params);
+bool flash_mma_backward_supported(const FlashParams& params);
+cudaError_t flash_attention_forward_mma(const FlashParams& params, cudaStream_t stream);
+cudaError_t flash_attention_backward_mma(const FlashParams& params, cudaStream_t stream);
 
 }  // namespace spanformer::ops::cuda

@@ -52,11 +52,6 @@ constexpr size_t shared_bytes() {
   return (2 * kKeys + kDist) * pitch<D>() * sizeof(T) + kWarps * 16 * kGPitch * sizeof(float);
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t load_pair(const T* p) {  // two consecutive elements, p 4-byte aligned
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
 __device__ __forceinline__ float ramp_mask(float z, float ramp, int d) {
   return fminf(fmaxf((z - static_cast<float>(d - 1)) / ramp + 1.f, 0.f), 1.f);
 }
@@ -326,42 +321,6 @@ constexpr size_t backward_shared_bytes() {
          kWarps * 16 * kGPitch * sizeof(float);
 }
 
-// B fragment (k x n) of a row-major shared matrix whose rows are k: rows k0 + 2t (+1, +8, +9), column n0 + g.
-template <typename T>
-__device__ __forceinline__ void b_of_rows(uint32_t (&bf)[2], const T* m, int pitch, int k0, int n0, int g, int t) {
-  const T* col = m + (k0 + 2 * t) * pitch + n0 + g;
-  bf[0] = pack_bits(bits_of(col[0]), bits_of(col[pitch]));
-  bf[1] = pack_bits(bits_of(col[8 * pitch]), bits_of(col[9 * pitch]));
-}
-
-// A fragment (16 x 16) of a row-major shared matrix: rows m0 + g (+8), columns k0 + 2t (+1, +8, +9).
-template <typename T>
-__device__ __forceinline__ void a_of_rows(uint32_t (&a)[4], const T* m, int pitch, int m0, int k0, int g, int t) {
-  a[0] = load_pair(m + (m0 + g) * pitch + k0 + 2 * t);
-  a[1] = load_pair(m + (m0 + g + 8) * pitch + k0 + 2 * t);
-  a[2] = load_pair(m + (m0 + g) * pitch + k0 + 2 * t + 8);
-  a[3] = load_pair(m + (m0 + g + 8) * pitch + k0 + 2 * t + 8);
-}
-
-// out rows [m0, m0 + 16) (+)= A B with A = rows m0.. of a (.., 64) shared matrix (pitch kQPitch) and B the
-// 64 x D shared matrix b (pitch pitch<D>()): the block-wide products over the tile's 64 queries.
-template <typename T, int D>
-__device__ __forceinline__ void rows_times_queries(float (&acc)[D / 8][4], const T* a, int m0, const T* b, int g, int t) {
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-  for (int c = 0; c < kRows / 16; ++c) {
-    uint32_t af[4];
-    a_of_rows(af, a, kQPitch, m0, 16 * c, g, t);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      uint32_t bf[2];
-      b_of_rows(bf, b, pitch<D>(), 16 * c, n * 8, g, t);
-      mma_16816<T>(acc[n], af, bf);
-    }
-  }
-}
-
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAttentionParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
@@ -551,7 +510,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
     }
     // dK and dV rows [16 warp, +16) of the tile, summed over the block's 64 queries; then atomics.
     float acc[NT][4];
-    rows_times_queries<T, D>(acc, dst, warp * 16, qs, g, t);
+    rows_times<T, D, kRows>(acc, dst, QP, warp * 16, qs, P, g, t);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int64_t j = j0 + warp * 16 + g + rr * 8;
@@ -563,7 +522,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
       }
     }
     if (values) {
-      rows_times_queries<T, D>(acc, wt, warp * 16, dos, g, t);
+      rows_times<T, D, kRows>(acc, wt, QP, warp * 16, dos, P, g, t);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int64_t j = j0 + warp * 16 + g + rr * 8;
@@ -579,7 +538,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int c0 = warp * 32 + half * 16;
-      rows_times_queries<T, D>(acc, dss, c0, qs, g, t);
+      rows_times<T, D, kRows>(acc, dss, QP, c0, qs, P, g, t);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int64_t d = dlo + c0 + g + rr * 8;

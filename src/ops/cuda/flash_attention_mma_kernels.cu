@@ -1,0 +1,395 @@
+// Flash attention on the tensor cores: version 1, forward and backward (semantics and formulas:
+// include/spanformer/ops/flash_attention.h; version 0, for fp32 and the other widths:
+// flash_attention_kernels.cu).
+//
+// Query i sits at key position p_i = C - N + i and reads keys j with p_i - band < j <= p_i;
+// s_ij = q_i . k_j / sqrt(D), Z_ij the dropout scale (keep / (1 - p), the shared hash), and
+//   forward:   m_i = max_j s_ij, l_i = sum_j e^{s_ij - m_i}, out_i = sum_j e^{s_ij - m_i} Z_ij v_j / l_i,
+//              lse_i = m_i + log l_i (fp32, for the backward);
+//   backward:  P_ij = e^{s_ij - lse_i}, dP_ij = dout_i . v_j, dS_ij = P_ij (Z_ij dP_ij - delta_i)
+//              (delta_i = dout_i . out_i, from the glue), dq_i = sum_j dS_ij k_j / sqrt(D),
+//              dk_j = sum_i dS_ij q_i / sqrt(D), dv_j = sum_i P_ij Z_ij dout_i.
+//
+// Tiling (the span kernels' v1 / v2, span_attention_mma_kernels.cu, without the position term): a block
+// of 4 warps takes 64 queries [i0, i0 + 64) of one (b, h), each warp 16 rows; key tiles of 64 rows
+// j0 = lo, lo + 64, .. < hi cover the keys any of the block's queries reads. Q (and in the backward
+// dout) are A fragments held in registers; S = Q K^T and dP = dout V^T run on mma.sync m16n8k16
+// (bf16 / fp16 in, fp32 accumulate); the forward's online softmax keeps (m, l) per row and sends
+// P Z back into the tensor cores as the A fragments of P V. The backward keeps dq in registers (one warp
+// owns its rows) and forms dk and dv rows [16 w, +16) of each tile as block-wide products over the
+// tile's 64 queries (dS^T Q, (P Z)^T dout, through shared memory), added with fp32 atomics into zeroed
+// buffers.
+//
+// D in {32, 64, 128} forward, {32, 64} backward (templated: fragment arrays stay in registers); the
+// rest take version 0. Tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp, every case of
+// tests/op_cases.h's flash list in bf16 and fp16); not yet run on a GPU (docs/kernels.md).
+#include "../dropout_hash.h"
+#include "device.cuh"
+#include "params.h"
+
+namespace spanformer::ops::cuda {
+namespace {
+
+constexpr int kRows = 64;           // queries a block
+constexpr int kWarps = kRows / 16;  // 16 query rows a warp
+constexpr int kKeys = 64;           // keys a tile
+constexpr int kQPitch = kRows + 8;  // shared rows indexed by query (dS^T, (P Z)^T)
+
+template <int D>
+__host__ __device__ constexpr int pitch() { return D + 8; }
+
+template <typename T, int D>
+constexpr size_t forward_bytes() { return 2 * kKeys * pitch<D>() * sizeof(T); }
+template <typename T, int D>
+constexpr size_t backward_bytes() { return ((2 * kKeys + 2 * kRows) * pitch<D>() + 2 * kKeys * kQPitch) * sizeof(T); }
+
+// Rows [r0, r0 + rows) of a (.., D) matrix into shared memory as 16-byte vectors, zero rows at or past
+// `end`; every thread's loads before its stores (see span_attention_mma_kernels.cu's load_tile).
+template <typename T, int D, int Rows>
+__device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t r0, int64_t end) {
+  constexpr int P = pitch<D>(), V = 16 / sizeof(T), VR = D / V, kThreads = kWarps * kWarp, N = Rows * VR / kThreads;
+  static_assert(Rows * VR % kThreads == 0, "whole vectors per thread");
+  const int tid = static_cast<int>(threadIdx.x);
+  Vec16 r[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int idx = tid + n * kThreads, row = idx / VR, e = (idx % VR) * V;
+    r[n] = r0 + row < end ? load16(src + (r0 + row) * D + e) : zero16();
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int idx = tid + n * kThreads;
+    store16(dst + (idx / VR) * P + (idx % VR) * V, r[n]);
+  }
+}
+
+// What a block knows: its (b, h), query tile, the keys its queries read, the warp's place.
+struct Tile {
+  int64_t x, b, h, i0, offset, lo, hi, r0;
+  int warp, g, t;
+};
+
+__device__ __forceinline__ Tile locate(const FlashParams& p) {
+  Tile s;
+  const int64_t tiles = (p.N + kRows - 1) / kRows;
+  s.x = blockIdx.x / tiles;
+  s.b = s.x / p.K;
+  s.h = s.x % p.K;
+  s.i0 = (blockIdx.x % tiles) * kRows;
+  s.offset = p.C - p.N;
+  s.lo = max(static_cast<int64_t>(0), s.offset + s.i0 - p.band + 1);
+  s.hi = s.offset + min(s.i0 + kRows, p.N);  // one past the last key the last query reads
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  s.warp = static_cast<int>(threadIdx.x) / kWarp;
+  s.g = lane >> 2;
+  s.t = lane & 3;
+  s.r0 = s.i0 + s.warp * 16;
+  return s;
+}
+
+// Q_w (or dout_w) rows r0 + g (+8) as A fragments straight from global memory (zero past N).
+template <typename T, int D>
+__device__ __forceinline__ void a_from_global(uint32_t (&a)[D / 16][4], const T* m, int64_t r0, int64_t N, int g, int t) {
+#pragma unroll
+  for (int c = 0; c < D / 16; ++c)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t row = r0 + g + (r & 1) * 8;
+      a[c][r] = row < N ? load_pair(m + row * D + 16 * c + 2 * t + (r >> 1) * 8) : 0u;
+    }
+}
+
+// s = Q_w K_tile^T (16 x 64 per warp, accumulator layout), then scaled and masked: -inf where the key is
+// not visible to the row (or the row is past N).
+template <typename T, int D>
+__device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const uint32_t (&qa)[D / 16][4], const T* ks,
+                                       const FlashParams& p, const Tile& w, int64_t j0, float scale) {
+  constexpr int P = pitch<D>();
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) {
+    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const T* row = ks + (n * 8 + w.g) * P + 16 * c + 2 * w.t;
+      const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
+      mma_16816<T>(s[n], qa[c], bf);
+    }
+  }
+  // Query r0 + row at position pos reads key j0 + col when 0 <= pos - (j0 + col) < band.
+  const int rows_left = static_cast<int>(p.N - w.r0), base = static_cast<int>(w.offset + w.r0 - j0);
+  const int64_t band = p.band;
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = w.g + (e >> 1) * 8, col = n * 8 + 2 * w.t + (e & 1), back = base + row - col;
+      s[n][e] = row < rows_left && back >= 0 && back < band ? s[n][e] * scale : -INFINITY;
+    }
+}
+
+__device__ __forceinline__ float dropout_scale(const FlashParams& p, const Tile& w, int row, int64_t j) {
+  if (!(p.training && p.dropout > 0.f)) return 1.f;
+  return dropout_keep_hash(p.seed, w.b, w.h, w.offset + w.r0 + row, j, static_cast<double>(p.dropout))
+             ? 1.f / (1.f - p.dropout)
+             : 0.f;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams p) {
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
+  constexpr int P = pitch<D>(), NT = D / 8;
+  T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
+  T* vs = ks + kKeys * P;              // (kKeys, P)
+  const Tile w = locate(p);
+  const float scale = rsqrtf(static_cast<float>(D));
+  const T* k = static_cast<const T*>(p.k) + w.x * p.C * D;
+  const T* v = static_cast<const T*>(p.v) + w.x * p.C * D;
+  uint32_t qa[D / 16][4];
+  a_from_global<T, D>(qa, static_cast<const T*>(p.q) + w.x * p.N * D, w.r0, p.N, w.g, w.t);
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float mx[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};  // rows g and g + 8
+
+  for (int64_t j0 = w.lo; j0 < w.hi; j0 += kKeys) {
+    __syncthreads();  // the previous tile is consumed
+    load_rows<T, D, kKeys>(ks, k, j0, w.hi);
+    load_rows<T, D, kKeys>(vs, v, j0, w.hi);
+    __syncthreads();
+    float s[kKeys / 8][4];
+    scores<T, D>(s, qa, ks, p, w, j0, scale);
+    float tile_max[2] = {-INFINITY, -INFINITY}, rescale[2];
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {  // the 4 lanes of a row group share a row
+      tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 1));
+      tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 2));
+      const float m_new = fmaxf(mx[rr], tile_max[rr]);
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: nothing to rescale
+      rescale[rr] = __expf(mx[rr] - base);
+      mx[rr] = m_new;
+      tile_max[rr] = base;
+    }
+    float l_part[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int rr = e >> 1;
+        const float ex = __expf(s[n][e] - tile_max[rr]);  // 0 where -inf
+        l_part[rr] += ex;
+        s[n][e] = ex * dropout_scale(p, w, w.g + rr * 8, j0 + n * 8 + 2 * w.t + (e & 1));
+      }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      l_part[rr] += __shfl_xor_sync(kFullMask, l_part[rr], 1);
+      l_part[rr] += __shfl_xor_sync(kFullMask, l_part[rr], 2);
+      ls[rr] = ls[rr] * rescale[rr] + l_part[rr];
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      o[n][0] *= rescale[0];
+      o[n][1] *= rescale[0];
+      o[n][2] *= rescale[1];
+      o[n][3] *= rescale[1];
+    }
+    // P V: chunk c of 16 keys, A from the weights of key tiles 2c and 2c + 1, B = V rows.
+#pragma unroll
+    for (int c = 0; c < kKeys / 16; ++c) {
+      const uint32_t pa[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
+                              pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        uint32_t bf[2];
+        b_of_rows(bf, vs, P, 16 * c, n * 8, w.g, w.t);
+        mma_16816<T>(o[n], pa, bf);
+      }
+    }
+  }
+
+  T* out = static_cast<T*>(p.out) + w.x * p.N * D;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int64_t i = w.r0 + w.g + rr * 8;
+    if (i >= p.N) continue;
+    const float inv = 1.f / ls[rr];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      out[i * D + n * 8 + 2 * w.t] = from_float<T>(o[n][2 * rr] * inv);
+      out[i * D + n * 8 + 2 * w.t + 1] = from_float<T>(o[n][2 * rr + 1] * inv);
+    }
+    if (w.t == 0) p.lse[w.x * p.N + i] = mx[rr] + logf(ls[rr]);
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParams p) {
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
+  constexpr int P = pitch<D>(), QP = kQPitch, NT = D / 8;
+  T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
+  T* vs = ks + kKeys * P;              // (kKeys, P)
+  T* qs = vs + kKeys * P;              // (kRows, P): the block's queries
+  T* dos = qs + kRows * P;             // (kRows, P): their output gradients
+  T* dst = dos + kRows * P;            // (kKeys, QP): dS transposed, [key][query]
+  T* wt = dst + kKeys * QP;            // (kKeys, QP): P Z transposed
+  const Tile w = locate(p);
+  const float scale = rsqrtf(static_cast<float>(D));
+  const T* q = static_cast<const T*>(p.q) + w.x * p.N * D;
+  const T* dout = static_cast<const T*>(p.grad_out) + w.x * p.N * D;
+  const T* k = static_cast<const T*>(p.k) + w.x * p.C * D;
+  const T* v = static_cast<const T*>(p.v) + w.x * p.C * D;
+  float* gk = p.grad_k + w.x * p.C * D;
+  float* gv = p.grad_v + w.x * p.C * D;
+  load_rows<T, D, kRows>(qs, q, w.i0, p.N);
+  load_rows<T, D, kRows>(dos, dout, w.i0, p.N);
+  uint32_t qa[D / 16][4], da[D / 16][4];
+  a_from_global<T, D>(qa, q, w.r0, p.N, w.g, w.t);
+  a_from_global<T, D>(da, dout, w.r0, p.N, w.g, w.t);
+  float lse[2], delta[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int64_t i = w.r0 + w.g + rr * 8;
+    lse[rr] = i < p.N ? p.lse[w.x * p.N + i] : 0.f;
+    delta[rr] = i < p.N ? p.delta[w.x * p.N + i] : 0.f;
+  }
+  float dq[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+
+  for (int64_t j0 = w.lo; j0 < w.hi; j0 += kKeys) {
+    __syncthreads();  // the previous tile's shared products are done (first trip: qs, dos written)
+    load_rows<T, D, kKeys>(ks, k, j0, w.hi);
+    load_rows<T, D, kKeys>(vs, v, j0, w.hi);
+    __syncthreads();
+    float s[kKeys / 8][4], dp[kKeys / 8][4];
+    scores<T, D>(s, qa, ks, p, w, j0, scale);
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {  // dP = dout_w V^T
+      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        const T* row = vs + (n * 8 + w.g) * P + 16 * c + 2 * w.t;
+        const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
+        mma_16816<T>(dp[n], da[c], bf);
+      }
+    }
+    // dS (into s, times 1 / sqrt(D)) and P Z (into dp).
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int rr = e >> 1;
+        const float pr = __expf(s[n][e] - lse[rr]);  // 0 where -inf
+        const float z = pr > 0.f ? dropout_scale(p, w, w.g + rr * 8, j0 + n * 8 + 2 * w.t + (e & 1)) : 0.f;
+        s[n][e] = pr * (z * dp[n][e] - delta[rr]) * scale;
+        dp[n][e] = pr * z;
+      }
+    // dq_w += dS K_tile (A from registers, B = K rows).
+#pragma unroll
+    for (int c = 0; c < kKeys / 16; ++c) {
+      const uint32_t pa[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
+                              pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        uint32_t bf[2];
+        b_of_rows(bf, ks, P, 16 * c, n * 8, w.g, w.t);
+        mma_16816<T>(dq[n], pa, bf);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qr = w.warp * 16 + w.g + (e >> 1) * 8, col = n * 8 + 2 * w.t + (e & 1);
+        dst[col * QP + qr] = from_float<T>(s[n][e]);
+        wt[col * QP + qr] = from_float<T>(dp[n][e]);
+      }
+    __syncthreads();
+    // dk and dv rows [16 warp, +16) of the tile over the block's 64 queries, then atomics.
+    float acc[NT][4];
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      rows_times<T, D, kRows>(acc, which == 0 ? dst : wt, QP, w.warp * 16, which == 0 ? qs : dos, P, w.g, w.t);
+      float* grad = which == 0 ? gk : gv;
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int64_t j = j0 + w.warp * 16 + w.g + rr * 8;
+        if (j >= w.hi) continue;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          atomicAdd(grad + j * D + n * 8 + 2 * w.t, acc[n][2 * rr]);
+          atomicAdd(grad + j * D + n * 8 + 2 * w.t + 1, acc[n][2 * rr + 1]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int64_t i = w.r0 + w.g + rr * 8;
+    if (i >= p.N) continue;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      p.grad_q[(w.x * p.N + i) * D + n * 8 + 2 * w.t] = dq[n][2 * rr];
+      p.grad_q[(w.x * p.N + i) * D + n * 8 + 2 * w.t + 1] = dq[n][2 * rr + 1];
+    }
+  }
+}
+
+template <typename Kernel>
+cudaError_t launch(Kernel kernel, size_t bytes, const FlashParams& p, cudaStream_t stream) {
+  if (bytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t blocks = p.B * p.K * ((p.N + kRows - 1) / kRows);
+  SPANFORMER_LAUNCH(kernel, static_cast<unsigned>(blocks), kWarps * kWarp, bytes, stream)(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t forward_for_width(const FlashParams& p, cudaStream_t stream) {
+  switch (p.D) {
+    case 32: return launch(forward_mma_kernel<T, 32>, forward_bytes<T, 32>(), p, stream);
+    case 64: return launch(forward_mma_kernel<T, 64>, forward_bytes<T, 64>(), p, stream);
+    case 128: return launch(forward_mma_kernel<T, 128>, forward_bytes<T, 128>(), p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t backward_for_width(const FlashParams& p, cudaStream_t stream) {
+  switch (p.D) {
+    case 32: return launch(backward_mma_kernel<T, 32>, backward_bytes<T, 32>(), p, stream);
+    case 64: return launch(backward_mma_kernel<T, 64>, backward_bytes<T, 64>(), p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool aligned(const void* x) { return x != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+
+}  // namespace
+
+bool flash_mma_forward_supported(const FlashParams& p) {
+  return p.dtype != DType::kFloat32 && (p.D == 32 || p.D == 64 || p.D == 128) && aligned(p.q) && aligned(p.k) &&
+         aligned(p.v) && p.C < (int64_t{1} << 31);
+}
+
+bool flash_mma_backward_supported(const FlashParams& p) {
+  return flash_mma_forward_supported(p) && (p.D == 32 || p.D == 64) && aligned(p.grad_out);
+}
+
+cudaError_t flash_attention_forward_mma(const FlashParams& p, cudaStream_t stream) {
+  if (!flash_mma_forward_supported(p)) return cudaErrorInvalidValue;
+  return p.dtype == DType::kBFloat16 ? forward_for_width<__nv_bfloat16>(p, stream) : forward_for_width<__half>(p, stream);
+}
+
+cudaError_t flash_attention_backward_mma(const FlashParams& p, cudaStream_t stream) {
+  if (!flash_mma_backward_supported(p)) return cudaErrorInvalidValue;
+  return p.dtype == DType::kBFloat16 ? backward_for_width<__nv_bfloat16>(p, stream) : backward_for_width<__half>(p, stream);
+}
+
+}  // namespace spanformer::ops::cuda
