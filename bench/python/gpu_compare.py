@@ -36,7 +36,7 @@ import sys
 
 import torch
 
-from gpu_table import add_row, bench, finish
+from gpu_table import add_row, bench, finish, with_env
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import spanformer  # noqa: E402  (loads the operator library)
@@ -59,14 +59,8 @@ def make_inputs(B, K, M, D, L, spans, dtype, seed, device="cuda"):
 
 
 def with_version(fn, version):
-    """fn with SPANFORMER_SPAN_KERNEL=version while it runs (the glue reads it at each call)."""
-    def call(*args):
-        os.environ["SPANFORMER_SPAN_KERNEL"] = version
-        try:
-            return fn(*args)
-        finally:
-            os.environ.pop("SPANFORMER_SPAN_KERNEL", None)
-    return call
+    """fn with SPANFORMER_SPAN_KERNEL=version ("" = the default kernels), forward and backward."""
+    return with_env(fn, "SPANFORMER_SPAN_KERNEL", version)
 
 
 def window_mask(K, M, L, spans, ramp, device):
@@ -144,7 +138,7 @@ def main():
         rows = [("plain", lambda q, k, v, pe, ratio: ops.adaptive_span_attention_reference(q, k, v, pe, ratio, L, R))]
         if not a.skip_kernel:
             kernel = lambda q, k, v, pe, ratio: ops.adaptive_span_attention(q, k, v, pe, ratio, L, R)
-            rows.append(("kernel", kernel))
+            rows.append(("kernel", with_version(kernel, "")))
             if not a.skip_v0:
                 rows.append(("kernel v0", with_version(kernel, "v0")))
         rows.append(("flex", flex_fn(K, M, L, spans, R)))

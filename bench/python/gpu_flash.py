@@ -1,4 +1,5 @@
-"""Causal attention on a GPU: spanformer's flash attention (its CUDA kernels, and its ATen tiles) against
+"""Causal attention on a GPU: spanformer's flash attention (its CUDA kernels, version 1 on the tensor
+cores where it applies and version 0 by SPANFORMER_FLASH_KERNEL=v0, and its ATen tiles) against
 scaled_dot_product_attention with is_causal (PyTorch's FlashAttention backend) and the plain composition.
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_flash.py \\
@@ -15,7 +16,7 @@ import sys
 
 import torch
 
-from gpu_table import add_row, bench, finish
+from gpu_table import add_row, bench, finish, with_env
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import spanformer  # noqa: E402,F401  (loads the operator library)
@@ -36,9 +37,12 @@ def main():
              "| T | implementation | forward ms | fwd TFLOP/s | fwd + bwd ms | peak MB | max abs diff vs SDPA |",
              "|---|---|---|---|---|---|---|"]
     ops = torch.ops.spanformer
+
+    kernels = lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=True)  # noqa: E731
     impls = {
         "sdpa causal": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "spanformer kernels v0": lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=True),
+        "spanformer kernels": with_env(kernels, "SPANFORMER_FLASH_KERNEL", ""),
+        "spanformer kernels v0": with_env(kernels, "SPANFORMER_FLASH_KERNEL", "v0"),
         "spanformer ATen tiles": lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=False),
         "plain composition": lambda q, k, v: ops.flash_attention_reference(q, k, v),
     }

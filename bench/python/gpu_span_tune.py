@@ -49,7 +49,7 @@ def main():
         kernel = lambda: ops.adaptive_span_attention(q, k, v, pe, ratio, L, R)  # noqa: E731
         impls = {"plain": lambda: ops.adaptive_span_attention_reference(q, k, v, pe, ratio, L, R)}
         for name in a.variants.split(","):
-            impls[name] = kernel if name == "v1" else with_version(kernel, name)
+            impls[name] = with_version(kernel, "" if name == "v1" else name)
         with torch.no_grad():
             ref = impls["plain"]().float()
             diffs = {name: (fn().float() - ref).abs().max().item() for name, fn in impls.items()}

@@ -1,5 +1,8 @@
-"""What the GPU comparison scripts share: timing (medians of triton.testing.do_bench, CUDA events) and
-their Markdown tables (a failing row is kept as such, so one failure does not lose the others)."""
+"""What the GPU comparison scripts share: timing (medians of triton.testing.do_bench, CUDA events),
+kernel versions chosen per call, and their Markdown tables (a failing row is kept as such, so one
+failure does not lose the others)."""
+import os
+
 import triton.testing
 
 
@@ -23,3 +26,16 @@ def finish(lines, out):
     if out:
         with open(out, "a") as f:
             f.write(text + "\n")
+
+
+def with_env(fn, name, value):
+    """fn with the environment variable `name` set to `value` ("" = unset) from its call on. The glue
+    reads it at every forward and backward, and autograd runs the backward after fn returns, so the
+    variable is left as set: every row of one op is wrapped, so each call sets its own."""
+    def call(*args):
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+        return fn(*args)
+    return call
