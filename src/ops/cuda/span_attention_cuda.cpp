@@ -16,9 +16,48 @@
 namespace spanformer::ops {
 namespace {
 
+// Which kernels run. Version 1's blocks an SM: 3 (at most 168 registers a thread) where at least a
+// quarter of the window's distances lie beyond the heads' spans, whose tiles add to Z only and finish
+// sooner; 2 where (nearly) every head spans the window, whose equal blocks fill 2 waves of 2 on 132 SMs
+// better than 1.3 waves of 3 (measured, docs/kernels.md "v1 tuned"). SPANFORMER_SPAN_KERNEL overrides
+// the defaults for A/B measurements: v0 (version 0 both ways), v1-bwd-v0 (version 0's backward), v1b2,
+// v1b3, v1b3-in-order (3 blocks, heads not sorted).
+struct KernelChoice {
+  bool forward_v0 = false, backward_v0 = false, heads_in_order = false;
+  int min_blocks = 2;
+};
+
+KernelChoice kernel_choice(const SpanAttentionOptions& o, int64_t window) {
+  int64_t visited_sum = 0;
+  for (const auto s : o.visited) visited_sum += s;
+  const char* env = std::getenv("SPANFORMER_SPAN_KERNEL");
+  const std::string chosen = env != nullptr ? env : "";
+  KernelChoice c;
+  c.forward_v0 = chosen == "v0";
+  c.backward_v0 = chosen == "v0" || chosen == "v1-bwd-v0";
+  c.heads_in_order = chosen == "v1b3-in-order";
+  const auto K = static_cast<int64_t>(o.visited.size());
+  c.min_blocks = chosen == "v1b2" ? 2 : chosen.rfind("v1b3", 0) == 0 ? 3 : 4 * visited_sum <= 3 * window * K ? 3 : 2;
+  return c;
+}
+
+// What the kernels read per head, (2K) int32 on the inputs' device: the distances each head visits,
+// then the heads by visited distance, longest first (version 1 starts the blocks of long heads first, so
+// that the short heads' quicker blocks fill the last wave).
+at::Tensor visited_tensor(const SpanAttentionOptions& o, const KernelChoice& c, const at::Tensor& like) {
+  const auto K = static_cast<int>(o.visited.size());
+  std::vector<int> both(o.visited.begin(), o.visited.end());
+  std::vector<int> order(K);
+  std::iota(order.begin(), order.end(), 0);
+  if (!c.heads_in_order)
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return o.visited[a] > o.visited[b]; });
+  both.insert(both.end(), order.begin(), order.end());
+  return at::tensor(both, like.options().dtype(at::kInt));
+}
+
 cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& key_pe, const at::Tensor& ratio, const at::Tensor& visited,
-                                      const SpanAttentionOptions& o) {
+                                      const KernelChoice& c, const SpanAttentionOptions& o) {
   cuda::SpanAttentionParams p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -38,37 +77,10 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.training = o.training;
   p.seed = o.seed;
   p.dtype = cuda::dtype_of(q, "adaptive_span_attention");
-  // Version 1's blocks an SM: 3 (at most 168 registers a thread) where at least a quarter of the
-  // window's distances lie beyond the heads' spans, whose tiles add to Z only and finish sooner; 2 where
-  // (nearly) every head spans the window, whose equal blocks fill 2 waves of 2 on 132 SMs better than
-  // 1.3 waves of 3 (measured, docs/kernels.md "v1 on a GPU"). SPANFORMER_SPAN_KERNEL overrides it for
-  // A/B measurements: v0 (version 0's forward and backward), v1-bwd-v0 (version 0's backward), v1b2, v1b3,
-  // v1b3-in-order.
-  int64_t visited_sum = 0;
-  for (const auto s : o.visited) visited_sum += s;
-  const int64_t window = k.size(2) - q.size(2);
-  const char* version = std::getenv("SPANFORMER_SPAN_KERNEL");
-  const std::string chosen = version != nullptr ? version : "";
-  p.forward_v0 = chosen == "v0";
-  p.backward_v0 = chosen == "v0" || chosen == "v1-bwd-v0";
-  p.forward_min_blocks = chosen == "v1b2" ? 2 : chosen.rfind("v1b3", 0) == 0 ? 3 : 4 * visited_sum <= 3 * window * q.size(1) ? 3 : 2;
+  p.forward_v0 = c.forward_v0;
+  p.backward_v0 = c.backward_v0;
+  p.forward_min_blocks = c.min_blocks;
   return p;
-}
-
-// What the kernels read per head, (2K) int32 on the inputs' device: the distances each head visits,
-// then the heads by visited distance, longest first (version 1 starts the blocks of long heads first, so
-// that the short heads' quicker blocks fill the last wave).
-// SPANFORMER_SPAN_KERNEL=v1b3-in-order keeps the heads in order (A/B measurements).
-at::Tensor visited_tensor(const SpanAttentionOptions& o, const at::Tensor& like) {
-  const auto K = static_cast<int>(o.visited.size());
-  std::vector<int> both(o.visited.begin(), o.visited.end());
-  std::vector<int> order(K);
-  std::iota(order.begin(), order.end(), 0);
-  const char* version = std::getenv("SPANFORMER_SPAN_KERNEL");
-  if (version == nullptr || std::string(version) != "v1b3-in-order")
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return o.visited[a] > o.visited[b]; });
-  both.insert(both.end(), order.begin(), order.end());
-  return at::tensor(both, like.options().dtype(at::kInt));
 }
 
 }  // namespace
@@ -84,10 +96,11 @@ Forward span_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in, c
                                const at::Tensor& pe_in, const at::Tensor& ratio_in, const SpanAttentionOptions& o) {
   auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), pe = pe_in.contiguous();
   auto ratio = ratio_in.detach().to(at::kFloat).contiguous();
-  auto visited = visited_tensor(o, q);
+  const auto choice = kernel_choice(o, k.size(2) - q.size(2));
+  auto visited = visited_tensor(o, choice, q);
   auto out = cuda::uninitialized(q.sizes(), q.options());                                           // (B, K, M, D)
   auto stats = cuda::uninitialized({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (3,B,K,M)
-  auto p = make_params(q, k, v, pe, ratio, visited, o);
+  auto p = make_params(q, k, v, pe, ratio, visited, choice, o);
   const int64_t W = p.W, L = p.L;
   auto pe_by_distance = pe.narrow(1, L - W, W).flip({1}).t().contiguous();  // (W, D): row d - 1 = pe[:, L - d]
   p.key_pe_by_distance = pe_by_distance.data_ptr();
@@ -106,12 +119,13 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_in, const at::
   auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), pe = pe_in.contiguous();
   auto out = out_in.contiguous();
   auto ratio = ratio_in.detach().to(at::kFloat).contiguous();
-  auto visited = visited_tensor(o, q);
+  const auto choice = kernel_choice(o, k.size(2) - q.size(2));
+  auto visited = visited_tensor(o, choice, q);
   auto grad_out = grad_in.to(q.scalar_type()).contiguous();
   auto f32 = q.options().dtype(at::kFloat);
   auto dq = at::zeros(q.sizes(), f32), dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
   auto dpe = at::zeros(pe.sizes(), f32), dratio = at::zeros(ratio.sizes(), f32);
-  auto p = make_params(q, k, v, pe, ratio, visited, o);
+  auto p = make_params(q, k, v, pe, ratio, visited, choice, o);
   const int64_t W = p.W, L = p.L;
   auto pe_by_distance = pe.narrow(1, L - W, W).flip({1}).t().contiguous();  // (W, D): row d - 1 = pe[:, L - d]
   p.key_pe_by_distance = pe_by_distance.data_ptr();
