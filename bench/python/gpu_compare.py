@@ -25,7 +25,7 @@ What each line computes:
              is rounding; the whole function (matmul + flex) is one torch.compile graph;
   sdpa_dense scaled_dot_product_attention over all W + M keys, no mask: dense attention's cost.
 Each row gives the forward and the forward + backward (gradients of q, k, v; the kernel's backward is
-version 2's (tensor cores) for bf16 / fp16 with D 32 or 64, else version 0's; "kernel v0" is version 0
+version 2's (tensor cores) for bf16 / fp16 with D 32, 64 or 128, else version 0's; "kernel v0" is version 0
 both ways). "Useful" FLOP/s (forward) count 4 * B * K * M * D * S_h per head (QK^T and PV over the visited distances only),
 the pe term 2 * B * K * M * D * W, and nothing for masked-out work.
 """

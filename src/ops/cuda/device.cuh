@@ -109,6 +109,33 @@ __device__ __forceinline__ void rows_times(float (&acc)[D / 8][4], const T* a, i
   }
 }
 
+// A warp's 16 rows [m0, m0 + 16) of a shared (.., D) matrix as the A fragments of its D / 16 column
+// chunks: held in registers (Hold), or read from shared memory at each use, which keeps a kernel with
+// D 128 under 255 registers.
+template <typename T, int D, bool Hold>
+struct RowFragments {
+  uint32_t held[Hold ? D / 16 : 1][4];
+  const T* m;
+  int pitch, m0, g, t;
+  __device__ __forceinline__ RowFragments(const T* m_, int pitch_, int m0_, int g_, int t_)
+      : m(m_), pitch(pitch_), m0(m0_), g(g_), t(t_) {
+    if constexpr (Hold) {
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) a_of_rows(held[c], m, pitch, m0, 16 * c, g, t);
+    }
+  }
+  __device__ __forceinline__ void get(uint32_t (&a)[4], int c) const {
+    if constexpr (Hold) {
+      a[0] = held[c][0];
+      a[1] = held[c][1];
+      a[2] = held[c][2];
+      a[3] = held[c][3];
+    } else {
+      a_of_rows(a, m, pitch, m0, 16 * c, g, t);
+    }
+  }
+};
+
 // 16 bytes (8 bf16 / fp16 elements) as one load or store: the widest a thread issues (LDG.128 / STS.128).
 // Both addresses must be 16-byte aligned.
 #ifdef SPANFORMER_CUDA_EMULATE

@@ -18,7 +18,7 @@
 // Dropout: Z_ij = keep / (1 - p) from the same splitmix64 hash as the CPU op and the reference
 // (ops/dropout_hash.h, keyed by batch, head, query position and key position).
 // exp/log are the accurate expf/logf: the tests hold fp32 to the fp32 composition's own error.
-// Version 1 (tensor cores, bf16 / fp16, D 32 / 64 / 128 forward and 32 / 64 backward) is
+// Version 1 (tensor cores, bf16 / fp16, D 32 / 64 / 128) is
 // flash_attention_mma_kernels.cu; these kernels serve fp32 and the other widths.
 #include "../dropout_hash.h"
 #include "device.cuh"

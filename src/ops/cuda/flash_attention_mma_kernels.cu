@@ -20,9 +20,10 @@
 // tile's 64 queries (dS^T Q, (P Z)^T dout, through shared memory), added with fp32 atomics into zeroed
 // buffers.
 //
-// D in {32, 64, 128} forward, {32, 64} backward (templated: fragment arrays stay in registers); the
-// rest take version 0. Tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp, every case of
-// tests/op_cases.h's flash list in bf16 and fp16); not yet run on a GPU (docs/kernels.md).
+// D in {32, 64, 128} (templated: fragment arrays stay in registers; the backward reads Q's and dout's
+// fragments from shared memory at D 128, to stay under 255 registers); the rest take version 0.
+// Tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp, every case of tests/op_cases.h's
+// flash list in bf16 and fp16); not yet run on a GPU (docs/kernels.md).
 #include "../dropout_hash.h"
 #include "device.cuh"
 #include "params.h"
@@ -87,7 +88,19 @@ __device__ __forceinline__ Tile locate(const FlashParams& p) {
   return s;
 }
 
-// Q_w (or dout_w) rows r0 + g (+8) as A fragments straight from global memory (zero past N).
+// A fragments held in registers, read like RowFragments (device.cuh).
+template <int D>
+struct HeldFragments {
+  uint32_t held[D / 16][4];
+  __device__ __forceinline__ void get(uint32_t (&a)[4], int c) const {
+    a[0] = held[c][0];
+    a[1] = held[c][1];
+    a[2] = held[c][2];
+    a[3] = held[c][3];
+  }
+};
+
+// Q_w rows r0 + g (+8) as A fragments straight from global memory (zero past N).
 template <typename T, int D>
 __device__ __forceinline__ void a_from_global(uint32_t (&a)[D / 16][4], const T* m, int64_t r0, int64_t N, int g, int t) {
 #pragma unroll
@@ -101,8 +114,8 @@ __device__ __forceinline__ void a_from_global(uint32_t (&a)[D / 16][4], const T*
 
 // s = Q_w K_tile^T (16 x 64 per warp, accumulator layout), then scaled and masked: -inf where the key is
 // not visible to the row (or the row is past N).
-template <typename T, int D>
-__device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const uint32_t (&qa)[D / 16][4], const T* ks,
+template <typename T, int D, typename Fragments>
+__device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const Fragments& qa, const T* ks,
                                        const FlashParams& p, const Tile& w, int64_t j0, float scale) {
   constexpr int P = pitch<D>();
 #pragma unroll
@@ -112,7 +125,9 @@ __device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const uint32_t 
     for (int c = 0; c < D / 16; ++c) {
       const T* row = ks + (n * 8 + w.g) * P + 16 * c + 2 * w.t;
       const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-      mma_16816<T>(s[n], qa[c], bf);
+      uint32_t af[4];
+      qa.get(af, c);
+      mma_16816<T>(s[n], af, bf);
     }
   }
   // Query r0 + row at position pos reads key j0 + col when 0 <= pos - (j0 + col) < band.
@@ -144,8 +159,8 @@ __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams
   const float scale = rsqrtf(static_cast<float>(D));
   const T* k = static_cast<const T*>(p.k) + w.x * p.C * D;
   const T* v = static_cast<const T*>(p.v) + w.x * p.C * D;
-  uint32_t qa[D / 16][4];
-  a_from_global<T, D>(qa, static_cast<const T*>(p.q) + w.x * p.N * D, w.r0, p.N, w.g, w.t);
+  HeldFragments<D> qa;  // Q_w as A fragments, from global memory
+  a_from_global<T, D>(qa.held, static_cast<const T*>(p.q) + w.x * p.N * D, w.r0, p.N, w.g, w.t);
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -245,9 +260,9 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
   float* gv = p.grad_v + w.x * p.C * D;
   load_rows<T, D, kRows>(qs, q, w.i0, p.N);
   load_rows<T, D, kRows>(dos, dout, w.i0, p.N);
-  uint32_t qa[D / 16][4], da[D / 16][4];
-  a_from_global<T, D>(qa, q, w.r0, p.N, w.g, w.t);
-  a_from_global<T, D>(da, dout, w.r0, p.N, w.g, w.t);
+  __syncthreads();
+  // Q_w and dout_w as A fragments: in registers up to D 64, read from shared memory at D 128.
+  const RowFragments<T, D, (D <= 64)> qa(qs, P, w.warp * 16, w.g, w.t), da(dos, P, w.warp * 16, w.g, w.t);
   float lse[2], delta[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -273,7 +288,9 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
       for (int c = 0; c < D / 16; ++c) {
         const T* row = vs + (n * 8 + w.g) * P + 16 * c + 2 * w.t;
         const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        mma_16816<T>(dp[n], da[c], bf);
+        uint32_t af[4];
+        da.get(af, c);
+        mma_16816<T>(dp[n], af, bf);
       }
     }
     // dS (into s, times 1 / sqrt(D)) and P Z (into dp).
@@ -365,6 +382,7 @@ cudaError_t backward_for_width(const FlashParams& p, cudaStream_t stream) {
   switch (p.D) {
     case 32: return launch(backward_mma_kernel<T, 32>, backward_bytes<T, 32>(), p, stream);
     case 64: return launch(backward_mma_kernel<T, 64>, backward_bytes<T, 64>(), p, stream);
+    case 128: return launch(backward_mma_kernel<T, 128>, backward_bytes<T, 128>(), p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -379,7 +397,7 @@ bool flash_mma_forward_supported(const FlashParams& p) {
 }
 
 bool flash_mma_backward_supported(const FlashParams& p) {
-  return flash_mma_forward_supported(p) && (p.D == 32 || p.D == 64) && aligned(p.grad_out);
+  return flash_mma_forward_supported(p) && aligned(p.grad_out);
 }
 
 cudaError_t flash_attention_forward_mma(const FlashParams& p, cudaStream_t stream) {

@@ -52,8 +52,8 @@ struct SpanAttentionParams {
 
 // Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256. The forward
 // takes version 1 (tensor cores, span_attention_mma_kernels.cu) for bf16 / fp16 with D 32, 64 or 128,
-// else version 0; the backward takes version 2 (tensor cores, same file) for bf16 / fp16 with D 32 or
-// 64, else version 0; either backward works from the row statistics either forward writes.
+// else version 0; the backward takes version 2 (tensor cores, same file) for the same, else version 0;
+// either backward works from the row statistics either forward writes.
 cudaError_t span_attention_forward(const SpanAttentionParams& params, cudaStream_t stream);
 cudaError_t span_attention_backward(const SpanAttentionParams& params, cudaStream_t stream);
 bool span_attention_mma_supported(const SpanAttentionParams& params);
@@ -82,9 +82,9 @@ struct FlashParams {
 };
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
-// Version 1 (tensor cores, flash_attention_mma_kernels.cu) runs for bf16 / fp16 with D 32, 64 or 128
-// (forward) and 32 or 64 (backward), version 0 elsewhere. Version 1's backward adds dk and dv into the
-// buffers (flash_backward_accumulates: the caller zeroes them); version 0 writes every element.
+// Version 1 (tensor cores, flash_attention_mma_kernels.cu) runs for bf16 / fp16 with D 32, 64 or 128,
+// version 0 elsewhere. Version 1's backward adds dk and dv into the buffers (flash_backward_accumulates:
+// the caller zeroes them); version 0 writes every element.
 bool flash_supported(int64_t D);
 cudaError_t flash_attention_forward(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward(const FlashParams& params, cudaStream_t stream);

@@ -312,7 +312,9 @@ cudaError_t launch_mma_for_width(const SpanAttentionParams& p, cudaStream_t stre
 //   dpe distances [32 w, +32) += DS^T Q                    (per distance, into a (W, D) buffer)
 // dQ stays in registers (one warp owns its rows); dK, dV and dpe are sums over blocks: fp32 atomics,
 // once per block and tile after the block-wide products. ds and w enter the tensor cores in the inputs'
-// 16-bit type, as P does in the forward.
+// 16-bit type, as P does in the forward. D 32, 64 and 128; at D 128 Q's and dO's fragments are read from
+// shared memory at each use instead of held in registers, and nvcc 13.0 (sm_90) still spills 916 bytes a
+// thread there (255 registers and no spills at D 64).
 constexpr int kQPitch = kRows + 8;  // shared rows indexed by query (ds^T, w^T, DS^T)
 
 template <typename T, int D>
@@ -379,12 +381,8 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
     inv_denom[rr] = i < M ? 1.f / (p.row_n[x * M + i] + 1e-8f * p.row_z[x * M + i]) : 0.f;
   }
   __syncthreads();
-  uint32_t qa[KC][4], da[KC][4];  // Q_w and dO_w as A fragments
-#pragma unroll
-  for (int c = 0; c < KC; ++c) {
-    a_of_rows(qa[c], qs, P, warp * 16, 16 * c, g, t);
-    a_of_rows(da[c], dos, P, warp * 16, 16 * c, g, t);
-  }
+  // Q_w and dO_w as A fragments: in registers up to D 64, read from shared memory at D 128.
+  const RowFragments<T, D, (D <= 64)> qa(qs, P, warp * 16, g, t), da(dos, P, warp * 16, g, t);
   float dq[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
@@ -408,7 +406,9 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
       for (int c = 0; c < KC; ++c) {
         const T* row = ks + (n * 8 + g) * P + 16 * c + 2 * t;
         const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        mma_16816<T>(s[n], qa[c], bf);
+        uint32_t af[4];
+        qa.get(af, c);
+        mma_16816<T>(s[n], af, bf);
       }
     }
 #pragma unroll
@@ -418,7 +418,9 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
       for (int c = 0; c < KC; ++c) {
         const T* row = pes + (warp * 16 + n * 8 + g) * P + 16 * c + 2 * t;
         const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        mma_16816<T>(acc, qa[c], bf);
+        uint32_t af[4];
+        qa.get(af, c);
+        mma_16816<T>(acc, af, bf);
       }
       gw[g * kGPitch + n * 8 + 2 * t] = acc[0];
       gw[g * kGPitch + n * 8 + 2 * t + 1] = acc[1];
@@ -434,7 +436,9 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
       for (int c = 0; c < KC; ++c) {
         const T* row = vs + (n * 8 + g) * P + 16 * c + 2 * t;
         const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        mma_16816<T>(dp[n], da[c], bf);
+        uint32_t af[4];
+        da.get(af, c);
+        mma_16816<T>(dp[n], af, bf);
       }
     }
     __syncwarp();
@@ -582,6 +586,7 @@ cudaError_t launch_backward_for_width(const SpanAttentionParams& p, cudaStream_t
   switch (p.D) {
     case 32: return launch_backward_mma<T, 32>(p, stream);
     case 64: return launch_backward_mma<T, 64>(p, stream);
+    case 128: return launch_backward_mma<T, 128>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -603,7 +608,7 @@ cudaError_t span_attention_forward_mma(const SpanAttentionParams& p, cudaStream_
 
 bool span_attention_mma_backward_supported(const SpanAttentionParams& p) {
   const auto aligned = [](const void* x) { return x != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0; };
-  return span_attention_mma_supported(p) && (p.D == 32 || p.D == 64) && aligned(p.q) && aligned(p.grad_out) &&
+  return span_attention_mma_supported(p) && aligned(p.q) && aligned(p.grad_out) &&
          p.grad_key_pe_by_distance != nullptr;
 }
 
