@@ -136,6 +136,25 @@ struct RowFragments {
   }
 };
 
+// acc += W B for one warp, W the weights of 64 keys held in the accumulator layout of eight 8-key
+// tiles (rows g, g + 8; keys 8n + 2t, + 1), which is the A layout of four 16-key chunks (P V in a
+// forward, dS K in a backward), B a shared (64, D) matrix of rows by key.
+template <typename T, int D>
+__device__ __forceinline__ void weights_times_rows(float (&acc)[D / 8][4], const float (&w)[8][4], const T* b,
+                                                   int b_pitch, int g, int t) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t pa[4] = {pack2<T>(w[2 * c][0], w[2 * c][1]), pack2<T>(w[2 * c][2], w[2 * c][3]),
+                            pack2<T>(w[2 * c + 1][0], w[2 * c + 1][1]), pack2<T>(w[2 * c + 1][2], w[2 * c + 1][3])};
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      uint32_t bf[2];
+      b_of_rows(bf, b, b_pitch, 16 * c, n * 8, g, t);
+      mma_16816<T>(acc[n], pa, bf);
+    }
+  }
+}
+
 // 16 bytes (8 bf16 / fp16 elements) as one load or store: the widest a thread issues (LDG.128 / STS.128).
 // Both addresses must be 16-byte aligned.
 #ifdef SPANFORMER_CUDA_EMULATE
@@ -152,6 +171,19 @@ __device__ __forceinline__ Vec16 zero16() { return Vec16{0u, 0u, 0u, 0u}; }
 __device__ __forceinline__ float warp_max(float x) {
   for (int o = kWarp / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
   return x;
+}
+
+// kernel over `blocks` blocks of `threads` threads with `bytes` of dynamic shared memory, the kernel's
+// limit raised first where it passes the default 48 KiB.
+template <typename Kernel, typename Params>
+cudaError_t launch_with_shared(Kernel kernel, int64_t blocks, int threads, size_t bytes, const Params& p,
+                               cudaStream_t stream) {
+  if (bytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+  }
+  SPANFORMER_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, bytes, stream)(p);
+  return cudaGetLastError();
 }
 
 }  // namespace spanformer::ops::cuda

@@ -211,18 +211,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams
       o[n][2] *= rescale[1];
       o[n][3] *= rescale[1];
     }
-    // P V: chunk c of 16 keys, A from the weights of key tiles 2c and 2c + 1, B = V rows.
-#pragma unroll
-    for (int c = 0; c < kKeys / 16; ++c) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
-                              pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        uint32_t bf[2];
-        b_of_rows(bf, vs, P, 16 * c, n * 8, w.g, w.t);
-        mma_16816<T>(o[n], pa, bf);
-      }
-    }
+    weights_times_rows<T, D>(o, s, vs, P, w.g, w.t);  // P V
   }
 
   T* out = static_cast<T*>(p.out) + w.x * p.N * D;
@@ -304,18 +293,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
         s[n][e] = pr * (z * dp[n][e] - delta[rr]) * scale;
         dp[n][e] = pr * z;
       }
-    // dq_w += dS K_tile (A from registers, B = K rows).
-#pragma unroll
-    for (int c = 0; c < kKeys / 16; ++c) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
-                              pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        uint32_t bf[2];
-        b_of_rows(bf, ks, P, 16 * c, n * 8, w.g, w.t);
-        mma_16816<T>(dq[n], pa, bf);
-      }
-    }
+    weights_times_rows<T, D>(dq, s, ks, P, w.g, w.t);  // dq_w += dS K_tile
 #pragma unroll
     for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
@@ -358,13 +336,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
 
 template <typename Kernel>
 cudaError_t launch(Kernel kernel, size_t bytes, const FlashParams& p, cudaStream_t stream) {
-  if (bytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (err != cudaSuccess) return err;
-  }
-  const int64_t blocks = p.B * p.K * ((p.N + kRows - 1) / kRows);
-  SPANFORMER_LAUNCH(kernel, static_cast<unsigned>(blocks), kWarps * kWarp, bytes, stream)(p);
-  return cudaGetLastError();
+  return launch_with_shared(kernel, p.B * p.K * ((p.N + kRows - 1) / kRows), kWarps * kWarp, bytes, p, stream);
 }
 
 template <typename T>

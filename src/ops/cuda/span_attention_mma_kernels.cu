@@ -241,19 +241,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
       o[n][3] *= rescale[1];
     }
     if (!values) continue;  // block-uniform: beyond every row's span, Z only
-    // P V: chunk c of 16 keys; A from the weights of key tiles 2c and 2c + 1; B (k x n) = V rows.
-#pragma unroll
-    for (int c = 0; c < kKeys / 16; ++c) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
-                              pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const T* col = vs + (16 * c + 2 * t) * P + n * 8 + g;
-        const uint32_t bf[2] = {pack_bits(bits_of(col[0]), bits_of(col[P])),
-                                pack_bits(bits_of(col[8 * P]), bits_of(col[9 * P]))};
-        mma_16816<T>(o[n], pa, bf);
-      }
-    }
+    weights_times_rows<T, D>(o, s, vs, P, g, t);  // P V
   }
 
   T* out = static_cast<T*>(p.out) + x * M * D;
@@ -278,14 +266,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
 template <typename T, int D>
 cudaError_t launch_mma(const SpanAttentionParams& p, cudaStream_t stream) {
   const auto kernel = p.forward_min_blocks == 3 ? forward_mma_kernel<T, D, 3> : forward_mma_kernel<T, D, 2>;
-  constexpr size_t bytes = shared_bytes<T, D>();
-  if (bytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (err != cudaSuccess) return err;
-  }
-  const int64_t blocks = p.B * p.K * ((p.M + kRows - 1) / kRows);
-  SPANFORMER_LAUNCH(kernel, static_cast<unsigned>(blocks), kWarps * kWarp, bytes, stream)(p);
-  return cudaGetLastError();
+  return launch_with_shared(kernel, p.B * p.K * ((p.M + kRows - 1) / kRows), kWarps * kWarp, shared_bytes<T, D>(), p, stream);
 }
 
 template <typename T>
@@ -472,18 +453,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
         dp[n][e] = w;
       }
 
-    // dQ_w += ds K_tile (chunk c of 16 keys: A from the ds of key tiles 2c and 2c + 1; B = K rows).
-#pragma unroll
-    for (int c = 0; c < kKeys / 16; ++c) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
-                              pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        uint32_t bf[2];
-        b_of_rows(bf, ks, P, 16 * c, n * 8, g, t);
-        mma_16816<T>(dq[n], pa, bf);
-      }
-    }
+    weights_times_rows<T, D>(dq, s, ks, P, g, t);  // dQ_w += ds K_tile
     // ds and w into shared memory, transposed, and ds by distance: query row qr, key col, c = qr - col + 63.
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -572,13 +542,8 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
 
 template <typename T, int D>
 cudaError_t launch_backward_mma(const SpanAttentionParams& p, cudaStream_t stream) {
-  const auto kernel = backward_mma_kernel<T, D>;
-  constexpr size_t bytes = backward_shared_bytes<T, D>();
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err != cudaSuccess) return err;
-  const int64_t blocks = p.B * p.K * ((p.M + kRows - 1) / kRows);
-  SPANFORMER_LAUNCH(kernel, static_cast<unsigned>(blocks), kWarps * kWarp, bytes, stream)(p);
-  return cudaGetLastError();
+  return launch_with_shared(backward_mma_kernel<T, D>, p.B * p.K * ((p.M + kRows - 1) / kRows), kWarps * kWarp,
+                            backward_shared_bytes<T, D>(), p, stream);
 }
 
 template <typename T>
