@@ -136,6 +136,76 @@ struct RowFragments {
   }
 };
 
+// A fragments held in registers, read like RowFragments: Q_w straight from global memory (rows past
+// `rows` zero).
+template <int D>
+struct HeldFragments {
+  uint32_t held[D / 16][4];
+  template <typename T>
+  __device__ __forceinline__ void load_global(const T* m, int64_t r0, int64_t rows, int g, int t) {
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t row = r0 + g + (r & 1) * 8;
+        held[c][r] = row < rows ? load_pair(m + row * D + 16 * c + 2 * t + (r >> 1) * 8) : 0u;
+      }
+  }
+  __device__ __forceinline__ void get(uint32_t (&a)[4], int c) const {
+    a[0] = held[c][0];
+    a[1] = held[c][1];
+    a[2] = held[c][2];
+    a[3] = held[c][3];
+  }
+};
+
+// acc = A R^T for one warp over 64 keys: A the warp's 16 rows (fragments, D wide), R a shared (64, D)
+// matrix of rows by key (Q K^T, dO V^T); acc in the accumulator layout of eight 8-key tiles.
+template <typename T, int D, typename Fragments>
+__device__ __forceinline__ void fragments_times_keys(float (&acc)[8][4], const Fragments& a, const T* r, int pitch,
+                                                     int g, int t) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const T* row = r + (n * 8 + g) * pitch + 16 * c + 2 * t;
+      const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
+      uint32_t af[4];
+      a.get(af, c);
+      mma_16816<T>(acc[n], af, bf);
+    }
+  }
+}
+
+// Rows g and g + 8 of an accumulator times rescale[0] and rescale[1] (an online softmax's correction).
+template <int D>
+__device__ __forceinline__ void scale_rows(float (&o)[D / 8][4], const float (&rescale)[2]) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[n][0] *= rescale[0];
+    o[n][1] *= rescale[0];
+    o[n][2] *= rescale[1];
+    o[n][3] *= rescale[1];
+  }
+}
+
+// grad rows row0 + g and row0 + g + 8 (those in [lo, hi)) += the accumulator's rows, fp32 atomics.
+template <int D>
+__device__ __forceinline__ void atomic_add_rows(float* grad, const float (&acc)[D / 8][4], int64_t row0, int64_t lo,
+                                                int64_t hi, int g, int t) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int64_t r = row0 + g + rr * 8;
+    if (r < lo || r >= hi) continue;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      atomicAdd(grad + r * D + n * 8 + 2 * t, acc[n][2 * rr]);
+      atomicAdd(grad + r * D + n * 8 + 2 * t + 1, acc[n][2 * rr + 1]);
+    }
+  }
+}
+
 // acc += W B for one warp, W the weights of 64 keys held in the accumulator layout of eight 8-key
 // tiles (rows g, g + 8; keys 8n + 2t, + 1), which is the A layout of four 16-key chunks (P V in a
 // forward, dS K in a backward), B a shared (64, D) matrix of rows by key.

@@ -88,48 +88,12 @@ __device__ __forceinline__ Tile locate(const FlashParams& p) {
   return s;
 }
 
-// A fragments held in registers, read like RowFragments (device.cuh).
-template <int D>
-struct HeldFragments {
-  uint32_t held[D / 16][4];
-  __device__ __forceinline__ void get(uint32_t (&a)[4], int c) const {
-    a[0] = held[c][0];
-    a[1] = held[c][1];
-    a[2] = held[c][2];
-    a[3] = held[c][3];
-  }
-};
-
-// Q_w rows r0 + g (+8) as A fragments straight from global memory (zero past N).
-template <typename T, int D>
-__device__ __forceinline__ void a_from_global(uint32_t (&a)[D / 16][4], const T* m, int64_t r0, int64_t N, int g, int t) {
-#pragma unroll
-  for (int c = 0; c < D / 16; ++c)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t row = r0 + g + (r & 1) * 8;
-      a[c][r] = row < N ? load_pair(m + row * D + 16 * c + 2 * t + (r >> 1) * 8) : 0u;
-    }
-}
-
 // s = Q_w K_tile^T (16 x 64 per warp, accumulator layout), then scaled and masked: -inf where the key is
 // not visible to the row (or the row is past N).
 template <typename T, int D, typename Fragments>
 __device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const Fragments& qa, const T* ks,
                                        const FlashParams& p, const Tile& w, int64_t j0, float scale) {
-  constexpr int P = pitch<D>();
-#pragma unroll
-  for (int n = 0; n < kKeys / 8; ++n) {
-    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int c = 0; c < D / 16; ++c) {
-      const T* row = ks + (n * 8 + w.g) * P + 16 * c + 2 * w.t;
-      const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-      uint32_t af[4];
-      qa.get(af, c);
-      mma_16816<T>(s[n], af, bf);
-    }
-  }
+  fragments_times_keys<T, D>(s, qa, ks, pitch<D>(), w.g, w.t);
   // Query r0 + row at position pos reads key j0 + col when 0 <= pos - (j0 + col) < band.
   const int rows_left = static_cast<int>(p.N - w.r0), base = static_cast<int>(w.offset + w.r0 - j0);
   const int64_t band = p.band;
@@ -160,7 +124,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams
   const T* k = static_cast<const T*>(p.k) + w.x * p.C * D;
   const T* v = static_cast<const T*>(p.v) + w.x * p.C * D;
   HeldFragments<D> qa;  // Q_w as A fragments, from global memory
-  a_from_global<T, D>(qa.held, static_cast<const T*>(p.q) + w.x * p.N * D, w.r0, p.N, w.g, w.t);
+  qa.load_global(static_cast<const T*>(p.q) + w.x * p.N * D, w.r0, p.N, w.g, w.t);
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -204,13 +168,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams
       l_part[rr] += __shfl_xor_sync(kFullMask, l_part[rr], 2);
       ls[rr] = ls[rr] * rescale[rr] + l_part[rr];
     }
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
-    }
+    scale_rows<D>(o, rescale);
     weights_times_rows<T, D>(o, s, vs, P, w.g, w.t);  // P V
   }
 
@@ -270,18 +228,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
     __syncthreads();
     float s[kKeys / 8][4], dp[kKeys / 8][4];
     scores<T, D>(s, qa, ks, p, w, j0, scale);
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {  // dP = dout_w V^T
-      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
-#pragma unroll
-      for (int c = 0; c < D / 16; ++c) {
-        const T* row = vs + (n * 8 + w.g) * P + 16 * c + 2 * w.t;
-        const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        uint32_t af[4];
-        da.get(af, c);
-        mma_16816<T>(dp[n], af, bf);
-      }
-    }
+    fragments_times_keys<T, D>(dp, da, vs, P, w.g, w.t);  // dP = dout_w V^T
     // dS (into s, times 1 / sqrt(D)) and P Z (into dp).
 #pragma unroll
     for (int n = 0; n < kKeys / 8; ++n)
@@ -305,21 +252,10 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
     __syncthreads();
     // dk and dv rows [16 warp, +16) of the tile over the block's 64 queries, then atomics.
     float acc[NT][4];
-#pragma unroll
-    for (int which = 0; which < 2; ++which) {
-      rows_times<T, D, kRows>(acc, which == 0 ? dst : wt, QP, w.warp * 16, which == 0 ? qs : dos, P, w.g, w.t);
-      float* grad = which == 0 ? gk : gv;
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int64_t j = j0 + w.warp * 16 + w.g + rr * 8;
-        if (j >= w.hi) continue;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          atomicAdd(grad + j * D + n * 8 + 2 * w.t, acc[n][2 * rr]);
-          atomicAdd(grad + j * D + n * 8 + 2 * w.t + 1, acc[n][2 * rr + 1]);
-        }
-      }
-    }
+    rows_times<T, D, kRows>(acc, dst, QP, w.warp * 16, qs, P, w.g, w.t);
+    atomic_add_rows<D>(gk, acc, j0 + w.warp * 16, 0, w.hi, w.g, w.t);
+    rows_times<T, D, kRows>(acc, wt, QP, w.warp * 16, dos, P, w.g, w.t);
+    atomic_add_rows<D>(gv, acc, j0 + w.warp * 16, 0, w.hi, w.g, w.t);
   }
 
 #pragma unroll

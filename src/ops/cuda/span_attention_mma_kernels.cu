@@ -101,26 +101,65 @@ __device__ __forceinline__ void load_tile(T* ks, T* vs, T* pes, const T* k, cons
   }
 }
 
+// Where a block and its warp stand. Block order: head rank (longest visited span first, the glue's
+// head_order), batch, query tile of kRows; a warp takes 16 rows from r0.
+struct Place {
+  int64_t h, b, x, i0, r0;
+  int warp, g, t;
+};
+
+__device__ __forceinline__ Place place(const SpanAttentionParams& p) {
+  Place at;
+  const int64_t tiles = (p.M + kRows - 1) / kRows;
+  at.h = p.head_order[blockIdx.x / (tiles * p.B)];
+  at.b = (blockIdx.x / tiles) % p.B;
+  at.x = at.b * p.K + at.h;
+  at.i0 = (blockIdx.x % tiles) * kRows;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  at.warp = static_cast<int>(threadIdx.x) / kWarp;
+  at.g = lane >> 2;
+  at.t = lane & 3;
+  at.r0 = at.i0 + at.warp * 16;
+  return at;
+}
+
+// The position term of a warp's 16 rows over the distances they meet in a tile: G = Q_w pes[16 warp ..
+// 16 warp + 80)^T (16 x 80, fp32) into the warp's shared gw, which the score loops read skewed
+// (row r, key n: G[r][r - n + 63]).
+template <typename T, int D, typename Fragments>
+__device__ __forceinline__ void position_term(float* gw, const Fragments& qa, const T* pes, int warp, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < kWarpDist / 8; ++n) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const T* row = pes + (warp * 16 + n * 8 + g) * pitch<D>() + 16 * c + 2 * t;
+      const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
+      uint32_t af[4];
+      qa.get(af, c);
+      mma_16816<T>(acc, af, bf);
+    }
+    gw[g * kGPitch + n * 8 + 2 * t] = acc[0];
+    gw[g * kGPitch + n * 8 + 2 * t + 1] = acc[1];
+    gw[(g + 8) * kGPitch + n * 8 + 2 * t] = acc[2];
+    gw[(g + 8) * kGPitch + n * 8 + 2 * t + 1] = acc[3];
+  }
+}
+
 // MinBlocks: blocks an SM that __launch_bounds__ asks registers for (2: up to 255 registers a thread).
 template <typename T, int D, int MinBlocks>
 __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(SpanAttentionParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
-  constexpr int P = pitch<D>(), KC = D / 16, NT = D / 8;
+  constexpr int P = pitch<D>(), NT = D / 8;
   T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
   T* vs = ks + kKeys * P;              // (kKeys, P)
   T* pes = vs + kKeys * P;             // (kDist, P)
   float* g_all = reinterpret_cast<float*>(pes + kDist * P);  // (kWarps, 16, kGPitch)
 
-  // Block order: head rank (longest visited span first), batch, query tile.
-  const int64_t tiles = (p.M + kRows - 1) / kRows;
-  const int64_t h = p.head_order[blockIdx.x / (tiles * p.B)], b = (blockIdx.x / tiles) % p.B;
-  const int64_t x = b * p.K + h, i0 = (blockIdx.x % tiles) * kRows, W = p.W, M = p.M, L = p.L;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int g = lane >> 2, t = lane & 3;
-  const int64_t r0 = i0 + warp * 16;  // the warp's first query row
-  const int S = p.visited[h];
-  const float z = p.span_ratio[h] * static_cast<float>(L);
-  const float inv_sqrt_d = rsqrtf(static_cast<float>(D));
+  const Place at = place(p);
+  const int64_t h = at.h, b = at.b, x = at.x, i0 = at.i0, r0 = at.r0, W = p.W, M = p.M, L = p.L;
+  const int warp = at.warp, g = at.g, t = at.t, S = p.visited[h];
+  const float z = p.span_ratio[h] * static_cast<float>(L), inv_sqrt_d = rsqrtf(static_cast<float>(D));
   const bool dropping = p.training && p.dropout > 0.f;
   const float drop_scale = dropping ? 1.f / (1.f - p.dropout) : 1.f;
   const T* q = static_cast<const T*>(p.q) + x * M * D;
@@ -130,14 +169,8 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
   float* gw = g_all + warp * 16 * kGPitch;
 
   // Q_w as A fragments: register r of chunk c holds row g (+8 for odd r), columns 16c + 2t (+8 for r >= 2).
-  uint32_t qa[KC][4];
-#pragma unroll
-  for (int c = 0; c < KC; ++c)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t row = r0 + g + (r & 1) * 8;
-      qa[c][r] = row < M ? load_pair(q + row * D + 16 * c + 2 * t + (r >> 1) * 8) : 0u;
-    }
+  HeldFragments<D> qa;
+  qa.load_global(q, r0, M, g, t);
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -153,31 +186,9 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
 
     // Content scores: 8 tiles of 8 keys; B (k x n) = K^T: register r holds ks[n = g][16c + 2t (+8 for r = 1)].
     float s[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-      for (int c = 0; c < KC; ++c) {
-        const T* row = ks + (n * 8 + g) * P + 16 * c + 2 * t;
-        const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        mma_16816<T>(s[n], qa[c], bf);
-      }
-    }
+    fragments_times_keys<T, D>(s, qa, ks, P, g, t);
     // Position term: G = Q_w pes[16 warp .. 16 warp + 80)^T into shared memory, then the skewed reads.
-#pragma unroll
-    for (int n = 0; n < kWarpDist / 8; ++n) {
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int c = 0; c < KC; ++c) {
-        const T* row = pes + (warp * 16 + n * 8 + g) * P + 16 * c + 2 * t;
-        const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        mma_16816<T>(acc, qa[c], bf);
-      }
-      gw[g * kGPitch + n * 8 + 2 * t] = acc[0];
-      gw[g * kGPitch + n * 8 + 2 * t + 1] = acc[1];
-      gw[(g + 8) * kGPitch + n * 8 + 2 * t] = acc[2];
-      gw[(g + 8) * kGPitch + n * 8 + 2 * t + 1] = acc[3];
-    }
+    position_term<T, D>(gw, qa, pes, warp, g, t);
     __syncwarp();
 
     // Scores of the warp's rows; -inf outside the window (or past the last query). Index arithmetic in
@@ -233,13 +244,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
       zs[rr] = zs[rr] * rescale[rr] + z_part[rr];
       ns[rr] = ns[rr] * rescale[rr] + n_part[rr];
     }
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
-    }
+    scale_rows<D>(o, rescale);
     if (!values) continue;  // block-uniform: beyond every row's span, Z only
     weights_times_rows<T, D>(o, s, vs, P, g, t);  // P V
   }
@@ -294,7 +299,7 @@ cudaError_t launch_mma_for_width(const SpanAttentionParams& p, cudaStream_t stre
 // dQ stays in registers (one warp owns its rows); dK, dV and dpe are sums over blocks: fp32 atomics,
 // once per block and tile after the block-wide products. ds and w enter the tensor cores in the inputs'
 // 16-bit type, as P does in the forward. D 32, 64 and 128; at D 128 Q's and dO's fragments are read from
-// shared memory at each use instead of held in registers, and nvcc 13.0 (sm_90) still spills 916 bytes a
+// shared memory at each use instead of held in registers, and nvcc 13.0 (sm_90) still spills 904 bytes a
 // thread there (255 registers and no spills at D 64).
 constexpr int kQPitch = kRows + 8;  // shared rows indexed by query (ds^T, w^T, DS^T)
 
@@ -307,7 +312,7 @@ constexpr size_t backward_shared_bytes() {
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAttentionParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
-  constexpr int P = pitch<D>(), QP = kQPitch, KC = D / 16, NT = D / 8, V = 16 / sizeof(T), VR = D / V;
+  constexpr int P = pitch<D>(), QP = kQPitch, NT = D / 8, V = 16 / sizeof(T), VR = D / V;
   constexpr int kThreads = kWarps * kWarp;
   T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
   T* vs = ks + kKeys * P;              // (kKeys, P)
@@ -319,17 +324,13 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
   T* dss = wt + kKeys * QP;            // (kDist, QP): dss[c][query] = ds of the query at distance dlo + c
   float* g_all = reinterpret_cast<float*>(dss + kDist * QP);  // (kWarps, 16, kGPitch)
 
-  const int64_t tiles = (p.M + kRows - 1) / kRows;
-  const int64_t h = p.head_order[blockIdx.x / (tiles * p.B)], b = (blockIdx.x / tiles) % p.B;
-  const int64_t x = b * p.K + h, i0 = (blockIdx.x % tiles) * kRows, W = p.W, M = p.M, L = p.L;
-  const int tid = static_cast<int>(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
-  const int g = lane >> 2, t = lane & 3;
-  const int64_t r0 = i0 + warp * 16;
-  const int S = p.visited[h];
-  const float z = p.span_ratio[h] * static_cast<float>(L);
-  const float inv_sqrt_d = rsqrtf(static_cast<float>(D));
+  const Place at = place(p);
+  const int64_t h = at.h, b = at.b, x = at.x, i0 = at.i0, r0 = at.r0, W = p.W, M = p.M, L = p.L;
+  const int warp = at.warp, g = at.g, t = at.t, S = p.visited[h];
+  const float z = p.span_ratio[h] * static_cast<float>(L), inv_sqrt_d = rsqrtf(static_cast<float>(D));
   const bool dropping = p.training && p.dropout > 0.f;
   const float drop_scale = dropping ? 1.f / (1.f - p.dropout) : 1.f;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarp;
   const T* q = static_cast<const T*>(p.q) + x * M * D;
   const T* k = static_cast<const T*>(p.k) + x * (W + M) * D;
   const T* v = static_cast<const T*>(p.v) + x * (W + M) * D;
@@ -380,47 +381,14 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
 
     // Scores as in the forward: Q_w K^T, and the position term through G in shared memory.
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-      for (int c = 0; c < KC; ++c) {
-        const T* row = ks + (n * 8 + g) * P + 16 * c + 2 * t;
-        const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        uint32_t af[4];
-        qa.get(af, c);
-        mma_16816<T>(s[n], af, bf);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kWarpDist / 8; ++n) {
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int c = 0; c < KC; ++c) {
-        const T* row = pes + (warp * 16 + n * 8 + g) * P + 16 * c + 2 * t;
-        const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        uint32_t af[4];
-        qa.get(af, c);
-        mma_16816<T>(acc, af, bf);
-      }
-      gw[g * kGPitch + n * 8 + 2 * t] = acc[0];
-      gw[g * kGPitch + n * 8 + 2 * t + 1] = acc[1];
-      gw[(g + 8) * kGPitch + n * 8 + 2 * t] = acc[2];
-      gw[(g + 8) * kGPitch + n * 8 + 2 * t + 1] = acc[3];
-    }
+    fragments_times_keys<T, D>(s, qa, ks, P, g, t);
+    position_term<T, D>(gw, qa, pes, warp, g, t);
     // dP = dO_w V^T where some pair is within the span.
+    if (values) {
+      fragments_times_keys<T, D>(dp, da, vs, P, g, t);
+    } else {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
-      if (!values) continue;
-#pragma unroll
-      for (int c = 0; c < KC; ++c) {
-        const T* row = vs + (n * 8 + g) * P + 16 * c + 2 * t;
-        const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-        uint32_t af[4];
-        da.get(af, c);
-        mma_16816<T>(dp[n], af, bf);
-      }
+      for (int n = 0; n < 8; ++n) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
     }
     __syncwarp();
 
@@ -485,44 +453,17 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
     // dK and dV rows [16 warp, +16) of the tile, summed over the block's 64 queries; then atomics.
     float acc[NT][4];
     rows_times<T, D, kRows>(acc, dst, QP, warp * 16, qs, P, g, t);
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int64_t j = j0 + warp * 16 + g + rr * 8;
-      if (j >= W + M) continue;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        atomicAdd(gk + j * D + n * 8 + 2 * t, acc[n][2 * rr]);
-        atomicAdd(gk + j * D + n * 8 + 2 * t + 1, acc[n][2 * rr + 1]);
-      }
-    }
+    atomic_add_rows<D>(gk, acc, j0 + warp * 16, 0, W + M, g, t);
     if (values) {
       rows_times<T, D, kRows>(acc, wt, QP, warp * 16, dos, P, g, t);
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int64_t j = j0 + warp * 16 + g + rr * 8;
-        if (j >= W + M) continue;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          atomicAdd(gv + j * D + n * 8 + 2 * t, acc[n][2 * rr]);
-          atomicAdd(gv + j * D + n * 8 + 2 * t + 1, acc[n][2 * rr + 1]);
-        }
-      }
+      atomic_add_rows<D>(gv, acc, j0 + warp * 16, 0, W + M, g, t);
     }
     // dpe of distances dlo + [32 warp, +32), summed over the block's queries.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int c0 = warp * 32 + half * 16;
       rows_times<T, D, kRows>(acc, dss, QP, c0, qs, P, g, t);
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int64_t d = dlo + c0 + g + rr * 8;
-        if (d < 1 || d > W) continue;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          atomicAdd(p.grad_key_pe_by_distance + (d - 1) * D + n * 8 + 2 * t, acc[n][2 * rr]);
-          atomicAdd(p.grad_key_pe_by_distance + (d - 1) * D + n * 8 + 2 * t + 1, acc[n][2 * rr + 1]);
-        }
-      }
+      atomic_add_rows<D>(p.grad_key_pe_by_distance, acc, dlo + c0 - 1, 0, W, g, t);  // row d - 1: distance d
     }
   }
 
