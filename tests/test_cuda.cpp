@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -187,6 +188,17 @@ TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
+}
+
+// Version 1 (tensor cores; opt-in by SPANFORMER_FLASH_KERNEL=v1 until this test has passed on a GPU).
+TEST(FlashCuda, Version1WithinTheReferenceError) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ::setenv("SPANFORMER_FLASH_KERNEL", "v1", 1);
+  for (const auto& c : tu::flash_test_cases()) {
+    tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
+    tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
+  }
+  ::unsetenv("SPANFORMER_FLASH_KERNEL");
 }
 
 // A small GPT trained for three steps with plain SGD, every attention with a fixed pattern and both

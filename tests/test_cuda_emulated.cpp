@@ -149,8 +149,8 @@ TEST(FlashEmulated, Float16WithinTheFloat16ReferenceError) {
 #endif
 
 // bfloat16 above runs the forward's version 1 (tensor cores) for D 32, 64 and 128 and version 0 for
-// D 96 and 256, and the backward's version 2 (tensor cores) for D 32 and 64, version 0 for the others;
-// here every case takes version 0 forward and backward.
+// D 96 and 256, and the backward's version 2 (tensor cores) for D 32, 64 and 128, version 0 for the
+// others; here every case takes version 0 forward and backward.
 TEST(SpanAttentionEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {
   ::setenv("SPANFORMER_SPAN_KERNEL", "v0", 1);
   for (const auto& c : tu::span_test_cases()) {
@@ -168,3 +168,21 @@ TEST(FlashEmulated, BFloat16WithinTheBFloat16ReferenceError) {
   for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
 }
+
+// The flash kernels' version 1 (tensor cores, bf16 / fp16 with D 32, 64 or 128; opt-in by
+// SPANFORMER_FLASH_KERNEL=v1 until it has run on a GPU): every case, version 0 where it does not apply.
+TEST(FlashEmulated, Version1BFloat16WithinTheBFloat16ReferenceError) {
+  ::setenv("SPANFORMER_FLASH_KERNEL", "v1", 1);
+  for (const auto& c : tu::flash_test_cases())
+    tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
+  ::unsetenv("SPANFORMER_FLASH_KERNEL");
+}
+
+#if SPANFORMER_HAS_CPU_HALF_MATMUL
+TEST(FlashEmulated, Version1Float16WithinTheFloat16ReferenceError) {
+  ::setenv("SPANFORMER_FLASH_KERNEL", "v1", 1);
+  for (const auto& c : tu::flash_test_cases())
+    tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_flash);
+  ::unsetenv("SPANFORMER_FLASH_KERNEL");
+}
+#endif

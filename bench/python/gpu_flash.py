@@ -1,5 +1,5 @@
-"""Causal attention on a GPU: spanformer's flash attention (its CUDA kernels, version 1 on the tensor
-cores where it applies and version 0 by SPANFORMER_FLASH_KERNEL=v0, and its ATen tiles) against
+"""Causal attention on a GPU: spanformer's flash attention (its CUDA kernels, version 0 by default and
+version 1 on the tensor cores by SPANFORMER_FLASH_KERNEL=v1, and its ATen tiles) against
 scaled_dot_product_attention with is_causal (PyTorch's FlashAttention backend) and the plain composition.
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_flash.py \\
@@ -41,8 +41,8 @@ def main():
     kernels = lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=True)  # noqa: E731
     impls = {
         "sdpa causal": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "spanformer kernels": with_env(kernels, "SPANFORMER_FLASH_KERNEL", ""),
-        "spanformer kernels v0": with_env(kernels, "SPANFORMER_FLASH_KERNEL", "v0"),
+        "spanformer kernels v1": with_env(kernels, "SPANFORMER_FLASH_KERNEL", "v1"),
+        "spanformer kernels v0": with_env(kernels, "SPANFORMER_FLASH_KERNEL", ""),
         "spanformer ATen tiles": lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=False),
         "plain composition": lambda q, k, v: ops.flash_attention_reference(q, k, v),
     }
