@@ -190,10 +190,11 @@ TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
-// Version 1 (tensor cores; opt-in by SPANFORMER_FLASH_KERNEL=v1 until this test has passed on a GPU).
-TEST(FlashCuda, Version1WithinTheReferenceError) {
+// The bf16 and fp16 tests above run version 1 (tensor cores) where it applies (D 32, 64, 128); here every
+// case takes version 0 (SPANFORMER_FLASH_KERNEL=v0), which fp32 and the other widths run.
+TEST(FlashCuda, Version0WithinTheReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ::setenv("SPANFORMER_FLASH_KERNEL", "v1", 1);
+  ::setenv("SPANFORMER_FLASH_KERNEL", "v0", 1);
   for (const auto& c : tu::flash_test_cases()) {
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);

@@ -190,6 +190,11 @@ unsigned char* dynamic_shared() {
   return block->shared.data();
 }
 
+bool in_dynamic_shared(const void* p, size_t bytes) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  return c >= block->shared.data() && c + bytes <= block->shared.data() + block->shared.size();
+}
+
 void warp_collective(unsigned mask, Combine combine, void* operand) {
   Thread& t = self_thread();
   if (!(mask >> t.info.lane & 1u)) throw Failure("a warp op's mask leaves out the calling lane");

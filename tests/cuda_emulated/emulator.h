@@ -11,14 +11,15 @@
 //   - A grid is run one block after another. In a block every CUDA thread is a fiber (Boost.Context)
 //     on the calling OS thread; a fiber runs until it reaches a barrier:
 //       __syncthreads()           every live thread of the block (exited threads count as arrived),
-//       warp collectives          __syncwarp, __shfl*_sync, __any/__all/__ballot_sync, mma.sync: the
+//       warp collectives          __syncwarp, __shfl*_sync, __any/__all/__ballot_sync, mma.sync, ldmatrix: the
 //                                 lanes named in the mask, which must all name the same mask.
 //     A barrier is released when every thread it names waits there. A warp collective's results are
 //     computed at release from every lane's operands, i.e. in lockstep, as the hardware does.
 //   - Errors that the hardware would turn into a hang or undefined values fail the launch with a one-line
 //     message (cudaGetLastError / cudaGetErrorString): a deadlock (a __syncthreads some threads never
 //     reach while others wait at a warp op, lanes of one mask at different warp ops), a lane that exited
-//     before a warp op naming it, a shuffle reading a lane outside its mask, launch limits (1024 threads
+//     before a warp op naming it, a shuffle reading a lane outside its mask, an ldmatrix row that is not
+//     16-byte aligned or not in the block's dynamic shared memory, launch limits (1024 threads
 //     a block, 48 KiB of dynamic shared memory unless raised by cudaFuncSetAttribute, 227 KiB at most).
 //   - Dynamic shared memory is filled with NaN bytes (0xFF) at each block's start, so a read of an
 //     element no thread wrote shows up as NaN. Static __shared__ arrays are function-local statics:
@@ -65,6 +66,7 @@ struct ThreadInfo {
 
 ThreadInfo& current();                 // the running CUDA thread; fails outside a launch
 unsigned char* dynamic_shared();       // the running block's dynamic shared memory
+bool in_dynamic_shared(const void* p, size_t bytes);  // [p, p + bytes) lies in it (called in a warp op's combine)
 
 // Warp collectives: every lane of `mask` posts `operand`; when all have (with the same mask and the same
 // combine), combine(operands, mask) runs once with operands[l] for each lane l of the mask (nullptr

@@ -206,4 +206,44 @@ inline void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const
   for (int i = 0; i < 4; ++i) d[i] = o.d[i];
 }
 
+// ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].shared.b16 (PTX ISA, "Warp-level matrix load instruction:
+// ldmatrix"): n 8 x 8 matrices of 16-bit elements; lane 8 m + r gives the address of row r of matrix m
+// (16 bytes, 16-byte aligned, in shared memory; x2 reads lanes 0-15's). Register m of lane l = 4 g + t
+// holds matrix m's elements (g, 2t) and (g, 2t + 1), the lower address in the low half; transposed,
+// (2t, g) and (2t + 1, g).
+struct LdmatrixOperand {
+  const uint16_t* row;
+  int n;
+  bool trans;
+  uint32_t r[4];
+};
+inline void combine_ldmatrix(void* const* operands, unsigned mask) {
+  if (mask != 0xffffffffu) fail("ldmatrix needs every lane of the warp");
+  const auto* first = static_cast<const LdmatrixOperand*>(operands[0]);
+  uint16_t M[4][8][8];
+  for (int m = 0; m < first->n; ++m)
+    for (int r = 0; r < 8; ++r) {
+      const auto* o = static_cast<const LdmatrixOperand*>(operands[8 * m + r]);
+      if (o->n != first->n || o->trans != first->trans) fail("ldmatrix: the lanes name different shapes");
+      if (reinterpret_cast<uintptr_t>(o->row) % 16 != 0) fail("ldmatrix: a row address is not 16-byte aligned");
+      if (!in_dynamic_shared(o->row, 16)) fail("ldmatrix: a row address is not in the block's shared memory");
+      std::memcpy(M[m][r], o->row, 16);
+    }
+  for (int l = 0; l < 32; ++l) {
+    auto* o = static_cast<LdmatrixOperand*>(operands[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int m = 0; m < first->n; ++m) {
+      const uint16_t lo = first->trans ? M[m][2 * t][g] : M[m][g][2 * t];
+      const uint16_t hi = first->trans ? M[m][2 * t + 1][g] : M[m][g][2 * t + 1];
+      o->r[m] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+  }
+}
+template <int N>
+void ldmatrix_m8n8(bool trans, uint32_t (&r)[N], const void* row) {
+  LdmatrixOperand o{static_cast<const uint16_t*>(row), N, trans, {0, 0, 0, 0}};
+  warp_collective(0xffffffffu, combine_ldmatrix, &o);
+  for (int m = 0; m < N; ++m) r[m] = o.r[m];
+}
+
 }  // namespace spanformer::cuda_emulator

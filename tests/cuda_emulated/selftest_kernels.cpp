@@ -48,6 +48,40 @@ __global__ void unwritten_shared_kernel(float* out) {
 
 __global__ void empty_kernel() {}
 
+__global__ void ldmatrix_kernel(int pitch, unsigned* got, unsigned* want) {
+  using T = __nv_bfloat16;
+  SPANFORMER_DYNAMIC_SHARED(T, m);
+  const int lane = static_cast<int>(threadIdx.x), g = lane >> 2, t = lane & 3;
+  for (int i = lane; i < 32 * pitch; i += 32) m[i] = T{static_cast<uint16_t>(i)};
+  __syncwarp();
+  const auto at = [&](int r, int c) { return static_cast<unsigned>(r * pitch + c); };  // m[r][c]'s bits
+  const auto pack = [](unsigned lo, unsigned hi) { return lo | hi << 16; };
+  unsigned* o = got + 14 * lane;
+  unsigned* w = want + 14 * lane;
+  uint32_t a[4], b[2], b4[4];
+  ops::cuda::a_of_rows(a, m, pitch, 8, 16, g, t);  // A rows 8 + g (+8), columns 16 + 2t (+1, +8, +9)
+  for (int r = 0; r < 4; ++r) {
+    o[r] = a[r];
+    w[r] = pack(at(8 + g + (r & 1) * 8, 16 + 2 * t + (r >> 1) * 8), at(8 + g + (r & 1) * 8, 17 + 2 * t + (r >> 1) * 8));
+  }
+  ops::cuda::a_of_columns(a, m, pitch, 16, 8, g, t);  // A[row][k] = m[16 + k][8 + row]
+  for (int r = 0; r < 4; ++r) {
+    o[4 + r] = a[r];
+    const int row = 8 + g + (r & 1) * 8, k = 16 + 2 * t + (r >> 1) * 8;
+    w[4 + r] = pack(at(k, row), at(k + 1, row));
+  }
+  ops::cuda::b_of_rows(b, m, pitch, 16, 8, g, t);  // B[k][n] = m[16 + k][8 + n]: k 2t (+1, +8, +9), n g
+  for (int r = 0; r < 2; ++r) {
+    o[8 + r] = b[r];
+    w[8 + r] = pack(at(16 + 2 * t + 8 * r, 8 + g), at(17 + 2 * t + 8 * r, 8 + g));
+  }
+  ops::cuda::b_of_columns2(b4, m, pitch, 8, 0, g, t);  // B[k][n] = m[8 + n][k]: n g, k 2t (+1, +8, +9, +16, ..)
+  for (int r = 0; r < 4; ++r) {
+    o[10 + r] = b4[r];
+    w[10 + r] = pack(at(8 + g, 2 * t + 8 * r), at(8 + g, 2 * t + 8 * r + 1));
+  }
+}
+
 }  // namespace
 
 std::string shuffles_and_barriers(std::vector<long long>& out) {
@@ -69,6 +103,13 @@ std::string exited_lane() {
 std::string unwritten_shared(std::vector<float>& out) {
   out.assign(32, 0.f);
   SPANFORMER_LAUNCH(unwritten_shared_kernel, 2, 32, 32 * sizeof(float), nullptr)(out.data());
+  return result();
+}
+
+std::string ldmatrix_fragments(int pitch, std::vector<unsigned>& got, std::vector<unsigned>& want) {
+  got.assign(32 * 14, 0);
+  want.assign(32 * 14, 1);
+  SPANFORMER_LAUNCH(ldmatrix_kernel, 1, 32, 32 * pitch * 2, nullptr)(pitch, got.data(), want.data());
   return result();
 }
 

@@ -73,21 +73,60 @@ __device__ __forceinline__ uint32_t load_pair(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// Fragments of m16n8k16 from row-major shared matrices (layouts: emulator_device.h, combine_mma).
-// A (16 x 16): rows m0 + g (+8), columns k0 + 2t (+1, +8, +9); pairs along a row are one register.
+// ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].shared.b16: the warp reads N 8 x 8 matrices of 16-bit
+// elements from shared memory in one instruction. Lane 8 m + r names row r of matrix m (16 bytes,
+// 16-byte aligned; x2 reads lanes 0-15's names); register m of lane 4 g + t receives matrix m's elements
+// (g, 2t) and (g, 2t + 1), or with Trans (2t, g) and (2t + 1, g): exactly the A / B fragments of
+// mma.m16n8k16 (layouts: emulator_device.h, combine_mma and combine_ldmatrix). One instruction where
+// the element gathers it replaces took 2-8 loads and packs (their composition: the emulated selftest
+// LdmatrixGivesTheGatheredFragments).
+template <int N, bool Trans>
+__device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
+  static_assert(N == 2 || N == 4, "x2 or x4");
+#ifdef SPANFORMER_CUDA_EMULATE
+  ::spanformer::cuda_emulator::ldmatrix_m8n8<N>(Trans, r, row);
+#else
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (N == 4 && !Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else if constexpr (N == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else if constexpr (!Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+#endif
+}
+
+// Fragments of m16n8k16 from row-major shared matrices (16-byte aligned rows: pitches of whole 16-byte
+// vectors), one ldmatrix each; g = lane >> 2, t = lane & 3 as everywhere.
+// A (16 x 16): rows m0 + g (+8), columns k0 + 2t (+1, +8, +9); matrices (rows +0 / +8) x (columns +0 / +8).
 template <typename T>
 __device__ __forceinline__ void a_of_rows(uint32_t (&a)[4], const T* m, int pitch, int m0, int k0, int g, int t) {
-  a[0] = load_pair(m + (m0 + g) * pitch + k0 + 2 * t);
-  a[1] = load_pair(m + (m0 + g + 8) * pitch + k0 + 2 * t);
-  a[2] = load_pair(m + (m0 + g) * pitch + k0 + 2 * t + 8);
-  a[3] = load_pair(m + (m0 + g + 8) * pitch + k0 + 2 * t + 8);
+  const int lane = 4 * g + t, q = lane >> 3;
+  ldmatrix<4, false>(a, m + (m0 + (lane & 7) + (q & 1) * 8) * pitch + k0 + (q >> 1) * 8);
+}
+// A (16 x 16) of a matrix stored transposed (m[k][row]): A rows m0 + g (+8) are stored columns, A
+// columns k0 + 2t (+1, +8, +9) stored rows.
+template <typename T>
+__device__ __forceinline__ void a_of_columns(uint32_t (&a)[4], const T* m, int pitch, int k0, int m0, int g, int t) {
+  const int lane = 4 * g + t, q = lane >> 3;
+  ldmatrix<4, true>(a, m + (k0 + (lane & 7) + (q >> 1) * 8) * pitch + m0 + (q & 1) * 8);
 }
 // B (k x n = 16 x 8) of a matrix whose rows are k: rows k0 + 2t (+1, +8, +9), column n0 + g.
 template <typename T>
 __device__ __forceinline__ void b_of_rows(uint32_t (&bf)[2], const T* m, int pitch, int k0, int n0, int g, int t) {
-  const T* col = m + (k0 + 2 * t) * pitch + n0 + g;
-  bf[0] = pack_bits(bits_of(col[0]), bits_of(col[pitch]));
-  bf[1] = pack_bits(bits_of(col[8 * pitch]), bits_of(col[9 * pitch]));
+  const int lane = 4 * g + t;
+  ldmatrix<2, true>(bf, m + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0);
+}
+// B fragments of R^T for the columns (k) of chunks c and c + 1, [16 c, 16 c + 32), and the 8 rows (n)
+// [n0, n0 + 8) of a shared matrix R of rows by n (keys by d in Q K^T): b[0..1] chunk c, b[2..3] c + 1.
+template <typename T>
+__device__ __forceinline__ void b_of_columns2(uint32_t (&b)[4], const T* r, int pitch, int n0, int c, int g, int t) {
+  const int lane = 4 * g + t;
+  ldmatrix<4, false>(b, r + (n0 + (lane & 7)) * pitch + 16 * c + 8 * (lane >> 3));
 }
 // acc = A B for one warp: A rows [m0, m0 + 16) of a shared (.., Kdim) matrix, B a shared (Kdim, D)
 // matrix; acc in the accumulator layout (n-tile n: rows g, g + 8, columns 8n + 2t, + 1).
@@ -164,16 +203,18 @@ struct HeldFragments {
 template <typename T, int D, typename Fragments>
 __device__ __forceinline__ void fragments_times_keys(float (&acc)[8][4], const Fragments& a, const T* r, int pitch,
                                                      int g, int t) {
+  static_assert(D % 32 == 0, "chunks in pairs");
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
-    for (int c = 0; c < D / 16; ++c) {
-      const T* row = r + (n * 8 + g) * pitch + 16 * c + 2 * t;
-      const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-      uint32_t af[4];
+    for (int c = 0; c < D / 16; c += 2) {
+      uint32_t b[4], af[4];
+      b_of_columns2(b, r, pitch, n * 8, c, g, t);
       a.get(af, c);
-      mma_16816<T>(acc[n], af, bf);
+      mma_16816<T>(acc[n], af, {b[0], b[1]});
+      a.get(af, c + 1);
+      mma_16816<T>(acc[n], af, {b[2], b[3]});
     }
   }
 }

@@ -23,7 +23,7 @@
 // D in {32, 64, 128} (templated: fragment arrays stay in registers; the backward reads Q's and dout's
 // fragments from shared memory at D 128, to stay under 255 registers); the rest take version 0.
 // Tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp, every case of tests/op_cases.h's
-// flash list in bf16 and fp16); not yet run on a GPU (docs/kernels.md).
+// flash list in bf16 and fp16) and on an H100 (FlashCuda, tests/test_cuda.cpp); figures in docs/kernels.md.
 #include "../dropout_hash.h"
 #include "device.cuh"
 #include "params.h"
@@ -97,6 +97,13 @@ __device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const Fragments
   // Query r0 + row at position pos reads key j0 + col when 0 <= pos - (j0 + col) < band.
   const int rows_left = static_cast<int>(p.N - w.r0), base = static_cast<int>(w.offset + w.r0 - j0);
   const int64_t band = p.band;
+  if (rows_left >= 16 && base >= kKeys - 1 && base + 15 < band) {  // the whole 16 x 64 visible: no mask
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale;
+    return;
+  }
 #pragma unroll
   for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll

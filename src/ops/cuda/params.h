@@ -78,13 +78,14 @@ struct FlashParams {
   bool training;
   uint64_t seed;
   DType dtype;
-  bool version0;            // version 0 both ways even where version 1 could (the default until v1 has run on a GPU)
+  bool version0;            // version 0 both ways even where version 1 could (SPANFORMER_FLASH_KERNEL=v0)
 };
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
 // Version 1 (tensor cores, flash_attention_mma_kernels.cu) runs for bf16 / fp16 with D 32, 64 or 128
-// where the glue asks for it (SPANFORMER_FLASH_KERNEL=v1), version 0 elsewhere. Version 1's backward adds dk and dv into the buffers (flash_backward_accumulates:
-// the caller zeroes them); version 0 writes every element.
+// unless the glue asks for version 0 (SPANFORMER_FLASH_KERNEL=v0); version 0 elsewhere. Version 1's
+// backward adds dk and dv into the buffers (flash_backward_accumulates: the caller zeroes them); version 0
+// writes every element.
 bool flash_supported(int64_t D);
 cudaError_t flash_attention_forward(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward(const FlashParams& params, cudaStream_t stream);

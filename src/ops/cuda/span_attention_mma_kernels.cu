@@ -132,12 +132,13 @@ __device__ __forceinline__ void position_term(float* gw, const Fragments& qa, co
   for (int n = 0; n < kWarpDist / 8; ++n) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int c = 0; c < D / 16; ++c) {
-      const T* row = pes + (warp * 16 + n * 8 + g) * pitch<D>() + 16 * c + 2 * t;
-      const uint32_t bf[2] = {load_pair(row), load_pair(row + 8)};
-      uint32_t af[4];
+    for (int c = 0; c < D / 16; c += 2) {
+      uint32_t b[4], af[4];
+      b_of_columns2(b, pes, pitch<D>(), warp * 16 + n * 8, c, g, t);
       qa.get(af, c);
-      mma_16816<T>(acc, af, bf);
+      mma_16816<T>(acc, af, {b[0], b[1]});
+      qa.get(af, c + 1);
+      mma_16816<T>(acc, af, {b[2], b[3]});
     }
     gw[g * kGPitch + n * 8 + 2 * t] = acc[0];
     gw[g * kGPitch + n * 8 + 2 * t + 1] = acc[1];
@@ -438,11 +439,8 @@ __global__ void __launch_bounds__(kWarps * kWarp, 1) backward_mma_kernel(SpanAtt
     // dQ_w += DS_w pes: A (16 rows x 80 distances 16 warp + kk) read from dss transposed, B = pes rows.
 #pragma unroll
     for (int c = 0; c < kWarpDist / 16; ++c) {
-      const int kk = warp * 16 + 16 * c + 2 * t, qr = warp * 16 + g;
-      const uint32_t af[4] = {pack_bits(bits_of(dss[kk * QP + qr]), bits_of(dss[(kk + 1) * QP + qr])),
-                              pack_bits(bits_of(dss[kk * QP + qr + 8]), bits_of(dss[(kk + 1) * QP + qr + 8])),
-                              pack_bits(bits_of(dss[(kk + 8) * QP + qr]), bits_of(dss[(kk + 9) * QP + qr])),
-                              pack_bits(bits_of(dss[(kk + 8) * QP + qr + 8]), bits_of(dss[(kk + 9) * QP + qr + 8]))};
+      uint32_t af[4];
+      a_of_columns(af, dss, QP, warp * 16 + 16 * c, warp * 16, g, t);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         uint32_t bf[2];
