@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "spanformer/attention/attn_impl.h"
 #include "spanformer/attention/seq_attention.h"
 #include "spanformer/ops/skew.h"
 #include "util.h"
@@ -163,4 +164,18 @@ TEST(Attention, FiniteDifferenceGradients) {
   auto f = [&] { return (a->forward(h, cache, key_pe) * weights).sum(); };
   spanformer::tu::expect_finite_differences(f, {h, key_pe, a->span->span_ratio, a->proj_query->weight, a->proj_key->weight,
                                                 a->proj_val->weight, a->pers_key, a->pers_val});
+}
+
+// The GPT flash attention's auto rule beyond SDPA (attention dropout in training): the CUDA kernels'
+// version 1 exactly where it runs and was measured (bf16 / fp16, D 32 / 64 / 128, no KV cache), the ATen
+// tiles elsewhere (include/spanformer/attention/attn_impl.h).
+TEST(Attention, FlashAutoTakesTheCudaKernelsWhereVersion1Runs) {
+  using spanformer::attention::auto_rule::flash_kernels;
+  EXPECT_TRUE(flash_kernels(true, true, 64, 1024, 1024));
+  EXPECT_TRUE(flash_kernels(true, true, 32, 7, 7));
+  EXPECT_TRUE(flash_kernels(true, true, 128, 1024, 1024));
+  EXPECT_FALSE(flash_kernels(false, true, 64, 1024, 1024)) << "the CPU: the ATen tiles";
+  EXPECT_FALSE(flash_kernels(true, false, 64, 1024, 1024)) << "fp32: version 0, slower than the tiles";
+  EXPECT_FALSE(flash_kernels(true, true, 96, 1024, 1024)) << "D 96: version 0";
+  EXPECT_FALSE(flash_kernels(true, true, 64, 1, 1024)) << "a KV cache: not measured";
 }

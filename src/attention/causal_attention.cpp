@@ -365,7 +365,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     o.tile = spec.flash_tile;
     o.dropout = spec.dropout;
     o.training = spec.training;
-    o.cuda_kernel = impl == AttnImpl::kFused;  // on CUDA: the hand-written kernels (auto: ATen tiles, see the op)
+    const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+    o.cuda_kernel = impl == AttnImpl::kFused ||  // on CUDA: the hand-written kernels, else the ATen tiles
+                    (impl == AttnImpl::kAuto && auto_rule::flash_kernels(q.is_cuda(), half, q.size(3), N, C));
     if (o.training && o.dropout > 0) o.seed = ops::draw_dropout_seed();
     return impl == AttnImpl::kPlain ? ops::flash_attention_reference(q, k, v, o) : ops::flash_attention(q, k, v, o);
   }

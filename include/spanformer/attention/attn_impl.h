@@ -10,8 +10,9 @@
 // gather the sizes; nothing else decides):
 //   span_fused           adaptive span (attention/seq_attention.cpp): fused on the CPU when the window
 //                        has >= 512 keys and the heads visit at most half of it (docs/kernels.md,
-//                        "Which path runs"); plain on CUDA, where the kernels' backward is 21x slower
-//                        than the batched products (docs/kernels.md, "v1 on a GPU");
+//                        "Which path runs"); plain on CUDA, where a bf16 training step with the
+//                        kernels (v1 + v2) was within two runs' spread of the plain path and fp32 runs
+//                        v0, 2-10x slower (docs/kernels.md, "Training on CUDA with the span kernels");
 //   xl_per_head_windows  Transformer-XL / PAR (models/xl.cpp): per-head products once they skip a
 //                        quarter of the keys;
 //   causal_tiles         GPT banded and grouped patterns (attention/causal_attention.cpp): tiles when
@@ -20,7 +21,12 @@
 //   dense_sdpa           GPT dense and flash: PyTorch's fused scaled_dot_product_attention when no KV
 //                        cache (N == C) and no attention dropout in training (docs/benchmarks.md,
 //                        "Beside PyTorch 2.x": faster than the flash op's tiles on the CPU, 0.80-0.88,
-//                        and on CUDA, 0.205 vs 5.1 ms at T 1k, docs/kernels.md).
+//                        and on CUDA, 0.205 vs 5.1 ms at T 1k, docs/kernels.md);
+//   flash_kernels        GPT flash where SDPA does not take it (attention dropout in training): the
+//                        CUDA kernels' version 1 for bf16 / fp16 with D 32, 64 or 128 and no KV cache
+//                        (H100, T 1k: forward + backward 0.44 ms against the plain composition's 1.16
+//                        and the ATen tiles' 5.8; docs/kernels.md, "flash_attention on CUDA"); the
+//                        ATen tiles elsewhere.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -44,6 +50,8 @@ bool causal_tiles(double read, int64_t heads);
 // blocks: the query-key pairs the sparse blocks read per batch row and head.
 bool sparse_blocks(double blocks, int64_t queries, int64_t keys);
 bool dense_sdpa(int64_t queries, int64_t keys, bool training, double dropout);
+// half: bfloat16 or float16 inputs; head_dim D.
+bool flash_kernels(bool cuda, bool half, int64_t head_dim, int64_t queries, int64_t keys);
 }  // namespace auto_rule
 
 }  // namespace spanformer::attention
