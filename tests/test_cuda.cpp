@@ -190,6 +190,17 @@ TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
+// Version 1 with its key-major backward (SPANFORMER_FLASH_KERNEL=v1-keys; D 32 and 64).
+TEST(FlashCuda, KeyMajorBackwardWithinTheReferenceError) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ::setenv("SPANFORMER_FLASH_KERNEL", "v1-keys", 1);
+  for (const auto& c : tu::flash_test_cases()) {
+    tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
+    tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
+  }
+  ::unsetenv("SPANFORMER_FLASH_KERNEL");
+}
+
 // The bf16 and fp16 tests above run version 1 (tensor cores) where it applies (D 32, 64, 128); here every
 // case takes version 0 (SPANFORMER_FLASH_KERNEL=v0), which fp32 and the other widths run.
 TEST(FlashCuda, Version0WithinTheReferenceError) {

@@ -30,9 +30,11 @@ cuda::FlashParams make_params(const at::Tensor& q, const at::Tensor& k, const at
   p.dtype = cuda::dtype_of(q, "flash_attention");
   // Version 1 (tensor cores) wherever it applies (FlashCuda on the H100 and the CPU model of CUDA hold
   // it to the reference; 20-50x version 0's speed, docs/kernels.md); SPANFORMER_FLASH_KERNEL=v0 keeps
-  // version 0 both ways (measurements, tests).
-  const char* version = std::getenv("SPANFORMER_FLASH_KERNEL");
-  p.version0 = version != nullptr && std::string(version) == "v0";
+  // version 0 both ways (measurements, tests); =v1-keys runs version 1's key-major backward at D 32 / 64
+  // (no atomics; tested on the CPU model of CUDA, not yet measured on a GPU).
+  const std::string version = std::getenv("SPANFORMER_FLASH_KERNEL") ? std::getenv("SPANFORMER_FLASH_KERNEL") : "";
+  p.version0 = version == "v0";
+  p.backward_by_keys = version == "v1-keys";
   return p;
 }
 

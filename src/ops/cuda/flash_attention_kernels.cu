@@ -280,11 +280,13 @@ cudaError_t flash_attention_forward(const FlashParams& p, cudaStream_t stream) {
   return launch<Forward>(p, row_blocks(p), kRowsPerBlock * kWarp, floats, stream);
 }
 
-bool flash_backward_accumulates(const FlashParams& p) { return !p.version0 && flash_mma_backward_supported(p); }
+bool flash_backward_accumulates(const FlashParams& p) {
+  return !p.version0 && flash_mma_backward_supported(p) && !flash_mma_backward_by_keys(p);
+}
 
 cudaError_t flash_attention_backward(const FlashParams& p, cudaStream_t stream) {
   if (!flash_supported(p.D) || p.N < 1 || p.C < p.N || p.band < 1) return cudaErrorInvalidValue;
-  if (flash_backward_accumulates(p)) return flash_attention_backward_mma(p, stream);
+  if (!p.version0 && flash_mma_backward_supported(p)) return flash_attention_backward_mma(p, stream);
   cudaError_t err = launch<DQ>(p, row_blocks(p), kRowsPerBlock * kWarp,
                                2 * kKeys * (p.D + 1) + 2 * kRowsPerBlock * p.D, stream);
   if (err != cudaSuccess) return err;

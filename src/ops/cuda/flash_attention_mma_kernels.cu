@@ -41,8 +41,12 @@ __host__ __device__ constexpr int pitch() { return D + 8; }
 
 template <typename T, int D>
 constexpr size_t forward_bytes() { return 2 * kKeys * pitch<D>() * sizeof(T); }
+template <typename T, int D, bool Atomics>
+constexpr size_t backward_bytes() {
+  return ((2 * kKeys + 2 * kRows) * pitch<D>() + (Atomics ? 2 * kKeys * kQPitch : 0)) * sizeof(T);
+}
 template <typename T, int D>
-constexpr size_t backward_bytes() { return ((2 * kKeys + 2 * kRows) * pitch<D>() + 2 * kKeys * kQPitch) * sizeof(T); }
+constexpr size_t keys_bytes() { return 2 * kRows * pitch<D>() * sizeof(T) + 2 * kRows * sizeof(float); }
 
 // Rows [r0, r0 + rows) of a (.., D) matrix into shared memory as 16-byte vectors, zero rows at or past
 // `end`; every thread's loads before its stores (see span_attention_mma_kernels.cu's load_tile).
@@ -113,11 +117,13 @@ __device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const Fragments
     }
 }
 
-__device__ __forceinline__ float dropout_scale(const FlashParams& p, const Tile& w, int row, int64_t j) {
+// Z of the weight of key j in the row of the query at key position `pos` (1 without dropout).
+__device__ __forceinline__ float dropout_at(const FlashParams& p, int64_t b, int64_t h, int64_t pos, int64_t j) {
   if (!(p.training && p.dropout > 0.f)) return 1.f;
-  return dropout_keep_hash(p.seed, w.b, w.h, w.offset + w.r0 + row, j, static_cast<double>(p.dropout))
-             ? 1.f / (1.f - p.dropout)
-             : 0.f;
+  return dropout_keep_hash(p.seed, b, h, pos, j, static_cast<double>(p.dropout)) ? 1.f / (1.f - p.dropout) : 0.f;
+}
+__device__ __forceinline__ float dropout_scale(const FlashParams& p, const Tile& w, int row, int64_t j) {
+  return dropout_at(p, w.b, w.h, w.offset + w.r0 + row, j);
 }
 
 template <typename T, int D>
@@ -194,7 +200,9 @@ __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams
   }
 }
 
-template <typename T, int D>
+// Atomics: also dk and dv, by atomics from every (query tile, key tile) pair; else dq only (the
+// key-major backward_keys_kernel forms dk and dv).
+template <typename T, int D, bool Atomics>
 __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
   constexpr int P = pitch<D>(), QP = kQPitch, NT = D / 8;
@@ -248,21 +256,23 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
         dp[n][e] = pr * z;
       }
     weights_times_rows<T, D>(dq, s, ks, P, w.g, w.t);  // dq_w += dS K_tile
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qr = w.warp * 16 + w.g + (e >> 1) * 8, col = n * 8 + 2 * w.t + (e & 1);
-        dst[col * QP + qr] = from_float<T>(s[n][e]);
-        wt[col * QP + qr] = from_float<T>(dp[n][e]);
-      }
-    __syncthreads();
-    // dk and dv rows [16 warp, +16) of the tile over the block's 64 queries, then atomics.
-    float acc[NT][4];
-    rows_times<T, D, kRows>(acc, dst, QP, w.warp * 16, qs, P, w.g, w.t);
-    atomic_add_rows<D>(gk, acc, j0 + w.warp * 16, 0, w.hi, w.g, w.t);
-    rows_times<T, D, kRows>(acc, wt, QP, w.warp * 16, dos, P, w.g, w.t);
-    atomic_add_rows<D>(gv, acc, j0 + w.warp * 16, 0, w.hi, w.g, w.t);
+    if constexpr (Atomics) {
+  #pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qr = w.warp * 16 + w.g + (e >> 1) * 8, col = n * 8 + 2 * w.t + (e & 1);
+          dst[col * QP + qr] = from_float<T>(s[n][e]);
+          wt[col * QP + qr] = from_float<T>(dp[n][e]);
+        }
+      __syncthreads();
+      // dk and dv rows [16 warp, +16) of the tile over the block's 64 queries, then atomics.
+      float acc[NT][4];
+      rows_times<T, D, kRows>(acc, dst, QP, w.warp * 16, qs, P, w.g, w.t);
+      atomic_add_rows<D>(gk, acc, j0 + w.warp * 16, 0, w.hi, w.g, w.t);
+      rows_times<T, D, kRows>(acc, wt, QP, w.warp * 16, dos, P, w.g, w.t);
+      atomic_add_rows<D>(gv, acc, j0 + w.warp * 16, 0, w.hi, w.g, w.t);
+    }
   }
 
 #pragma unroll
@@ -274,6 +284,83 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_mma_kernel(FlashParam
       p.grad_q[(w.x * p.N + i) * D + n * 8 + 2 * w.t] = dq[n][2 * rr];
       p.grad_q[(w.x * p.N + i) * D + n * 8 + 2 * w.t + 1] = dq[n][2 * rr + 1];
     }
+  }
+}
+
+// dk and dv key-major (D 32 / 64): a block takes 64 keys [j0, j0 + 64) of one (b, h), each warp 16 of
+// them, K_w and V_w as A fragments in registers; query tiles of 64 walk the queries that read any of the
+// block's keys (positions j0 .. j0 + 63 + band - 1). Per tile, transposed: S^T = K_w Q^T, P^T =
+// e^{S^T - lse}, dP^T = V_w dout^T, dS^T = P^T (Z dP^T - delta) / sqrt(D); dv_w += (P Z)^T dout and
+// dk_w += dS^T Q accumulate in registers and are written once: no atomics, every element written.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * kWarp) backward_keys_kernel(FlashParams p) {
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
+  constexpr int P = pitch<D>(), NT = D / 8;
+  T* qs = reinterpret_cast<T*>(smem);                      // (kRows, P): a query tile
+  T* dos = qs + kRows * P;                                 // (kRows, P): its output gradients
+  float* lses = reinterpret_cast<float*>(dos + kRows * P);  // (kRows)
+  float* deltas = lses + kRows;                            // (kRows)
+  const int64_t tiles = (p.C + kKeys - 1) / kKeys;
+  const int64_t x = blockIdx.x / tiles, b = x / p.K, h = x % p.K, j0 = (blockIdx.x % tiles) * kKeys;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t offset = p.C - p.N, kr0 = j0 + warp * 16;  // the warp's first key
+  const int64_t ilo = max(static_cast<int64_t>(0), j0 - offset);
+  const int64_t ihi = min(p.N, j0 + kKeys - 1 + p.band - offset);  // one past the last query reading the block
+  const float scale = rsqrtf(static_cast<float>(D));
+  const T* q = static_cast<const T*>(p.q) + x * p.N * D;
+  const T* dout = static_cast<const T*>(p.grad_out) + x * p.N * D;
+  HeldFragments<D> ka, va;  // K_w, V_w (rows past C zero)
+  ka.load_global(static_cast<const T*>(p.k) + x * p.C * D, kr0, p.C, g, t);
+  va.load_global(static_cast<const T*>(p.v) + x * p.C * D, kr0, p.C, g, t);
+  float dk[NT][4], dv[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+
+  for (int64_t i0 = ilo; i0 < ihi; i0 += kRows) {
+    __syncthreads();  // the previous tile is consumed
+    load_rows<T, D, kRows>(qs, q, i0, ihi);
+    load_rows<T, D, kRows>(dos, dout, i0, ihi);
+    if (threadIdx.x < kRows) {
+      const int64_t i = i0 + threadIdx.x;
+      lses[threadIdx.x] = i < ihi ? p.lse[x * p.N + i] : 0.f;
+      deltas[threadIdx.x] = i < ihi ? p.delta[x * p.N + i] : 0.f;
+    }
+    __syncthreads();
+    float s[kRows / 8][4], dp[kRows / 8][4];  // rows: the warp's keys g, g + 8; columns: the tile's queries
+    fragments_times_keys<T, D>(s, ka, qs, P, g, t);   // S^T = K_w Q^T
+    fragments_times_keys<T, D>(dp, va, dos, P, g, t);  // dP^T = V_w dout^T
+    // Key kr0 + row is read by query i0 + col when 0 <= offset + i0 + col - (kr0 + row) < band.
+    const int rows_left = static_cast<int>(p.C - kr0), cols_left = static_cast<int>(ihi - i0);
+    const int base = static_cast<int>(offset + i0 - kr0);
+#pragma unroll
+    for (int n = 0; n < kRows / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + (e >> 1) * 8, col = n * 8 + 2 * t + (e & 1), back = base + col - row;
+        const bool seen = row < rows_left && col < cols_left && back >= 0 && back < p.band;
+        const float pr = seen ? __expf(s[n][e] * scale - lses[col]) : 0.f;
+        const float z = pr > 0.f ? dropout_at(p, b, h, offset + i0 + col, kr0 + row) : 0.f;
+        s[n][e] = pr * (z * dp[n][e] - deltas[col]) * scale;  // dS^T
+        dp[n][e] = pr * z;                                    // (P Z)^T
+      }
+    weights_times_rows<T, D>(dv, dp, dos, P, g, t);  // dv_w += (P Z)^T dout
+    weights_times_rows<T, D>(dk, s, qs, P, g, t);    // dk_w += dS^T Q
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int64_t j = kr0 + g + rr * 8;
+    if (j >= p.C) continue;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        p.grad_k[(x * p.C + j) * D + n * 8 + 2 * t + c] = dk[n][2 * rr + c];
+        p.grad_v[(x * p.C + j) * D + n * 8 + 2 * t + c] = dv[n][2 * rr + c];
+      }
   }
 }
 
@@ -295,9 +382,27 @@ cudaError_t forward_for_width(const FlashParams& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t backward_for_width(const FlashParams& p, cudaStream_t stream) {
   switch (p.D) {
-    case 32: return launch(backward_mma_kernel<T, 32>, backward_bytes<T, 32>(), p, stream);
-    case 64: return launch(backward_mma_kernel<T, 64>, backward_bytes<T, 64>(), p, stream);
-    case 128: return launch(backward_mma_kernel<T, 128>, backward_bytes<T, 128>(), p, stream);
+    case 32: return launch(backward_mma_kernel<T, 32, true>, backward_bytes<T, 32, true>(), p, stream);
+    case 64: return launch(backward_mma_kernel<T, 64, true>, backward_bytes<T, 64, true>(), p, stream);
+    case 128: return launch(backward_mma_kernel<T, 128, true>, backward_bytes<T, 128, true>(), p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// The key-major form: dq by the query-major kernel without its atomics, then dk and dv by key tiles.
+template <typename T, int D>
+cudaError_t backward_by_keys(const FlashParams& p, cudaStream_t stream) {
+  cudaError_t err = launch(backward_mma_kernel<T, D, false>, backward_bytes<T, D, false>(), p, stream);
+  if (err != cudaSuccess) return err;
+  return launch_with_shared(backward_keys_kernel<T, D>, p.B * p.K * ((p.C + kKeys - 1) / kKeys), kWarps * kWarp,
+                            keys_bytes<T, D>(), p, stream);
+}
+
+template <typename T>
+cudaError_t backward_by_keys_for_width(const FlashParams& p, cudaStream_t stream) {
+  switch (p.D) {
+    case 32: return backward_by_keys<T, 32>(p, stream);
+    case 64: return backward_by_keys<T, 64>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -320,9 +425,14 @@ cudaError_t flash_attention_forward_mma(const FlashParams& p, cudaStream_t strea
   return p.dtype == DType::kBFloat16 ? forward_for_width<__nv_bfloat16>(p, stream) : forward_for_width<__half>(p, stream);
 }
 
+bool flash_mma_backward_by_keys(const FlashParams& p) { return p.backward_by_keys && (p.D == 32 || p.D == 64); }
+
 cudaError_t flash_attention_backward_mma(const FlashParams& p, cudaStream_t stream) {
   if (!flash_mma_backward_supported(p)) return cudaErrorInvalidValue;
-  return p.dtype == DType::kBFloat16 ? backward_for_width<__nv_bfloat16>(p, stream) : backward_for_width<__half>(p, stream);
+  const bool bf16 = p.dtype == DType::kBFloat16;
+  if (flash_mma_backward_by_keys(p))
+    return bf16 ? backward_by_keys_for_width<__nv_bfloat16>(p, stream) : backward_by_keys_for_width<__half>(p, stream);
+  return bf16 ? backward_for_width<__nv_bfloat16>(p, stream) : backward_for_width<__half>(p, stream);
 }
 
 }  // namespace spanformer::ops::cuda

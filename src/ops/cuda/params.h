@@ -79,13 +79,14 @@ struct FlashParams {
   uint64_t seed;
   DType dtype;
   bool version0;            // version 0 both ways even where version 1 could (SPANFORMER_FLASH_KERNEL=v0)
+  bool backward_by_keys;    // version 1's backward with dk, dv key-major at D 32 / 64 (SPANFORMER_FLASH_KERNEL=v1-keys)
 };
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
 // Version 1 (tensor cores, flash_attention_mma_kernels.cu) runs for bf16 / fp16 with D 32, 64 or 128
 // unless the glue asks for version 0 (SPANFORMER_FLASH_KERNEL=v0); version 0 elsewhere. Version 1's
-// backward adds dk and dv into the buffers (flash_backward_accumulates: the caller zeroes them); version 0
-// writes every element.
+// backward adds dk and dv into the buffers (flash_backward_accumulates: the caller zeroes them), except
+// its key-major form (backward_by_keys), which like version 0 writes every element.
 bool flash_supported(int64_t D);
 cudaError_t flash_attention_forward(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward(const FlashParams& params, cudaStream_t stream);
@@ -94,5 +95,6 @@ bool flash_mma_forward_supported(const FlashParams& params);
 bool flash_mma_backward_supported(const FlashParams& params);
 cudaError_t flash_attention_forward_mma(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward_mma(const FlashParams& params, cudaStream_t stream);
+bool flash_mma_backward_by_keys(const FlashParams& params);  // the key-major form runs
 
 }  // namespace spanformer::ops::cuda
