@@ -113,6 +113,8 @@ inline const std::vector<SpanCase>& span_cases() {
         {1, 2, 40, 48, 256, 48, {46.6, 5.3}, 0.0},          // D 256, the largest the kernel takes
         {1, 2, 66, 20, 32, 40, {10.4, 30.0}, 0.3},          // dropout (same hash stream on every device)
         {1, 2, 100, 300, 64, 300, {6.5, 250.3}, 0.0},       // whole key tiles beyond a head's span (Z only)
+        {1, 2, 100, 200, 64, 200, {180.5, 150.5}, 0.0},     // heads visiting most of the window: whole
+                                                             // tiles inside it and the span (no mask)
     };
     // Perf: the peers' shape (docs/benchmarks.md), K 8 heads of D 64 over a window of 8192 keys, every
     // head at L and bimodal (half short, half long: the spans adaptive span learns).

@@ -195,18 +195,36 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
     // Scores of the warp's rows; -inf outside the window (or past the last query). Index arithmetic in
     // 32 bits (M + W < 2^31, checked by the glue): element (row, col) is query r0 + row at distance
     // d0 + row - col.
+    // Warp-uniform shortcuts: every element of the warp's 16 x 64 in the window (distances d0 - 63 ..
+    // d0 + 15 within 1 .. W, every row a query), and, with values and no dropout, every mask 1 (the
+    // largest distance at most the span: (z - (d - 1)) / R + 1 >= 1 exactly when d - 1 <= z in fp32).
+    // In the 2-blocks-an-SM form only (heads visiting most of the window, where most tiles are such):
+    // under the 3-block form's 168 registers they cost spills (nvcc 13.0: 48 bytes at D 64).
     const int d0 = static_cast<int>(r0 + W - j0), rows_left = static_cast<int>(M - r0), Wi = static_cast<int>(W);
+    const bool inside = MinBlocks < 3 && rows_left >= 16 && d0 - (kKeys - 1) >= 1 && d0 + 15 <= Wi;
+    const bool whole = MinBlocks < 3 && values && !dropping && d0 + 15 <= S && static_cast<float>(d0 + 14) <= z;
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (inside) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = g + (e >> 1) * 8, col = n * 8 + 2 * t + (e & 1);
-        const int d = d0 + row - col;
-        const bool valid = row < rows_left && d >= 1 && d <= Wi;
-        s[n][e] = valid ? (s[n][e] + gw[row * kGPitch + row - col + kKeys - 1]) * inv_sqrt_d : -INFINITY;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int row = g + (e >> 1) * 8, col = n * 8 + 2 * t + (e & 1);
+          s[n][e] = (s[n][e] + gw[row * kGPitch + row - col + kKeys - 1]) * inv_sqrt_d;
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = g + (e >> 1) * 8, col = n * 8 + 2 * t + (e & 1);
+          const int d = d0 + row - col;
+          const bool valid = row < rows_left && d >= 1 && d <= Wi;
+          s[n][e] = valid ? (s[n][e] + gw[row * kGPitch + row - col + kKeys - 1]) * inv_sqrt_d : -INFINITY;
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+        }
+    }
     float rescale[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {  // the 4 lanes of a row group (t = 0 .. 3) share a row
@@ -219,23 +237,35 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
       tile_max[rr] = base;
     }
     float z_part[2] = {0.f, 0.f}, n_part[2] = {0.f, 0.f};
+    if (whole) {  // m = 1, no dropout: w = e
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int rr = e >> 1, row = g + rr * 8, col = n * 8 + 2 * t + (e & 1);
-        const float ex = __expf(s[n][e] - tile_max[rr]);  // 0 for -inf scores
-        z_part[rr] += ex;
-        float w = 0.f;
-        if (values) {
-          const int d = d0 + row - col;
-          const float m = d <= S ? ramp_mask(z, p.ramp, d) : 0.f;
-          n_part[rr] += ex * m;
-          const bool kept = !dropping || dropout_keep_hash(p.seed, b, h, r0 + row, d, static_cast<double>(p.dropout));
-          w = ex * m * (kept ? drop_scale : 0.f);
+        for (int e = 0; e < 4; ++e) {
+          const float ex = __expf(s[n][e] - tile_max[e >> 1]);  // 0 for -inf scores
+          z_part[e >> 1] += ex;
+          n_part[e >> 1] += ex;
+          s[n][e] = ex;
         }
-        s[n][e] = w;
-      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e >> 1, row = g + rr * 8, col = n * 8 + 2 * t + (e & 1);
+          const float ex = __expf(s[n][e] - tile_max[rr]);  // 0 for -inf scores
+          z_part[rr] += ex;
+          float w = 0.f;
+          if (values) {
+            const int d = d0 + row - col;
+            const float m = d <= S ? ramp_mask(z, p.ramp, d) : 0.f;
+            n_part[rr] += ex * m;
+            const bool kept = !dropping || dropout_keep_hash(p.seed, b, h, r0 + row, d, static_cast<double>(p.dropout));
+            w = ex * m * (kept ? drop_scale : 0.f);
+          }
+          s[n][e] = w;
+        }
+    }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       z_part[rr] += __shfl_xor_sync(kFullMask, z_part[rr], 1);
