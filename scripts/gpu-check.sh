@@ -108,8 +108,8 @@ EOF
     # composition take seconds a call or run out of memory at long T), B 1 from 16k.
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
     step flash_short 90 $PY bench/python/gpu_flash.py --dtype bf16 --B 4 --T 1024 --out "$FIG"
-    step flash_long 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 4 --T 4096 8192 --rows sdpa,v1,keys --out "$FIG"
-    step flash_longest 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 1 --T 16384 32768 --rows sdpa,v1,keys --out "$FIG"
+    step flash_long 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 4 --T 4096 8192 --rows sdpa,v1,keys,m2 --out "$FIG"
+    step flash_longest 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 1 --T 16384 32768 --rows sdpa,v1,keys,m2 --out "$FIG"
     ;;
   tune)
     # Version 1's variants A/B (forward, interleaved rounds), then forward + backward (version 2's

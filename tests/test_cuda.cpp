@@ -190,13 +190,17 @@ TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
-// Version 1 with its key-major backward (SPANFORMER_FLASH_KERNEL=v1-keys; D 32 and 64).
-TEST(FlashCuda, KeyMajorBackwardWithinTheReferenceError) {
+// Version 1's variants (D 32 and 64): the key-major backward (v1-keys), the forward with 32 rows a warp
+// (v1-m2).
+TEST(FlashCuda, Version1VariantsWithinTheReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ::setenv("SPANFORMER_FLASH_KERNEL", "v1-keys", 1);
-  for (const auto& c : tu::flash_test_cases()) {
-    tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
-    tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
+  for (const char* variant : {"v1-keys", "v1-m2"}) {
+    SCOPED_TRACE(variant);
+    ::setenv("SPANFORMER_FLASH_KERNEL", variant, 1);
+    for (const auto& c : tu::flash_test_cases()) {
+      tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
+      tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
+    }
   }
   ::unsetenv("SPANFORMER_FLASH_KERNEL");
 }

@@ -198,25 +198,38 @@ struct HeldFragments {
   }
 };
 
-// acc = A R^T for one warp over 64 keys: A the warp's 16 rows (fragments, D wide), R a shared (64, D)
-// matrix of rows by key (Q K^T, dO V^T); acc in the accumulator layout of eight 8-key tiles.
-template <typename T, int D, typename Fragments>
-__device__ __forceinline__ void fragments_times_keys(float (&acc)[8][4], const Fragments& a, const T* r, int pitch,
-                                                     int g, int t) {
+// acc[m] = A[m] R^T for one warp over 64 keys, for MT sets of 16 rows at once (each B fragment read once
+// for all of them): A[m] fragments D wide, R a shared (64, D) matrix of rows by key (Q K^T, dO V^T); acc
+// in the accumulator layout of eight 8-key tiles.
+template <typename T, int D, int MT, typename Fragments>
+__device__ __forceinline__ void fragments_times_keys(float (&acc)[MT][8][4], const Fragments (&a)[MT], const T* r,
+                                                     int pitch, int g, int t) {
   static_assert(D % 32 == 0, "chunks in pairs");
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
-    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
 #pragma unroll
     for (int c = 0; c < D / 16; c += 2) {
-      uint32_t b[4], af[4];
+      uint32_t b[4];
       b_of_columns2(b, r, pitch, n * 8, c, g, t);
-      a.get(af, c);
-      mma_16816<T>(acc[n], af, {b[0], b[1]});
-      a.get(af, c + 1);
-      mma_16816<T>(acc[n], af, {b[2], b[3]});
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        uint32_t af[4];
+        a[m].get(af, c);
+        mma_16816<T>(acc[m][n], af, {b[0], b[1]});
+        a[m].get(af, c + 1);
+        mma_16816<T>(acc[m][n], af, {b[2], b[3]});
+      }
     }
   }
+}
+// One set of 16 rows.
+template <typename T, int D, typename Fragments>
+__device__ __forceinline__ void fragments_times_keys(float (&acc)[8][4], const Fragments& a, const T* r, int pitch,
+                                                     int g, int t) {
+  fragments_times_keys<T, D, 1>(reinterpret_cast<float (&)[1][8][4]>(acc), reinterpret_cast<const Fragments (&)[1]>(a),
+                                r, pitch, g, t);
 }
 
 // Rows g and g + 8 of an accumulator times rescale[0] and rescale[1] (an online softmax's correction).
@@ -247,23 +260,38 @@ __device__ __forceinline__ void atomic_add_rows(float* grad, const float (&acc)[
   }
 }
 
-// acc += W B for one warp, W the weights of 64 keys held in the accumulator layout of eight 8-key
-// tiles (rows g, g + 8; keys 8n + 2t, + 1), which is the A layout of four 16-key chunks (P V in a
-// forward, dS K in a backward), B a shared (64, D) matrix of rows by key.
-template <typename T, int D>
-__device__ __forceinline__ void weights_times_rows(float (&acc)[D / 8][4], const float (&w)[8][4], const T* b,
+// acc[m] += W[m] B for one warp and MT sets of 16 rows (each B fragment read once for all), W[m] the
+// weights of 64 keys held in the accumulator layout of eight 8-key tiles (rows g, g + 8; keys 8n + 2t,
+// + 1), which is the A layout of four 16-key chunks (P V in a forward, dS K in a backward), B a shared
+// (64, D) matrix of rows by key.
+template <typename T, int D, int MT>
+__device__ __forceinline__ void weights_times_rows(float (&acc)[MT][D / 8][4], const float (&w)[MT][8][4], const T* b,
                                                    int b_pitch, int g, int t) {
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    const uint32_t pa[4] = {pack2<T>(w[2 * c][0], w[2 * c][1]), pack2<T>(w[2 * c][2], w[2 * c][3]),
-                            pack2<T>(w[2 * c + 1][0], w[2 * c + 1][1]), pack2<T>(w[2 * c + 1][2], w[2 * c + 1][3])};
+    uint32_t pa[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      pa[m][0] = pack2<T>(w[m][2 * c][0], w[m][2 * c][1]);
+      pa[m][1] = pack2<T>(w[m][2 * c][2], w[m][2 * c][3]);
+      pa[m][2] = pack2<T>(w[m][2 * c + 1][0], w[m][2 * c + 1][1]);
+      pa[m][3] = pack2<T>(w[m][2 * c + 1][2], w[m][2 * c + 1][3]);
+    }
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       uint32_t bf[2];
       b_of_rows(bf, b, b_pitch, 16 * c, n * 8, g, t);
-      mma_16816<T>(acc[n], pa, bf);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) mma_16816<T>(acc[m][n], pa[m], bf);
     }
   }
+}
+// One set of 16 rows.
+template <typename T, int D>
+__device__ __forceinline__ void weights_times_rows(float (&acc)[D / 8][4], const float (&w)[8][4], const T* b,
+                                                   int b_pitch, int g, int t) {
+  weights_times_rows<T, D, 1>(reinterpret_cast<float (&)[1][D / 8][4]>(acc), reinterpret_cast<const float (&)[1][8][4]>(w),
+                              b, b_pitch, g, t);
 }
 
 // 16 bytes (8 bf16 / fp16 elements) as one load or store: the widest a thread issues (LDG.128 / STS.128).

@@ -74,32 +74,33 @@ struct Tile {
   int warp, g, t;
 };
 
+// MT: sets of 16 rows a warp (a block takes 64 MT queries; the warp's rows r0 .. r0 + 16 MT).
+template <int MT = 1>
 __device__ __forceinline__ Tile locate(const FlashParams& p) {
+  constexpr int kBlockRows = kRows * MT;
   Tile s;
-  const int64_t tiles = (p.N + kRows - 1) / kRows;
+  const int64_t tiles = (p.N + kBlockRows - 1) / kBlockRows;
   s.x = blockIdx.x / tiles;
   s.b = s.x / p.K;
   s.h = s.x % p.K;
-  s.i0 = (blockIdx.x % tiles) * kRows;
+  s.i0 = (blockIdx.x % tiles) * kBlockRows;
   s.offset = p.C - p.N;
   s.lo = max(static_cast<int64_t>(0), s.offset + s.i0 - p.band + 1);
-  s.hi = s.offset + min(s.i0 + kRows, p.N);  // one past the last key the last query reads
+  s.hi = s.offset + min(s.i0 + kBlockRows, p.N);  // one past the last key the last query reads
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   s.warp = static_cast<int>(threadIdx.x) / kWarp;
   s.g = lane >> 2;
   s.t = lane & 3;
-  s.r0 = s.i0 + s.warp * 16;
+  s.r0 = s.i0 + s.warp * 16 * MT;
   return s;
 }
 
-// s = Q_w K_tile^T (16 x 64 per warp, accumulator layout), then scaled and masked: -inf where the key is
-// not visible to the row (or the row is past N).
-template <typename T, int D, typename Fragments>
-__device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const Fragments& qa, const T* ks,
-                                       const FlashParams& p, const Tile& w, int64_t j0, float scale) {
-  fragments_times_keys<T, D>(s, qa, ks, pitch<D>(), w.g, w.t);
+// Scores of 16 rows from r0 over the key tile at j0 (accumulator layout) scaled, and masked: -inf where
+// the key is not visible to the row (or the row is past N).
+__device__ __forceinline__ void scale_and_mask(float (&s)[kKeys / 8][4], const FlashParams& p, const Tile& w,
+                                               int64_t r0, int64_t j0, float scale) {
   // Query r0 + row at position pos reads key j0 + col when 0 <= pos - (j0 + col) < band.
-  const int rows_left = static_cast<int>(p.N - w.r0), base = static_cast<int>(w.offset + w.r0 - j0);
+  const int rows_left = static_cast<int>(p.N - r0), base = static_cast<int>(w.offset + r0 - j0);
   const int64_t band = p.band;
   if (rows_left >= 16 && base >= kKeys - 1 && base + 15 < band) {  // the whole 16 x 64 visible: no mask
 #pragma unroll
@@ -117,6 +118,14 @@ __device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const Fragments
     }
 }
 
+// s = Q_w K_tile^T (16 x 64 per warp), scaled and masked.
+template <typename T, int D, typename Fragments>
+__device__ __forceinline__ void scores(float (&s)[kKeys / 8][4], const Fragments& qa, const T* ks,
+                                       const FlashParams& p, const Tile& w, int64_t j0, float scale) {
+  fragments_times_keys<T, D>(s, qa, ks, pitch<D>(), w.g, w.t);
+  scale_and_mask(s, p, w, w.r0, j0, scale);
+}
+
 // Z of the weight of key j in the row of the query at key position `pos` (1 without dropout).
 __device__ __forceinline__ float dropout_at(const FlashParams& p, int64_t b, int64_t h, int64_t pos, int64_t j) {
   if (!(p.training && p.dropout > 0.f)) return 1.f;
@@ -126,78 +135,106 @@ __device__ __forceinline__ float dropout_scale(const FlashParams& p, const Tile&
   return dropout_at(p, w.b, w.h, w.offset + w.r0 + row, j);
 }
 
-template <typename T, int D>
+// One online-softmax step of 16 rows (g, g + 8) over a key tile: s (scaled, masked scores) becomes
+// e^{s - m_new}; m, l and the rescale of the rows' accumulators follow.
+__device__ __forceinline__ void softmax_step(float (&s)[kKeys / 8][4], float (&mx)[2], float (&ls)[2],
+                                             float (&rescale)[2]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {  // the 4 lanes of a row group share a row
+    tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 1));
+    tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 2));
+    const float m_new = fmaxf(mx[rr], tile_max[rr]);
+    const float base = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: nothing to rescale
+    rescale[rr] = __expf(mx[rr] - base);
+    mx[rr] = m_new;
+    tile_max[rr] = base;
+  }
+  float l_part[2] = {0.f, 0.f};
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = __expf(s[n][e] - tile_max[e >> 1]);  // 0 where -inf
+      l_part[e >> 1] += s[n][e];
+    }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l_part[rr] += __shfl_xor_sync(kFullMask, l_part[rr], 1);
+    l_part[rr] += __shfl_xor_sync(kFullMask, l_part[rr], 2);
+    ls[rr] = ls[rr] * rescale[rr] + l_part[rr];
+  }
+}
+
+// MT sets of 16 rows a warp (1, or 2 at D 32 / 64: SPANFORMER_FLASH_KERNEL=v1-m2): each K and V fragment
+// read from shared memory serves MT products, and the MT sets' softmax steps are independent
+// instruction streams the warp interleaves.
+template <typename T, int D, int MT>
 __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
   constexpr int P = pitch<D>(), NT = D / 8;
   T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
   T* vs = ks + kKeys * P;              // (kKeys, P)
-  const Tile w = locate(p);
+  const Tile w = locate<MT>(p);
   const float scale = rsqrtf(static_cast<float>(D));
+  const bool dropping = p.training && p.dropout > 0.f;
   const T* k = static_cast<const T*>(p.k) + w.x * p.C * D;
   const T* v = static_cast<const T*>(p.v) + w.x * p.C * D;
-  HeldFragments<D> qa;  // Q_w as A fragments, from global memory
-  qa.load_global(static_cast<const T*>(p.q) + w.x * p.N * D, w.r0, p.N, w.g, w.t);
-  float o[NT][4];
+  HeldFragments<D> qa[MT];  // Q's row sets as A fragments, from global memory
+  float o[MT][NT][4], mx[MT][2], ls[MT][2];  // per set: output accumulators; rows g and g + 8: m, l
 #pragma unroll
-  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float mx[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};  // rows g and g + 8
+  for (int m = 0; m < MT; ++m) {
+    qa[m].load_global(static_cast<const T*>(p.q) + w.x * p.N * D, w.r0 + 16 * m, p.N, w.g, w.t);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.f;
+    mx[m][0] = mx[m][1] = -INFINITY;
+    ls[m][0] = ls[m][1] = 0.f;
+  }
 
   for (int64_t j0 = w.lo; j0 < w.hi; j0 += kKeys) {
     __syncthreads();  // the previous tile is consumed
     load_rows<T, D, kKeys>(ks, k, j0, w.hi);
     load_rows<T, D, kKeys>(vs, v, j0, w.hi);
     __syncthreads();
-    float s[kKeys / 8][4];
-    scores<T, D>(s, qa, ks, p, w, j0, scale);
-    float tile_max[2] = {-INFINITY, -INFINITY}, rescale[2];
+    float s[MT][kKeys / 8][4];
+    fragments_times_keys<T, D, MT>(s, qa, ks, P, w.g, w.t);
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
+    for (int m = 0; m < MT; ++m) {
+      scale_and_mask(s[m], p, w, w.r0 + 16 * m, j0, scale);
+      float rescale[2];
+      softmax_step(s[m], mx[m], ls[m], rescale);
+      if (dropping) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+        for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {  // the 4 lanes of a row group share a row
-      tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 1));
-      tile_max[rr] = fmaxf(tile_max[rr], __shfl_xor_sync(kFullMask, tile_max[rr], 2));
-      const float m_new = fmaxf(mx[rr], tile_max[rr]);
-      const float base = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: nothing to rescale
-      rescale[rr] = __expf(mx[rr] - base);
-      mx[rr] = m_new;
-      tile_max[rr] = base;
-    }
-    float l_part[2] = {0.f, 0.f};
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int rr = e >> 1;
-        const float ex = __expf(s[n][e] - tile_max[rr]);  // 0 where -inf
-        l_part[rr] += ex;
-        s[n][e] = ex * dropout_scale(p, w, w.g + rr * 8, j0 + n * 8 + 2 * w.t + (e & 1));
+          for (int e = 0; e < 4; ++e)
+            s[m][n][e] *= dropout_at(p, w.b, w.h, w.offset + w.r0 + 16 * m + w.g + (e >> 1) * 8,
+                                     j0 + n * 8 + 2 * w.t + (e & 1));
       }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      l_part[rr] += __shfl_xor_sync(kFullMask, l_part[rr], 1);
-      l_part[rr] += __shfl_xor_sync(kFullMask, l_part[rr], 2);
-      ls[rr] = ls[rr] * rescale[rr] + l_part[rr];
+      scale_rows<D>(o[m], rescale);
     }
-    scale_rows<D>(o, rescale);
-    weights_times_rows<T, D>(o, s, vs, P, w.g, w.t);  // P V
+    weights_times_rows<T, D, MT>(o, s, vs, P, w.g, w.t);  // P V
   }
 
   T* out = static_cast<T*>(p.out) + w.x * p.N * D;
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int64_t i = w.r0 + w.g + rr * 8;
-    if (i >= p.N) continue;
-    const float inv = 1.f / ls[rr];
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      out[i * D + n * 8 + 2 * w.t] = from_float<T>(o[n][2 * rr] * inv);
-      out[i * D + n * 8 + 2 * w.t + 1] = from_float<T>(o[n][2 * rr + 1] * inv);
+    for (int rr = 0; rr < 2; ++rr) {
+      const int64_t i = w.r0 + 16 * m + w.g + rr * 8;
+      if (i >= p.N) continue;
+      const float inv = 1.f / ls[m][rr];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        out[i * D + n * 8 + 2 * w.t] = from_float<T>(o[m][n][2 * rr] * inv);
+        out[i * D + n * 8 + 2 * w.t + 1] = from_float<T>(o[m][n][2 * rr + 1] * inv);
+      }
+      if (w.t == 0) p.lse[w.x * p.N + i] = mx[m][rr] + logf(ls[m][rr]);
     }
-    if (w.t == 0) p.lse[w.x * p.N + i] = mx[rr] + logf(ls[rr]);
-  }
 }
 
 // Atomics: also dk and dv, by atomics from every (query tile, key tile) pair; else dq only (the
@@ -364,17 +401,22 @@ __global__ void __launch_bounds__(kWarps * kWarp) backward_keys_kernel(FlashPara
   }
 }
 
+// A kernel over the (b, h) pairs' query tiles of 64 MT rows.
 template <typename Kernel>
-cudaError_t launch(Kernel kernel, size_t bytes, const FlashParams& p, cudaStream_t stream) {
-  return launch_with_shared(kernel, p.B * p.K * ((p.N + kRows - 1) / kRows), kWarps * kWarp, bytes, p, stream);
+cudaError_t launch(Kernel kernel, size_t bytes, const FlashParams& p, cudaStream_t stream, int MT = 1) {
+  const int64_t rows = kRows * MT;
+  return launch_with_shared(kernel, p.B * p.K * ((p.N + rows - 1) / rows), kWarps * kWarp, bytes, p, stream);
 }
 
 template <typename T>
 cudaError_t forward_for_width(const FlashParams& p, cudaStream_t stream) {
+  const bool two = p.forward_rows32;
   switch (p.D) {
-    case 32: return launch(forward_mma_kernel<T, 32>, forward_bytes<T, 32>(), p, stream);
-    case 64: return launch(forward_mma_kernel<T, 64>, forward_bytes<T, 64>(), p, stream);
-    case 128: return launch(forward_mma_kernel<T, 128>, forward_bytes<T, 128>(), p, stream);
+    case 32: return two ? launch(forward_mma_kernel<T, 32, 2>, forward_bytes<T, 32>(), p, stream, 2)
+                        : launch(forward_mma_kernel<T, 32, 1>, forward_bytes<T, 32>(), p, stream);
+    case 64: return two ? launch(forward_mma_kernel<T, 64, 2>, forward_bytes<T, 64>(), p, stream, 2)
+                        : launch(forward_mma_kernel<T, 64, 1>, forward_bytes<T, 64>(), p, stream);
+    case 128: return launch(forward_mma_kernel<T, 128, 1>, forward_bytes<T, 128>(), p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -80,6 +80,7 @@ struct FlashParams {
   DType dtype;
   bool version0;            // version 0 both ways even where version 1 could (SPANFORMER_FLASH_KERNEL=v0)
   bool backward_by_keys;    // version 1's backward with dk, dv key-major at D 32 / 64 (SPANFORMER_FLASH_KERNEL=v1-keys)
+  bool forward_rows32;      // version 1's forward with 32 rows a warp at D 32 / 64 (SPANFORMER_FLASH_KERNEL=v1-m2)
 };
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
