@@ -169,7 +169,7 @@ TEST(Attention, FiniteDifferenceGradients) {
 // The GPT flash attention's auto rule beyond SDPA (attention dropout in training): the CUDA kernels'
 // version 1 exactly where it runs and was measured (bf16 / fp16, D 32 / 64 / 128, no KV cache), the ATen
 // tiles elsewhere (include/spanformer/attention/attn_impl.h).
-TEST(Attention, FlashAutoTakesTheCudaKernelsWhereVersion1Runs) {
+TEST(Attention, FlashAutoRuleTakesTheKernelsWhereVersion1Runs) {
   using spanformer::attention::auto_rule::flash_kernels;
   EXPECT_TRUE(flash_kernels(true, true, 64, 1024, 1024));
   EXPECT_TRUE(flash_kernels(true, true, 32, 7, 7));
