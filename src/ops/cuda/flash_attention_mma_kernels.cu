@@ -20,6 +20,12 @@
 // tile's 64 queries (dS^T Q, (P Z)^T dout, through shared memory), added with fp32 atomics into zeroed
 // buffers.
 //
+// Two variants, opt-in until measured on a GPU (SPANFORMER_FLASH_KERNEL names them; D 32 / 64): "m2", a
+// forward whose warps take two sets of 16 rows (128 queries a block; each K / V fragment serves both
+// sets, whose softmax steps interleave); "keys", a backward whose dk and dv come from a key-major kernel
+// (backward_keys_kernel: the block's 64 keys' K and V fragments in registers, walking the query tiles
+// that read them, the products transposed; no atomics) while the query-major kernel forms dq only.
+//
 // D in {32, 64, 128} (templated: fragment arrays stay in registers; the backward reads Q's and dout's
 // fragments from shared memory at D 128, to stay under 255 registers); the rest take version 0.
 // Tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp, every case of tests/op_cases.h's

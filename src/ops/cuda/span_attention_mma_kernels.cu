@@ -19,7 +19,9 @@
 // held in registers for the whole row of tiles; the online softmax keeps (max, Z, N) per row in fp32 and
 // the weights w = e m keep / (1 - p) go back into the tensor cores as A fragments of the P V product (the
 // accumulator layout of two 8-key tiles is the A layout of one 16-key chunk). A tile whose smallest
-// distance dlo is beyond S_h adds to Z only: no mask, no values read, no P V product.
+// distance dlo is beyond S_h adds to Z only: no mask, no values read, no P V product; in the 2-block form,
+// a warp whose 16 x 64 lies wholly in the window skips the validity selects, and wholly within the span
+// (no dropout) the mask. Fragments come from shared memory by ldmatrix (device.cuh).
 // Writes out and the row statistics (max, Z, N) of the reference's formula, from which either backward
 // recomputes the scores. Blocks go longest head first (the glue's head_order), so that the short heads'
 // quicker blocks fill the last wave; `__launch_bounds__` asks for 2 or 3 blocks an SM (the glue's rule).
@@ -27,9 +29,9 @@
 // D in {32, 64, 128} (templated: fragment arrays stay in registers); other widths and float32 take
 // version 0. Tested on the CPU model of CUDA (tests/test_cuda_emulated.cpp), which computes each mma.sync
 // from the PTX ISA's fragment layouts, and on an H100 (tests/test_cuda.cpp): at B 8, K 8, M 512, D 64,
-// L 8192 in bf16 the forward takes 1.42 ms with bimodal spans (plain composition 5.53 ms) and 1.93 ms
-// with every span at L; with version 2's backward, forward + backward 7.11 and 8.38 ms (plain 15.4 and
-// 15.1 ms); docs/kernels.md, "v1 tuned" and "v2".
+// L 8192 in bf16 the forward takes 1.42 ms with bimodal spans (plain composition 5.54 ms) and 1.81 ms
+// with every span at L; with version 2's backward, forward + backward 6.73-6.90 and 7.99 ms (plain 15.4
+// and 15.1 ms); docs/kernels.md, "v1 tuned", "v2" and "ldmatrix" (before the whole-tile shortcuts).
 #include "../dropout_hash.h"
 #include "device.cuh"
 #include "params.h"
