@@ -4,7 +4,7 @@
 # compare span attention implementations, and time CUDA training steps. Every figure lands in
 # $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
 #
-#   scripts/gpu-check.sh [stage...]     stages: info build test ops compare flash tune nccl train peers e2e profile (default: all,
+#   scripts/gpu-check.sh [stage...]     stages: info build test ops compare flash tune nccl train train_ab peers e2e profile (default: all,
 #                                       in order of what a short lease needs most)
 #
 # Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
@@ -27,7 +27,7 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-570}
 START=$(date +%s)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(info build test ops compare flash tune nccl train peers e2e profile)
+[ ${#stages[@]} -eq 0 ] && stages=(info build test ops compare flash tune nccl train train_ab peers e2e profile)
 failed=0
 
 # step NAME LIMIT_SECONDS COMMAND...: runs COMMAND with its output in the log, prints one status line.
@@ -108,15 +108,15 @@ EOF
     # composition take seconds a call or run out of memory at long T), B 1 from 16k.
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
     step flash_short 90 $PY bench/python/gpu_flash.py --dtype bf16 --B 4 --T 1024 --out "$FIG"
-    step flash_long 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 4 --T 4096 8192 --rows sdpa,v1,keys,m2 --out "$FIG"
-    step flash_longest 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 1 --T 16384 32768 --rows sdpa,v1,keys,m2 --out "$FIG"
+    step flash_long 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 4 --T 4096 8192 --rows sdpa,v1,keys,m2,async --out "$FIG"
+    step flash_longest 150 $PY bench/python/gpu_flash.py --dtype bf16 --B 1 --T 16384 32768 --rows sdpa,v1,keys,m2,async --out "$FIG"
     ;;
   tune)
     # Version 1's variants A/B (forward, interleaved rounds), then forward + backward (version 2's
     # backward; both blocks-an-SM choices of the forward): bench/python/gpu_span_tune.py.
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
-    step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b2,v1b3,v1b3-in-order}" --out "$FIG"
-    step span_tune_backward 150 $PY bench/python/gpu_span_tune.py --backward --variants v1,v1b2,v1b3 --rounds 3 --out "$FIG"
+    step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b2,v1b3,v1b3-in-order,v1b2-async}" --out "$FIG"
+    step span_tune_backward 150 $PY bench/python/gpu_span_tune.py --backward --variants v1,v1b2,v1b3,v1b2-async --rounds 3 --out "$FIG"
     ;;
   train)
     # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command), bf16
@@ -137,6 +137,35 @@ EOF
         done
       done
     done
+    ;;
+  train_ab)
+    # What `auto` should take for the adaptive-span family on CUDA: the plain path against `fused` (the
+    # span kernels), bf16 autocast, in interleaved rounds (plain, fused, plain, fused, ..; AB_ROUNDS,
+    # default 3) and their medians, since two leases' sequential rows differed by up to 50%.
+    cases=("bench_span8k:--span-dist bimodal" "bench_span8k:--span 8192" "enwik8_small:")
+    AB=$OUT/train_ab.tsv; : > "$AB"
+    for round in $(seq 1 "${AB_ROUNDS:-3}"); do
+      for case in "${cases[@]}"; do
+        IFS=: read -r name extra <<<"$case"
+        for impl in plain fused; do
+          step "ab $round $name $extra $impl" 60 "$BUILD/spanformer" --device cuda bench -c "configs/$name.json" \
+            --steps 10 --warmup 3 $extra --attn_impl=$impl --amp=bf16 || continue
+          ms=$(grep -E "^bench: [0-9.]+ ms/step" "$LOG" | tail -1 | awk '{print $2}')
+          printf '%s\t%s\t%s\t%s\n' "$name $extra" "$impl" "$round" "$ms" >> "$AB"
+        done
+      done
+    done
+    $PY - "$AB" <<'EOF' 2>&1 | tee -a "$FIG"
+import statistics, sys
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+print("| config (bf16, ms/step) | plain: rounds | plain median | fused: rounds | fused median | plain / fused |")
+print("|---|---|---|---|---|---|")
+for case in dict.fromkeys(r[0] for r in rows):
+    got = {impl: [float(r[3]) for r in rows if r[0] == case and r[1] == impl] for impl in ("plain", "fused")}
+    med = {impl: statistics.median(v) if v else float("nan") for impl, v in got.items()}
+    print(f"| {case} | {' '.join(f'{x:.1f}' for x in got['plain'])} | {med['plain']:.1f} | "
+          f"{' '.join(f'{x:.1f}' for x in got['fused'])} | {med['fused']:.1f} | {med['plain'] / med['fused']:.2f} |")
+EOF
     ;;
   peers)
     # The training rows of bench/python/peers.py on the GPU: ours (`spanformer --device cuda bench

@@ -303,6 +303,27 @@ for f in g1 g2 g3 g4 g5 g6; do [ ! -e "$tmp/$f.pt" ] || { echo "FAIL: a refused 
 # A mistake every worker of --nproc-per-node makes is one line (it was one per worker plus the launcher's).
 expect_error "batch_size 3 must divide by the number of processes (2)" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r24" \
   --nproc-per-node 2 --batch_size=3
+[ ! -e "$tmp/r24" ] || { echo "FAIL: the launcher created r24 before refusing the batch"; failures=$((failures + 1)); }
+# The same mistake under torchrun's variables, no launcher: each rank says it once. Every rank waits at
+# joining until all have joined, so no rank leaves while a peer is still connecting (Gloo then printed
+# "connectFullMesh failed ... Connection closed by peer" beside the message). Three rounds give the race
+# its chances.
+for round in 1 2 3; do
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for r in 0 1; do
+    env RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" "$bin" train -c "$tmp/tiny.json" \
+      --data "$tmp/data" --out "$tmp/r24b" --batch_size=3 > /dev/null 2> "$tmp/rank$r.err" &
+  done
+  wait
+  for r in 0 1; do
+    if [ "$(grep -c . "$tmp/rank$r.err")" -ne 1 ] || ! grep -q "^spanformer: error: batch_size 3 must divide by the number of processes (2)" "$tmp/rank$r.err"; then
+      echo "FAIL: round $round, rank $r under torchrun's variables -> $(cat "$tmp/rank$r.err")"
+      failures=$((failures + 1))
+    else
+      passed=$((passed + 1))
+    fi
+  done
+done
 
 # The family list (train/registry.h): an unknown arch names every family, and docs/usage.md's table
 # lists exactly the families `config families` prints, with their descriptions.

@@ -57,7 +57,13 @@ inline void expect_within_reference_error(const KernelRun& run, const std::vecto
     // The floor, where the same-dtype composition happens to be (nearly) exact: a few units in the last
     // place of the dtype relative to the largest magnitude (fp32 1e-6 = 8 ulp of 2^-23; fp16 1e-3 = 1 ulp
     // of 2^-10; bf16 1e-2 = 1.3 ulp of 2^-7). The allowed error is factor x max(composition's, floor).
-    const double floor = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 1e-3 : 1e-2;
+    // The span ratios' gradient in 16 bits has 4 times that floor: it is a per-head sum over every row's
+    // ramp of dw = (dO . v - dO . out) / N, which cancels, and the kernels take dO . out from the stored
+    // 16-bit output (as FlashAttention's delta): version 0 measured 0.029 in bf16 at D 256 (3.8 ulp),
+    // where the composition's own error is 0.047 with LibTorch 2.x and 0.0027 with Debian's 1.13 on an
+    // AVX2-only EPYC (2026-11-26; the 1.13 stage failed there, not on the AVX-512 machines before).
+    const double ulps = dtype != at::kFloat && names[i] == "span_ratio" ? 4.0 : 1.0;
+    const double floor = ulps * (dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 1e-3 : 1e-2);
     const char* dtype_name = dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : "bf16";
     std::printf("measured: %s %-10s %s: kernel %.3g, plain composition %.3g\n", dtype_name, names[i].c_str(),
                 label.c_str(), kernel_error, ref_error);

@@ -113,6 +113,18 @@ TEST(SpanAttentionCuda, Float16WithinTheFloat16ReferenceError) {
   }
 }
 
+// The forward with cp.async double-buffered tiles (SPANFORMER_SPAN_KERNEL=v1b2-async, D 32 / 64).
+TEST(SpanAttentionCuda, DoubleBufferedForwardWithinTheReferenceError) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ::setenv("SPANFORMER_SPAN_KERNEL", "v1b2-async", 1);
+  for (const auto& c : tu::span_test_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
+    tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), span_kernel);
+    tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), span_kernel);
+  }
+  ::unsetenv("SPANFORMER_SPAN_KERNEL");
+}
+
 TEST(SpanAttentionCuda, DoubleFallsBackToTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const tu::SpanCase c{1, 2, 20, 16, 32, 16, {4.0, 16.0}, 0.0};
@@ -190,11 +202,11 @@ TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
-// Version 1's variants (D 32 and 64): the key-major backward (v1-keys), the forward with 32 rows a warp
-// (v1-m2).
+// Version 1's variants: the key-major backward (v1-keys) and the forward with 32 rows a warp (v1-m2) at
+// D 32 and 64, the forward with cp.async double-buffered tiles (v1-async) at every D.
 TEST(FlashCuda, Version1VariantsWithinTheReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* variant : {"v1-keys", "v1-m2"}) {
+  for (const char* variant : {"v1-keys", "v1-m2", "v1-async"}) {
     SCOPED_TRACE(variant);
     ::setenv("SPANFORMER_FLASH_KERNEL", variant, 1);
     for (const auto& c : tu::flash_test_cases()) {

@@ -109,6 +109,8 @@ TEST(GpuEmulator, FailsLaunchesThatWouldHangOrReadGarbage) {
   std::vector<float> out;
   ASSERT_EQ(selftest::unwritten_shared(out), "");
   for (float x : out) EXPECT_TRUE(std::isnan(x)) << "dynamic shared memory is poisoned with NaN";
+  ASSERT_EQ(selftest::missing_barrier(out), "");
+  for (float x : out) EXPECT_TRUE(std::isnan(x)) << "a read another warp's write does not precede by a barrier";
 }
 
 // ldmatrix (device.cuh's fragment helpers): the fragments the element gathers of the PTX ISA's layouts give,
@@ -120,6 +122,29 @@ TEST(GpuEmulator, LdmatrixGivesTheGatheredFragments) {
   EXPECT_EQ(got[0], (8u * 40 + 16) | (8u * 40 + 17) << 16) << "lane 0's first A register: m[8][16], m[8][17]";
   const auto misaligned = selftest::ldmatrix_fragments(36, got, want);
   EXPECT_NE(misaligned.find("not 16-byte aligned"), std::string::npos) << misaligned;
+}
+
+// cp.async (device.cuh's helpers): a copy lands when its thread waits for its group, not before, and the
+// mistakes the hardware leaves undefined fail the launch.
+TEST(GpuEmulator, AsyncCopiesLandAtTheirWait) {
+  std::vector<float> in(512), out;
+  for (int i = 0; i < 512; ++i) in[i] = static_cast<float>(i) + 0.5f;
+  ASSERT_EQ(selftest::async_copies(0, in, out), "");
+  for (int t = 0; t < 64; ++t) {
+    SCOPED_TRACE(::testing::Message() << "thread " << t);
+    EXPECT_TRUE(std::isnan(out[6 * t + 0])) << "read before any wait";
+    EXPECT_EQ(out[6 * t + 1], in[4 * t]) << "group 0 after wait_group 1";
+    EXPECT_EQ(out[6 * t + 2], 0.f) << "src-size 0 fills zeros";
+    EXPECT_TRUE(std::isnan(out[6 * t + 3])) << "group 1 has not landed after wait_group 1";
+    EXPECT_EQ(out[6 * t + 4], in[256 + 4 * t]) << "group 1 after wait_group 0";
+    EXPECT_EQ(out[6 * t + 5], in[4 * (t ^ 1)]) << "another thread's copy after its wait and a barrier";
+  }
+  const auto unwaited = selftest::async_copies(1, in, out);
+  EXPECT_NE(unwaited.find("exited with 3 copies it never waited for"), std::string::npos) << unwaited;
+  const auto misaligned = selftest::async_copies(2, in, out);
+  EXPECT_NE(misaligned.find("not aligned"), std::string::npos) << misaligned;
+  const auto global = selftest::async_copies(3, in, out);
+  EXPECT_NE(global.find("not in the block's shared memory"), std::string::npos) << global;
 }
 
 TEST(GpuEmulator, EnforcesTheLaunchLimits) {
@@ -171,6 +196,19 @@ TEST(SpanAttentionEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {
   ::unsetenv("SPANFORMER_SPAN_KERNEL");
 }
 
+// The forward's variant not yet measured on a GPU (SPANFORMER_SPAN_KERNEL=v1b2-async): tiles
+// double-buffered with cp.async, the next tile's copies in flight while one is computed, at D 32 / 64
+// (the default form at D 128). A tile read before its copies landed, or a buffer refilled while a warp
+// still reads it, is NaN here.
+TEST(SpanAttentionEmulated, DoubleBufferedForwardWithinTheReferenceError) {
+  ::setenv("SPANFORMER_SPAN_KERNEL", "v1b2-async", 1);
+  for (const auto& c : tu::span_test_cases()) {
+    SCOPED_TRACE(tu::span_label(c));
+    tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
+  }
+  ::unsetenv("SPANFORMER_SPAN_KERNEL");
+}
+
 TEST(FlashEmulated, Float32WithinTheFloat32ReferenceError) {
   for (const auto& c : tu::flash_test_cases()) tu::expect_flash_within_reference_error(c, at::kFloat, 4.0, at::kCPU, emulated_flash);
 }
@@ -183,11 +221,12 @@ TEST(FlashEmulated, BFloat16WithinTheBFloat16ReferenceError) {
 // The bf16 test above (and the fp16 one where the CPU has half matmuls) runs the flash kernels'
 // version 1 (tensor cores, D 32, 64 or 128) and version 0 for the other widths; here every case takes
 // version 0 (SPANFORMER_FLASH_KERNEL=v0).
-// Version 1's variants not yet measured on a GPU, at D 32 and 64 (the default form at D 128):
-// SPANFORMER_FLASH_KERNEL=v1-keys, the key-major backward (dk and dv by key tiles, no atomics, every
-// element written, so one it misses is NaN here), and v1-m2, the forward with 32 rows a warp.
+// Version 1's variants not yet measured on a GPU: SPANFORMER_FLASH_KERNEL=v1-keys, the key-major
+// backward (dk and dv by key tiles, no atomics, every element written, so one it misses is NaN here) and
+// v1-m2, the forward with 32 rows a warp, at D 32 and 64 (the default form at D 128); v1-async, the forward
+// with cp.async double-buffered tiles, at every D (a tile read before its copies landed is NaN here).
 TEST(FlashEmulated, Version1VariantsWithinTheReferenceError) {
-  for (const char* variant : {"v1-keys", "v1-m2"}) {
+  for (const char* variant : {"v1-keys", "v1-m2", "v1-async"}) {
     SCOPED_TRACE(variant);
     ::setenv("SPANFORMER_FLASH_KERNEL", variant, 1);
     for (const auto& c : tu::flash_test_cases()) {

@@ -1,10 +1,11 @@
 """Causal attention on a GPU: spanformer's flash attention (its CUDA kernels, version 1 on the tensor
-cores by default, with its key-major backward by SPANFORMER_FLASH_KERNEL=v1-keys and its forward with
-32 rows a warp by =v1-m2, version 0 by =v0, and its ATen tiles) against
+cores by default, with its key-major backward by SPANFORMER_FLASH_KERNEL=v1-keys, its forward with
+32 rows a warp by =v1-m2 and with cp.async double-buffered tiles by =v1-async, version 0 by =v0, and its
+ATen tiles) against
 scaled_dot_product_attention with is_causal (PyTorch's FlashAttention backend) and the plain composition.
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_flash.py \\
-        [--B 4 --K 8 --D 64 --T 1024 4096 8192] [--dtype bf16] [--rows sdpa,v1,keys,m2,v0,aten,plain] [--out figures.md]
+        [--B 4 --K 8 --D 64 --T 1024 4096 8192] [--dtype bf16] [--rows sdpa,v1,keys,m2,async,v0,aten,plain] [--out figures.md]
 
 Each line: forward and forward + backward times (medians of triton.testing.do_bench, CUDA events),
 TFLOP/s of the causal forward (2 * 2 * B * K * D * T (T + 1) / 2 multiply-adds counted as 2 FLOPs),
@@ -30,8 +31,8 @@ def main():
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 4096, 8192])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    ap.add_argument("--rows", default="sdpa,v1,keys,m2,v0,aten,plain",
-                    help="which rows, comma-separated: sdpa v1 keys m2 v0 aten plain (v0 and plain are slow or "
+    ap.add_argument("--rows", default="sdpa,v1,keys,m2,async,v0,aten,plain",
+                    help="which rows, comma-separated: sdpa v1 keys m2 async v0 aten plain (v0 and plain are slow or "
                          "out of memory at long T)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -49,11 +50,12 @@ def main():
         "spanformer kernels v1": with_env(kernels, "SPANFORMER_FLASH_KERNEL", ""),
         "spanformer kernels v1, key-major backward": with_env(kernels, "SPANFORMER_FLASH_KERNEL", "v1-keys"),
         "spanformer kernels v1, 32 rows a warp": with_env(kernels, "SPANFORMER_FLASH_KERNEL", "v1-m2"),
+        "spanformer kernels v1, cp.async tiles": with_env(kernels, "SPANFORMER_FLASH_KERNEL", "v1-async"),
         "spanformer kernels v0": with_env(kernels, "SPANFORMER_FLASH_KERNEL", "v0"),
         "spanformer ATen tiles": lambda q, k, v: ops.flash_attention(q, k, v, cuda_kernel=False),
         "plain composition": lambda q, k, v: ops.flash_attention_reference(q, k, v),
     }
-    short = dict(zip(impls, ["sdpa", "v1", "keys", "m2", "v0", "aten", "plain"]))
+    short = dict(zip(impls, ["sdpa", "v1", "keys", "m2", "async", "v0", "aten", "plain"]))
     impls = {label: fn for label, fn in impls.items() if short[label] in rows or short[label] == "sdpa"}
     for T in a.T:
         g = torch.Generator(device="cuda").manual_seed(T)

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "impl.h"
 #include "spanformer/util/error.h"
@@ -101,6 +103,14 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
            "rebuild): no data parallelism on the CPU", group->rank_);
 #endif
     }
+    // Nobody leaves until everyone has joined: a rank that fails just after joining (a batch the group
+    // cannot split, which every rank finds) must not close its sockets while a peer is still connecting,
+    // or Gloo prints its own error beside the one-line message.
+    auto& store = *group->impl_->store;
+    std::vector<std::string> joined;
+    for (int r = 0; r < group->world_; ++r) joined.push_back("spanformer/joined/" + std::to_string(r));
+    store.set(joined[group->rank_], std::vector<uint8_t>{1});
+    store.wait(joined, timeout);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -17,6 +17,13 @@
 #include "spanformer/version.h"
 
 namespace spanformer::train {
+
+void check_batch_splits(const TrainConfig& tc, int world) {
+  if (tc.batch_size % world != 0 || (tc.batch_size / world) % tc.batch_split != 0)
+    fail("batch_size {} must divide by the number of processes ({}) times batch_split ({})", tc.batch_size, world,
+         tc.batch_split);
+}
+
 namespace {
 
 using run::Position;
@@ -28,9 +35,7 @@ run::Shard make_shard(dist::Group* group, const TrainConfig& tc) {
   s.world = group ? group->world() : 1;
   s.rank = group ? group->rank() : 0;
   s.batch = tc.batch_size;
-  if (tc.batch_size % s.world != 0 || (tc.batch_size / s.world) % tc.batch_split != 0)
-    fail("batch_size {} must divide by the number of processes ({}) times batch_split ({})", tc.batch_size, s.world,
-         tc.batch_split);
+  check_batch_splits(tc, s.world);
   s.local = tc.batch_size / s.world;
   s.first = s.rank * s.local;
   return s;

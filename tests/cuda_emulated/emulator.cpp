@@ -12,6 +12,7 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <stdexcept>
@@ -62,6 +63,14 @@ struct Thread {
   unsigned mask = 0;
   Combine combine = nullptr;
   void* operand = nullptr;
+  struct Copy {  // a cp.async not yet landed
+    unsigned char* dst;
+    const unsigned char* src;
+    int bytes, src_bytes;
+    long group;  // -1 until committed
+  };
+  std::vector<Copy> copies;
+  long groups = 0;  // groups committed so far
 };
 
 // A launch failure raised inside a fiber or the scheduler; the message becomes cudaGetErrorString's.
@@ -122,36 +131,33 @@ std::string describe(const Block& b) {
   return out;
 }
 
-// Releases the warp collectives whose lanes have all arrived; true when one was.
-bool release_warp_ops(Block& b) {
+// Releases warp w's collectives whose lanes have all arrived; true when one was.
+bool release_warp_ops(Block& b, size_t w) {
   bool released = false;
-  const size_t warps = (b.threads.size() + 31) / 32;
-  for (size_t w = 0; w < warps; ++w) {
-    Thread* lanes[32] = {};
-    for (int l = 0; l < 32 && w * 32 + l < b.threads.size(); ++l) lanes[l] = &b.threads[w * 32 + l];
-    for (int l = 0; l < 32; ++l) {
-      if (lanes[l] == nullptr || lanes[l]->state != State::kWarpOp) continue;
-      const unsigned mask = lanes[l]->mask;
-      const Combine combine = lanes[l]->combine;
-      bool ready = true;
-      void* operands[32] = {};
-      for (int m = 0; m < 32; ++m) {
-        if (!(mask >> m & 1u)) continue;
-        if (lanes[m] == nullptr || lanes[m]->state == State::kDone)
-          throw Failure("warp " + std::to_string(w) + ": lane " + std::to_string(m) +
-                        " exited (or does not exist) before a warp op whose mask names it");
-        if (lanes[m]->state != State::kWarpOp || lanes[m]->mask != mask || lanes[m]->combine != combine) {
-          ready = false;
-          break;
-        }
-        operands[m] = lanes[m]->operand;
+  Thread* lanes[32] = {};
+  for (int l = 0; l < 32 && w * 32 + l < b.threads.size(); ++l) lanes[l] = &b.threads[w * 32 + l];
+  for (int l = 0; l < 32; ++l) {
+    if (lanes[l] == nullptr || lanes[l]->state != State::kWarpOp) continue;
+    const unsigned mask = lanes[l]->mask;
+    const Combine combine = lanes[l]->combine;
+    bool ready = true;
+    void* operands[32] = {};
+    for (int m = 0; m < 32; ++m) {
+      if (!(mask >> m & 1u)) continue;
+      if (lanes[m] == nullptr || lanes[m]->state == State::kDone)
+        throw Failure("warp " + std::to_string(w) + ": lane " + std::to_string(m) +
+                      " exited (or does not exist) before a warp op whose mask names it");
+      if (lanes[m]->state != State::kWarpOp || lanes[m]->mask != mask || lanes[m]->combine != combine) {
+        ready = false;
+        break;
       }
-      if (!ready) continue;
-      combine(operands, mask);
-      for (int m = 0; m < 32; ++m)
-        if (mask >> m & 1u) lanes[m]->state = State::kRunnable;
-      released = true;
+      operands[m] = lanes[m]->operand;
     }
+    if (!ready) continue;
+    combine(operands, mask);
+    for (int m = 0; m < 32; ++m)
+      if (mask >> m & 1u) lanes[m]->state = State::kRunnable;
+    released = true;
   }
   return released;
 }
@@ -180,21 +186,38 @@ void run_block(Block& b, dim3 grid, dim3 block_dim, uint3 block_idx, void (*body
       } catch (const std::exception& e) {
         if (b.error.empty()) b.error = e.what();
       }
+      if (!t.copies.empty() && b.error.empty())
+        b.error = "cp.async: thread " + std::to_string(&t - b.threads.data()) + " exited with " +
+                  std::to_string(t.copies.size()) + " copies it never waited for";
       t.state = State::kDone;
       return std::move(t.back);
     });
   }
+  // Warp by warp: each warp runs as far as it can (its collectives released as its lanes arrive) before
+  // the next one starts, in ascending order after every other __syncthreads and descending after the
+  // rest. Warps so drift as far apart as the barriers let them, and a missing barrier shows: a warp
+  // reads shared memory another has not written yet (NaN), or refills a buffer another still reads.
+  const size_t warps = (n + 31) / 32;
+  size_t phase = 0;
   for (;;) {
     bool progress = false;
-    for (auto& t : b.threads) {
-      if (t.state != State::kRunnable) continue;
-      running = &t;
-      t.self = std::move(t.self).resume();
-      running = nullptr;
-      progress = true;
-      if (!b.error.empty()) throw Failure(b.error);
+    for (size_t i = 0; i < warps; ++i) {
+      const size_t w = phase % 2 == 0 ? i : warps - 1 - i;
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (size_t id = w * 32; id < std::min<size_t>(n, w * 32 + 32); ++id) {
+          Thread& t = b.threads[id];
+          if (t.state != State::kRunnable) continue;
+          running = &t;
+          t.self = std::move(t.self).resume();
+          running = nullptr;
+          moved = true;
+          if (!b.error.empty()) throw Failure(b.error);
+        }
+        if (release_warp_ops(b, w)) moved = true;
+        progress = progress || moved;
+      }
     }
-    if (release_warp_ops(b)) progress = true;
     size_t live = 0, at_barrier = 0;
     for (const auto& t : b.threads) {
       live += t.state != State::kDone;
@@ -205,6 +228,7 @@ void run_block(Block& b, dim3 grid, dim3 block_dim, uint3 block_idx, void (*body
       for (auto& t : b.threads)
         if (t.state == State::kBlockBarrier) t.state = State::kRunnable;
       progress = true;
+      ++phase;
     }
     if (!progress) throw Failure("deadlock: " + describe(b));
   }
@@ -234,6 +258,42 @@ void warp_collective(unsigned mask, Combine combine, void* operand) {
 }
 
 void block_barrier() { wait(State::kBlockBarrier); }
+
+void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
+  Thread& t = self_thread();
+  if (bytes != 4 && bytes != 8 && bytes != 16) throw Failure("cp.async copies 4, 8 or 16 bytes");
+  if (src_bytes < 0 || src_bytes > bytes) throw Failure("cp.async: src-size outside [0, cp-size]");
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0)
+    throw Failure("cp.async: an address is not aligned to the copy's size");
+  if (!in_dynamic_shared(dst, bytes)) throw Failure("cp.async: the destination is not in the block's shared memory");
+  if (in_dynamic_shared(src, 1)) throw Failure("cp.async: the source is in shared memory, not global");
+  auto* d = static_cast<unsigned char*>(dst);
+  std::memset(d, 0xff, static_cast<size_t>(bytes));  // NaN until it lands
+  t.copies.push_back({d, static_cast<const unsigned char*>(src), bytes, src_bytes, -1});
+}
+
+void cp_async_commit() {
+  Thread& t = self_thread();
+  for (auto& c : t.copies)
+    if (c.group < 0) c.group = t.groups;
+  ++t.groups;  // an empty group too, as the hardware counts it
+}
+
+void cp_async_wait(int pending) {
+  Thread& t = self_thread();
+  if (pending < 0) throw Failure("cp.async.wait_group: a negative count");
+  const long landed = t.groups - pending;  // groups [0, landed) land now
+  std::vector<Thread::Copy> rest;
+  for (const auto& c : t.copies) {
+    if (c.group < 0 || c.group >= landed) {
+      rest.push_back(c);
+      continue;
+    }
+    std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+    std::memset(c.dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
+  }
+  t.copies = std::move(rest);
+}
 
 void fail(const char* message) { throw Failure(message); }
 

@@ -9,7 +9,10 @@
 //
 // What it models
 //   - A grid is run one block after another. In a block every CUDA thread is a fiber (Boost.Context)
-//     on the calling OS thread; a fiber runs until it reaches a barrier:
+//     on the calling OS thread; a fiber runs until it reaches a barrier, and the warps run one at a time,
+//     each as far as it goes before the next starts (ascending after every other __syncthreads,
+//     descending after the rest), so that a read or a refill that a missing __syncthreads leaves
+//     unordered comes out in the order that breaks it:
 //       __syncthreads()           every live thread of the block (exited threads count as arrived),
 //       warp collectives          __syncwarp, __shfl*_sync, __any/__all/__ballot_sync, mma.sync, ldmatrix: the
 //                                 lanes named in the mask, which must all name the same mask.
@@ -19,10 +22,13 @@
 //     message (cudaGetLastError / cudaGetErrorString): a deadlock (a __syncthreads some threads never
 //     reach while others wait at a warp op, lanes of one mask at different warp ops), a lane that exited
 //     before a warp op naming it, a shuffle reading a lane outside its mask, an ldmatrix row that is not
-//     16-byte aligned or not in the block's dynamic shared memory, launch limits (1024 threads
+//     16-byte aligned or not in the block's dynamic shared memory, a cp.async misaligned, into anything
+//     but dynamic shared memory or from shared memory, a thread that exits with cp.async copies it never
+//     waited for, launch limits (1024 threads
 //     a block, 48 KiB of dynamic shared memory unless raised by cudaFuncSetAttribute, 227 KiB at most).
 //   - Dynamic shared memory is filled with NaN bytes (0xFF) at each block's start, so a read of an
-//     element no thread wrote shows up as NaN. Static __shared__ arrays are function-local statics:
+//     element no thread wrote shows up as NaN. cp.async copies are asynchronous at their latest: each
+//     lands when its thread waits for its group, and its destination is NaN from the issue until then. Static __shared__ arrays are function-local statics:
 //     blocks run one after another, so one copy serves every block (not poisoned).
 //   - Global memory is the host memory the pointers name; atomics are plain read-modify-writes (fibers
 //     switch only at barriers, so they are atomic).
@@ -74,6 +80,15 @@ bool in_dynamic_shared(const void* p, size_t bytes);  // [p, p + bytes) lies in 
 using Combine = void (*)(void* const* operands, unsigned mask);
 void warp_collective(unsigned mask, Combine combine, void* operand);
 void block_barrier();
+
+// cp.async.{ca,cg}.shared.global (sm_80+): the calling thread copies `bytes` (4, 8 or 16) of global memory
+// into dynamic shared memory, the first `src_bytes` from `src` and zeros after them (both addresses aligned
+// to `bytes`). The copy lands when the thread waits for its group, and until then the destination holds
+// NaN bytes: a read before the wait (or, by another thread, before a barrier after it) shows up as NaN,
+// and an issue into a buffer other threads still read poisons what they read.
+void cp_async(void* dst, const void* src, int bytes, int src_bytes);
+void cp_async_commit();            // cp.async.commit_group: the thread's uncommitted copies form a group
+void cp_async_wait(int pending);   // cp.async.wait_group N: all but the N most recent groups have landed
 [[noreturn]] void fail(const char* message);  // fails the running launch with this message
 
 // Runs body() as every thread of every block of the grid; the launch's error, if any, becomes the next

@@ -48,6 +48,16 @@ __global__ void unwritten_shared_kernel(float* out) {
 
 __global__ void empty_kernel() {}
 
+__global__ void missing_barrier_kernel(float* out) {
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  if (warp == 1) smem[lane] = 1.f;
+  else out[lane] = smem[lane];  // no barrier since warp 1's write
+  __syncthreads();
+  if (warp == 0) smem[32 + lane] = 2.f;
+  else out[32 + lane] = smem[32 + lane];  // no barrier since warp 0's write
+}
+
 __global__ void ldmatrix_kernel(int pitch, unsigned* got, unsigned* want) {
   using T = __nv_bfloat16;
   SPANFORMER_DYNAMIC_SHARED(T, m);
@@ -82,7 +92,41 @@ __global__ void ldmatrix_kernel(int pitch, unsigned* got, unsigned* want) {
   }
 }
 
+__global__ void async_copies_kernel(int mode, const float* in, float* out, float* global_scratch) {
+  SPANFORMER_DYNAMIC_SHARED(float, smem);
+  const int t = static_cast<int>(threadIdx.x);
+  float* a = smem + 4 * t;
+  float* b = smem + 256 + 4 * t;
+  float* c = smem + 512 + 4 * t;
+  float* o = out + 6 * t;
+  if (mode == 2) ops::cuda::cp_async16(a, in + 4 * t + 1, true);
+  if (mode == 3) ops::cuda::cp_async16(global_scratch + 4 * t, in + 4 * t, true);
+  ops::cuda::cp_async16(a, in + 4 * t, true);
+  ops::cuda::cp_async16(b, in + 4 * t, false);
+  ops::cuda::cp_async_commit();
+  ops::cuda::cp_async16(c, in + 256 + 4 * t, true);
+  ops::cuda::cp_async_commit();
+  if (mode == 1) return;
+  o[0] = a[0];
+  ops::cuda::cp_async_wait<1>();
+  o[1] = a[0];
+  o[2] = b[0];
+  o[3] = c[0];
+  ops::cuda::cp_async_wait<0>();
+  o[4] = c[0];
+  __syncthreads();
+  o[5] = smem[4 * (t ^ 1)];
+}
+
 }  // namespace
+
+std::string async_copies(int mode, const std::vector<float>& in, std::vector<float>& out) {
+  out.assign(64 * 6, -1.f);
+  std::vector<float> scratch(256);
+  SPANFORMER_LAUNCH(async_copies_kernel, 1, 64, 768 * sizeof(float), nullptr)(mode, in.data(), out.data(),
+                                                                              scratch.data());
+  return result();
+}
 
 std::string shuffles_and_barriers(std::vector<long long>& out) {
   out.assign(64 * 6, -1);
@@ -103,6 +147,12 @@ std::string exited_lane() {
 std::string unwritten_shared(std::vector<float>& out) {
   out.assign(32, 0.f);
   SPANFORMER_LAUNCH(unwritten_shared_kernel, 2, 32, 32 * sizeof(float), nullptr)(out.data());
+  return result();
+}
+
+std::string missing_barrier(std::vector<float>& out) {
+  out.assign(64, 0.f);
+  SPANFORMER_LAUNCH(missing_barrier_kernel, 1, 64, 64 * sizeof(float), nullptr)(out.data());
   return result();
 }
 

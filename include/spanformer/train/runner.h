@@ -55,6 +55,10 @@ struct RunResult {
   bool interrupted = false;
 };
 
+// Refuses a batch that `world` processes cannot share: batch_size must divide by world * batch_split.
+// run_training checks it; a launcher checks it before starting its workers.
+void check_batch_splits(const TrainConfig& tc, int world);
+
 // Trains; throws Error for bad data, config or checkpoint and for a non-finite loss.
 RunResult run_training(Family& family, const RunOptions& options);
 

@@ -100,6 +100,36 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
 #endif
 }
 
+// cp.async.cg.shared.global (sm_80+): 16 bytes from global into shared memory without passing through
+// registers, while the thread goes on; with `valid` false the 16 bytes are zeros and nothing is read
+// (src-size 0). A thread's copies form a group at cp_async_commit(); cp_async_wait<N>() returns when all
+// but its N most recent groups have landed; other threads see them after a __syncthreads() that follows.
+// The CPU model of CUDA lands each copy at that wait and holds NaN in its destination until then.
+template <typename T>
+__device__ __forceinline__ void cp_async16(T* dst, const T* src, bool valid) {
+#ifdef SPANFORMER_CUDA_EMULATE
+  ::spanformer::cuda_emulator::cp_async(dst, src, 16, valid ? 16 : 0);
+#else
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef SPANFORMER_CUDA_EMULATE
+  ::spanformer::cuda_emulator::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef SPANFORMER_CUDA_EMULATE
+  ::spanformer::cuda_emulator::cp_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // Fragments of m16n8k16 from row-major shared matrices (16-byte aligned rows: pitches of whole 16-byte
 // vectors), one ldmatrix each; g = lane >> 2, t = lane & 3 as everywhere.
 // A (16 x 16): rows m0 + g (+8), columns k0 + 2t (+1, +8, +9); matrices (rows +0 / +8) x (columns +0 / +8).

@@ -31,12 +31,14 @@ cuda::FlashParams make_params(const at::Tensor& q, const at::Tensor& k, const at
   // Version 1 (tensor cores) wherever it applies (FlashCuda on the H100 and the CPU model of CUDA hold
   // it to the reference; 20-50x version 0's speed, docs/kernels.md); SPANFORMER_FLASH_KERNEL=v0 keeps
   // version 0 both ways (measurements, tests). Variants of version 1 not yet measured on a GPU (tested on
-  // the CPU model of CUDA), named in the value: "keys" its key-major backward, "m2" its forward with 32
-  // rows a warp, both at D 32 / 64 (v1-keys, v1-m2, v1-keys-m2).
+  // the CPU model of CUDA), named in the value: "keys" its key-major backward and "m2" its forward with 32
+  // rows a warp, both at D 32 / 64; "async" its forward with cp.async double-buffered tiles (v1-keys,
+  // v1-m2, v1-async, v1-keys-async, ..; m2 wins over async).
   const std::string version = std::getenv("SPANFORMER_FLASH_KERNEL") ? std::getenv("SPANFORMER_FLASH_KERNEL") : "";
   p.version0 = version == "v0";
   p.backward_by_keys = !p.version0 && version.find("keys") != std::string::npos;
   p.forward_rows32 = !p.version0 && version.find("m2") != std::string::npos;
+  p.forward_async = !p.version0 && version.find("async") != std::string::npos;
   return p;
 }
 

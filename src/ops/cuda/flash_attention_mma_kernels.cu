@@ -20,9 +20,11 @@
 // tile's 64 queries (dS^T Q, (P Z)^T dout, through shared memory), added with fp32 atomics into zeroed
 // buffers.
 //
-// Two variants, opt-in until measured on a GPU (SPANFORMER_FLASH_KERNEL names them; D 32 / 64): "m2", a
-// forward whose warps take two sets of 16 rows (128 queries a block; each K / V fragment serves both
-// sets, whose softmax steps interleave); "keys", a backward whose dk and dv come from a key-major kernel
+// Three variants, opt-in until measured on a GPU (SPANFORMER_FLASH_KERNEL names them): "m2" (D 32 / 64),
+// a forward whose warps take two sets of 16 rows (128 queries a block; each K / V fragment serves both
+// sets, whose softmax steps interleave); "async" (any D; "m2" wins where both are named), a forward whose
+// K / V tiles are double-buffered with cp.async, the next tile's copies in flight while the current one
+// is computed; "keys" (D 32 / 64), a backward whose dk and dv come from a key-major kernel
 // (backward_keys_kernel: the block's 64 keys' K and V fragments in registers, walking the query tiles
 // that read them, the products transposed; no atomics) while the query-major kernel forms dq only.
 //
@@ -45,8 +47,8 @@ constexpr int kQPitch = kRows + 8;  // shared rows indexed by query (dS^T, (P Z)
 template <int D>
 __host__ __device__ constexpr int pitch() { return D + 8; }
 
-template <typename T, int D>
-constexpr size_t forward_bytes() { return 2 * kKeys * pitch<D>() * sizeof(T); }
+template <typename T, int D, bool Async = false>
+constexpr size_t forward_bytes() { return (Async ? 2 : 1) * 2 * kKeys * pitch<D>() * sizeof(T); }
 template <typename T, int D, bool Atomics>
 constexpr size_t backward_bytes() {
   return ((2 * kKeys + 2 * kRows) * pitch<D>() + (Atomics ? 2 * kKeys * kQPitch : 0)) * sizeof(T);
@@ -71,6 +73,21 @@ __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t r0, int6
   for (int n = 0; n < N; ++n) {
     const int idx = tid + n * kThreads;
     store16(dst + (idx / VR) * P + (idx % VR) * V, r[n]);
+  }
+}
+
+// The same with cp.async (sm_80+): every thread issues its 16-byte copies and goes on; they land at its
+// cp_async_wait, rows at or past `end` as zeros. The double-buffered forward's loads.
+template <typename T, int D, int Rows>
+__device__ __forceinline__ void load_rows_async(T* dst, const T* src, int64_t r0, int64_t end) {
+  constexpr int P = pitch<D>(), V = 16 / sizeof(T), VR = D / V, kThreads = kWarps * kWarp, N = Rows * VR / kThreads;
+  static_assert(Rows * VR % kThreads == 0, "whole vectors per thread");
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int idx = tid + n * kThreads, row = idx / VR, e = (idx % VR) * V;
+    const bool valid = r0 + row < end;
+    cp_async16(dst + row * P + e, valid ? src + (r0 + row) * D + e : src, valid);
   }
 }
 
@@ -179,12 +196,17 @@ __device__ __forceinline__ void softmax_step(float (&s)[kKeys / 8][4], float (&m
 // MT sets of 16 rows a warp (1, or 2 at D 32 / 64: SPANFORMER_FLASH_KERNEL=v1-m2): each K and V fragment
 // read from shared memory serves MT products, and the MT sets' softmax steps are independent
 // instruction streams the warp interleaves.
-template <typename T, int D, int MT>
+// Async (MT 1; SPANFORMER_FLASH_KERNEL=v1-async): two K / V buffers; tile t + 1's copies (cp.async) are
+// in flight while tile t is computed, and one barrier a tile both publishes tile t and frees the buffer
+// tile t + 1 goes into (every warp is past tile t - 1, which read it). Without it: load, barrier,
+// compute, barrier.
+template <typename T, int D, int MT, bool Async>
 __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
-  constexpr int P = pitch<D>(), NT = D / 8;
-  T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
-  T* vs = ks + kKeys * P;              // (kKeys, P)
+  constexpr int P = pitch<D>(), NT = D / 8, kBuffer = 2 * kKeys * P;
+  static_assert(!Async || MT == 1, "the double-buffered forward takes 16 rows a warp");
+  T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P); with Async buffer b's K at ks + b kBuffer
+  T* vs = ks + kKeys * P;              // (kKeys, P); its V after it
   const Tile w = locate<MT>(p);
   const float scale = rsqrtf(static_cast<float>(D));
   const bool dropping = p.training && p.dropout > 0.f;
@@ -201,13 +223,34 @@ __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams
     ls[m][0] = ls[m][1] = 0.f;
   }
 
+  if constexpr (Async) {  // tile 0 (lo < hi: the block's first query reads its own position)
+    load_rows_async<T, D, kKeys>(ks, k, w.lo, w.hi);
+    load_rows_async<T, D, kKeys>(vs, v, w.lo, w.hi);
+    cp_async_commit();
+  }
+  int buffer = 0;
   for (int64_t j0 = w.lo; j0 < w.hi; j0 += kKeys) {
-    __syncthreads();  // the previous tile is consumed
-    load_rows<T, D, kKeys>(ks, k, j0, w.hi);
-    load_rows<T, D, kKeys>(vs, v, j0, w.hi);
-    __syncthreads();
+    const T* kt = ks;  // this tile's K and V in shared memory
+    const T* vt = vs;
+    if constexpr (Async) {
+      cp_async_wait<0>();
+      __syncthreads();  // tile j0 is in for every thread; the other buffer is free
+      if (j0 + kKeys < w.hi) {
+        load_rows_async<T, D, kKeys>(ks + (buffer ^ 1) * kBuffer, k, j0 + kKeys, w.hi);
+        load_rows_async<T, D, kKeys>(vs + (buffer ^ 1) * kBuffer, v, j0 + kKeys, w.hi);
+      }
+      cp_async_commit();
+      kt = ks + buffer * kBuffer;
+      vt = vs + buffer * kBuffer;
+      buffer ^= 1;
+    } else {
+      __syncthreads();  // the previous tile is consumed
+      load_rows<T, D, kKeys>(ks, k, j0, w.hi);
+      load_rows<T, D, kKeys>(vs, v, j0, w.hi);
+      __syncthreads();
+    }
     float s[MT][kKeys / 8][4];
-    fragments_times_keys<T, D, MT>(s, qa, ks, P, w.g, w.t);
+    fragments_times_keys<T, D, MT>(s, qa, kt, P, w.g, w.t);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       scale_and_mask(s[m], p, w, w.r0 + 16 * m, j0, scale);
@@ -223,7 +266,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) forward_mma_kernel(FlashParams
       }
       scale_rows<D>(o[m], rescale);
     }
-    weights_times_rows<T, D, MT>(o, s, vs, P, w.g, w.t);  // P V
+    weights_times_rows<T, D, MT>(o, s, vt, P, w.g, w.t);  // P V
   }
 
   T* out = static_cast<T*>(p.out) + w.x * p.N * D;
@@ -414,15 +457,21 @@ cudaError_t launch(Kernel kernel, size_t bytes, const FlashParams& p, cudaStream
   return launch_with_shared(kernel, p.B * p.K * ((p.N + rows - 1) / rows), kWarps * kWarp, bytes, p, stream);
 }
 
+// The forward at width D: 32 rows a warp (m2), double-buffered (async), or the plain form.
+template <typename T, int D>
+cudaError_t forward_at(const FlashParams& p, cudaStream_t stream) {
+  if constexpr (D <= 64)
+    if (p.forward_rows32) return launch(forward_mma_kernel<T, D, 2, false>, forward_bytes<T, D>(), p, stream, 2);
+  if (p.forward_async) return launch(forward_mma_kernel<T, D, 1, true>, forward_bytes<T, D, true>(), p, stream);
+  return launch(forward_mma_kernel<T, D, 1, false>, forward_bytes<T, D>(), p, stream);
+}
+
 template <typename T>
 cudaError_t forward_for_width(const FlashParams& p, cudaStream_t stream) {
-  const bool two = p.forward_rows32;
   switch (p.D) {
-    case 32: return two ? launch(forward_mma_kernel<T, 32, 2>, forward_bytes<T, 32>(), p, stream, 2)
-                        : launch(forward_mma_kernel<T, 32, 1>, forward_bytes<T, 32>(), p, stream);
-    case 64: return two ? launch(forward_mma_kernel<T, 64, 2>, forward_bytes<T, 64>(), p, stream, 2)
-                        : launch(forward_mma_kernel<T, 64, 1>, forward_bytes<T, 64>(), p, stream);
-    case 128: return launch(forward_mma_kernel<T, 128, 1>, forward_bytes<T, 128>(), p, stream);
+    case 32: return forward_at<T, 32>(p, stream);
+    case 64: return forward_at<T, 64>(p, stream);
+    case 128: return forward_at<T, 128>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -48,6 +48,7 @@ struct SpanAttentionParams {
   bool forward_v0;          // the forward takes version 0 even where version 1 could (A/B measurements)
   bool backward_v0;         // the backward takes version 0 even where version 2 could
   int forward_min_blocks;   // version 1's __launch_bounds__ blocks an SM: 2 or 3 (the glue's rule)
+  bool forward_async;       // version 1 with cp.async double-buffered tiles, 2 blocks, D 32 / 64 (v1b2-async)
 };
 
 // Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256. The forward
@@ -81,6 +82,7 @@ struct FlashParams {
   bool version0;            // version 0 both ways even where version 1 could (SPANFORMER_FLASH_KERNEL=v0)
   bool backward_by_keys;    // version 1's backward with dk, dv key-major at D 32 / 64 (SPANFORMER_FLASH_KERNEL=v1-keys)
   bool forward_rows32;      // version 1's forward with 32 rows a warp at D 32 / 64 (SPANFORMER_FLASH_KERNEL=v1-m2)
+  bool forward_async;       // version 1's forward with cp.async double-buffered tiles (SPANFORMER_FLASH_KERNEL=v1-async)
 };
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.

@@ -21,9 +21,10 @@ namespace {
 // sooner; 2 where (nearly) every head spans the window, whose equal blocks fill 2 waves of 2 on 132 SMs
 // better than 1.3 waves of 3 (measured, docs/kernels.md "v1 tuned"). SPANFORMER_SPAN_KERNEL overrides
 // the defaults for A/B measurements: v0 (version 0 both ways), v1-bwd-v0 (version 0's backward), v1b2,
-// v1b3, v1b3-in-order (3 blocks, heads not sorted).
+// v1b3, v1b3-in-order (3 blocks, heads not sorted), v1b2-async (2 blocks, tiles double-buffered with
+// cp.async at D 32 / 64; not yet measured on a GPU).
 struct KernelChoice {
-  bool forward_v0 = false, backward_v0 = false, heads_in_order = false;
+  bool forward_v0 = false, backward_v0 = false, heads_in_order = false, forward_async = false;
   int min_blocks = 2;
 };
 
@@ -36,8 +37,9 @@ KernelChoice kernel_choice(const SpanAttentionOptions& o, int64_t window) {
   c.forward_v0 = chosen == "v0";
   c.backward_v0 = chosen == "v0" || chosen == "v1-bwd-v0";
   c.heads_in_order = chosen == "v1b3-in-order";
+  c.forward_async = chosen == "v1b2-async";
   const auto K = static_cast<int64_t>(o.visited.size());
-  c.min_blocks = chosen == "v1b2" ? 2 : chosen.rfind("v1b3", 0) == 0 ? 3 : 4 * visited_sum <= 3 * window * K ? 3 : 2;
+  c.min_blocks = chosen.rfind("v1b2", 0) == 0 ? 2 : chosen.rfind("v1b3", 0) == 0 ? 3 : 4 * visited_sum <= 3 * window * K ? 3 : 2;
   return c;
 }
 
@@ -80,6 +82,7 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.forward_v0 = c.forward_v0;
   p.backward_v0 = c.backward_v0;
   p.forward_min_blocks = c.min_blocks;
+  p.forward_async = c.forward_async;
   return p;
 }
 

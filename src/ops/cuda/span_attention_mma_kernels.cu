@@ -21,7 +21,9 @@
 // accumulator layout of two 8-key tiles is the A layout of one 16-key chunk). A tile whose smallest
 // distance dlo is beyond S_h adds to Z only: no mask, no values read, no P V product; in the 2-block form,
 // a warp whose 16 x 64 lies wholly in the window skips the validity selects, and wholly within the span
-// (no dropout) the mask. Fragments come from shared memory by ldmatrix (device.cuh).
+// (no dropout) the mask. Fragments come from shared memory by ldmatrix (device.cuh). A variant, opt-in
+// until measured on a GPU (SPANFORMER_SPAN_KERNEL=v1b2-async, D 32 / 64), double-buffers the tiles with
+// cp.async.
 // Writes out and the row statistics (max, Z, N) of the reference's formula, from which either backward
 // recomputes the scores. Blocks go longest head first (the glue's head_order), so that the short heads'
 // quicker blocks fill the last wave; `__launch_bounds__` asks for 2 or 3 blocks an SM (the glue's rule).
@@ -49,9 +51,11 @@ constexpr int kGPitch = kWarpDist + 4;
 template <int D>
 __host__ __device__ constexpr int pitch() { return D + 8; }  // shared rows of ks, vs, pes (elements)
 
-template <typename T, int D>
+constexpr int kTileRows = 2 * kKeys + kDist;  // shared rows of one tile: keys, values, distances
+
+template <typename T, int D, bool Async = false>
 constexpr size_t shared_bytes() {
-  return (2 * kKeys + kDist) * pitch<D>() * sizeof(T) + kWarps * 16 * kGPitch * sizeof(float);
+  return (Async ? 2 : 1) * kTileRows * pitch<D>() * sizeof(T) + kWarps * 16 * kGPitch * sizeof(float);
 }
 
 __device__ __forceinline__ float ramp_mask(float z, float ramp, int d) {
@@ -103,6 +107,31 @@ __device__ __forceinline__ void load_tile(T* ks, T* vs, T* pes, const T* k, cons
   }
 }
 
+// The same tile with cp.async (sm_80+): every thread issues its 16-byte copies (zeros where load_tile
+// stores zeros; value rows not copied where no pair is within the span, as load_tile leaves them) and
+// goes on; they land at its cp_async_wait. The double-buffered forward's loads.
+template <typename T, int D>
+__device__ __forceinline__ void load_tile_async(T* ks, T* vs, T* pes, const T* k, const T* v, const T* pe_d,
+                                                int64_t j0, int64_t dlo, int64_t W, int64_t M, bool values) {
+  constexpr int P = pitch<D>(), V = 16 / sizeof(T), VR = D / V, kThreads = kWarps * kWarp;
+  constexpr int NK = kKeys * VR / kThreads, NP = kDist * VR / kThreads;
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int n = 0; n < NK; ++n) {
+    const int idx = tid + n * kThreads, row = idx / VR, e = (idx % VR) * V;
+    const bool valid = j0 + row < W + M;
+    cp_async16(ks + row * P + e, valid ? k + (j0 + row) * D + e : k, valid);
+    if (values) cp_async16(vs + row * P + e, valid ? v + (j0 + row) * D + e : v, valid);
+  }
+#pragma unroll
+  for (int n = 0; n < NP; ++n) {
+    const int idx = tid + n * kThreads, row = idx / VR, e = (idx % VR) * V;
+    const int64_t d = dlo + row;
+    const bool valid = d >= 1 && d <= W;
+    cp_async16(pes + row * P + e, valid ? pe_d + (d - 1) * D + e : pe_d, valid);
+  }
+}
+
 // Where a block and its warp stand. Block order: head rank (longest visited span first, the glue's
 // head_order), batch, query tile of kRows; a warp takes 16 rows from r0.
 struct Place {
@@ -150,14 +179,18 @@ __device__ __forceinline__ void position_term(float* gw, const Fragments& qa, co
 }
 
 // MinBlocks: blocks an SM that __launch_bounds__ asks registers for (2: up to 255 registers a thread).
-template <typename T, int D, int MinBlocks>
+// Async (2 blocks, D 32 / 64; SPANFORMER_SPAN_KERNEL=v1b2-async): two tile buffers; tile t + 1's copies
+// (cp.async) are in flight while tile t is computed, and one barrier a tile both publishes tile t and
+// frees the buffer tile t + 1 goes into (every warp is past tile t - 1, which read it).
+template <typename T, int D, int MinBlocks, bool Async>
 __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(SpanAttentionParams p) {
   SPANFORMER_DYNAMIC_SHARED(float, smem);
-  constexpr int P = pitch<D>(), NT = D / 8;
-  T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P)
+  constexpr int P = pitch<D>(), NT = D / 8, kBuffer = kTileRows * P;
+  static_assert(!Async || MinBlocks == 2, "the double-buffered forward is the 2-block form");
+  T* ks = reinterpret_cast<T*>(smem);  // (kKeys, P); with Async buffer b's rows at + b kBuffer
   T* vs = ks + kKeys * P;              // (kKeys, P)
   T* pes = vs + kKeys * P;             // (kDist, P)
-  float* g_all = reinterpret_cast<float*>(pes + kDist * P);  // (kWarps, 16, kGPitch)
+  float* g_all = reinterpret_cast<float*>(ks + (Async ? 2 : 1) * kBuffer);  // (kWarps, 16, kGPitch)
 
   const Place at = place(p);
   const int64_t h = at.h, b = at.b, x = at.x, i0 = at.i0, r0 = at.r0, W = p.W, M = p.M, L = p.L;
@@ -180,18 +213,43 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
   float mx[2] = {-INFINITY, -INFINITY}, zs[2] = {0.f, 0.f}, ns[2] = {0.f, 0.f};  // rows g and g + 8
 
   const int64_t j_end = min(i0 + kRows - 1 + W, W + M);  // one past the last key row the block reads
+  // The pair's smallest distance (row i0, key j0 + 63); some pair within the span: mask and P V needed.
+  const auto smallest_distance = [&](int64_t j0) { return i0 + W - j0 - (kKeys - 1); };
+  if constexpr (Async) {
+    if (i0 < j_end)
+      load_tile_async<T, D>(ks, vs, pes, k, v, pe_d, i0, smallest_distance(i0), W, M, smallest_distance(i0) <= S);
+    cp_async_commit();
+  }
+  int buffer = 0;
   for (int64_t j0 = i0; j0 < j_end; j0 += kKeys) {
-    const int64_t dlo = i0 + W - j0 - (kKeys - 1);  // the pair's smallest distance (row i0, key j0 + 63)
-    const bool values = dlo <= S;                   // some pair within the span: mask and P V needed
-    __syncthreads();  // the previous tile is consumed
-    load_tile<T, D>(ks, vs, pes, k, v, pe_d, j0, dlo, W, M, values);
-    __syncthreads();
+    const int64_t dlo = smallest_distance(j0);
+    const bool values = dlo <= S;
+    const T* kt = ks;  // this tile's rows in shared memory
+    const T* vt = vs;
+    const T* pt = pes;
+    if constexpr (Async) {
+      cp_async_wait<0>();
+      __syncthreads();  // tile j0 is in for every thread; the other buffer is free
+      const int64_t next = j0 + kKeys, next_dlo = smallest_distance(next);
+      if (next < j_end)
+        load_tile_async<T, D>(ks + (buffer ^ 1) * kBuffer, vs + (buffer ^ 1) * kBuffer, pes + (buffer ^ 1) * kBuffer, k,
+                              v, pe_d, next, next_dlo, W, M, next_dlo <= S);
+      cp_async_commit();
+      kt += buffer * kBuffer;
+      vt += buffer * kBuffer;
+      pt += buffer * kBuffer;
+      buffer ^= 1;
+    } else {
+      __syncthreads();  // the previous tile is consumed
+      load_tile<T, D>(ks, vs, pes, k, v, pe_d, j0, dlo, W, M, values);
+      __syncthreads();
+    }
 
     // Content scores: 8 tiles of 8 keys; B (k x n) = K^T: register r holds ks[n = g][16c + 2t (+8 for r = 1)].
     float s[8][4];
-    fragments_times_keys<T, D>(s, qa, ks, P, g, t);
+    fragments_times_keys<T, D>(s, qa, kt, P, g, t);
     // Position term: G = Q_w pes[16 warp .. 16 warp + 80)^T into shared memory, then the skewed reads.
-    position_term<T, D>(gw, qa, pes, warp, g, t);
+    position_term<T, D>(gw, qa, pt, warp, g, t);
     __syncwarp();
 
     // Scores of the warp's rows; -inf outside the window (or past the last query). Index arithmetic in
@@ -279,7 +337,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
     }
     scale_rows<D>(o, rescale);
     if (!values) continue;  // block-uniform: beyond every row's span, Z only
-    weights_times_rows<T, D>(o, s, vs, P, g, t);  // P V
+    weights_times_rows<T, D>(o, s, vt, P, g, t);  // P V
   }
 
   T* out = static_cast<T*>(p.out) + x * M * D;
@@ -303,8 +361,13 @@ __global__ void __launch_bounds__(kWarps * kWarp, MinBlocks) forward_mma_kernel(
 
 template <typename T, int D>
 cudaError_t launch_mma(const SpanAttentionParams& p, cudaStream_t stream) {
-  const auto kernel = p.forward_min_blocks == 3 ? forward_mma_kernel<T, D, 3> : forward_mma_kernel<T, D, 2>;
-  return launch_with_shared(kernel, p.B * p.K * ((p.M + kRows - 1) / kRows), kWarps * kWarp, shared_bytes<T, D>(), p, stream);
+  const int64_t blocks = p.B * p.K * ((p.M + kRows - 1) / kRows);
+  if constexpr (D <= 64)
+    if (p.forward_async)
+      return launch_with_shared(forward_mma_kernel<T, D, 2, true>, blocks, kWarps * kWarp, shared_bytes<T, D, true>(), p,
+                                stream);
+  const auto kernel = p.forward_min_blocks == 3 ? forward_mma_kernel<T, D, 3, false> : forward_mma_kernel<T, D, 2, false>;
+  return launch_with_shared(kernel, blocks, kWarps * kWarp, shared_bytes<T, D>(), p, stream);
 }
 
 template <typename T>
