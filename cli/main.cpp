@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   const auto args = hoist_global_flags(argc, argv);
   globals->argv = args;
   app.set_version_flag("--version", [] { return spanformer::version_line(); }, "version, git commit, LibTorch, CUDA");
-  app.add_option("--threads", globals->threads, "CPU threads for LibTorch (default: all cores)");
+  app.add_option("--threads", globals->threads, "CPU threads for LibTorch (default: OMP_NUM_THREADS if set, else all cores)");
   app.add_option("--device", globals->device, "cpu | cuda | cuda:N (default cpu; for train it sets train.device)");
   app.add_option("--attn-impl", globals->attn_impl,
                  "adaptive span: auto | fused | plain, how attention is computed (default: the checkpoint's or config's)");

@@ -7,17 +7,19 @@
 #   scripts/build.sh --cuda           the CUDA build (kernels, NCCL) into build-cuda/: needs nvcc and a
 #                                     CUDA LibTorch (PyPI's torch is one)
 #   --dir DIR                         another build folder; arguments after -- go to CMake
+#   --target NAME                     build only that target and what it needs (repeatable; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-torch=venv cuda=OFF dir="" cmake_args=()
+torch=venv cuda=OFF dir="" cmake_args=() targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --torch) torch="${2:?--torch needs venv, system or a directory}"; shift 2 ;;
     --cuda) cuda=ON; shift ;;
     --dir) dir="${2:?--dir needs a folder}"; shift 2 ;;
+    --target) targets+=("${2:?--target needs a target name}"); shift 2 ;;
     --) shift; cmake_args+=("$@"); break ;;
     -D*) cmake_args+=("$1"); shift ;;
-    *) echo "build: unknown option '$1' (--torch venv|system|DIR, --cuda, --dir DIR, -- CMAKE_ARGS)" >&2; exit 2 ;;
+    *) echo "build: unknown option '$1' (--torch venv|system|DIR, --cuda, --dir DIR, --target NAME, -- CMAKE_ARGS)" >&2; exit 2 ;;
   esac
 done
 
@@ -39,4 +41,4 @@ if [ ! -f "$dir/build.ninja" ]; then
   [ -n "$prefix" ] && args+=(-DCMAKE_PREFIX_PATH="$prefix")
   cmake "${args[@]}" "${cmake_args[@]}"
 fi
-ninja -C "$dir" -j "$(nproc)"
+ninja -C "$dir" -j "$(nproc)" "${targets[@]}"

@@ -2,6 +2,13 @@
 // with a message naming the key.
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "spanformer/config/config.h"
@@ -9,6 +16,7 @@
 #include "spanformer/train/registry.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/names.h"
+#include "spanformer/util/runtime.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -180,4 +188,25 @@ TEST(ConfigSections, RunKeysNeverMakeAnotherModelAndOldFilesStillLoad) {
     EXPECT_NE(error_of([&] { info.make(base, "test", {"--run." + model_int_key + "=3"}); }).find("unknown config key"),
               std::string::npos);
   }
+}
+
+// train.threads / --threads 0: OMP_NUM_THREADS where it is a positive number (as PyTorch's default), else
+// every core; a given count wins over the variable.
+TEST(Runtime, ThreadsZeroFollowsOmpNumThreadsElseAllCores) {
+  const int before = at::get_num_threads();
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::optional<std::string> restore = saved ? std::optional<std::string>(saved) : std::nullopt;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  setenv("OMP_NUM_THREADS", "3", 1);
+  EXPECT_EQ(set_threads(0), 3);
+  EXPECT_EQ(at::get_num_threads(), 3);
+  EXPECT_EQ(set_threads(1), 1);
+  setenv("OMP_NUM_THREADS", "0", 1);
+  EXPECT_EQ(set_threads(0), cores);
+  setenv("OMP_NUM_THREADS", "two", 1);
+  EXPECT_EQ(set_threads(0), cores);
+  unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(set_threads(0), cores);
+  if (restore) setenv("OMP_NUM_THREADS", restore->c_str(), 1);
+  at::set_num_threads(before);
 }

@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
     return spanformer::tu::op_perf_main(std::vector<std::string>(argv + 2, argv + argc));
   }
   ::testing::InitGoogleTest(&argc, argv);
-  at::set_num_threads(2);
+  // Two intra-op threads, or OMP_NUM_THREADS where set (scripts/test.sh: one per test while CTest runs
+  // one test per core; a test that sets train.threads keeps its count).
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  at::set_num_threads(omp && std::atoi(omp) > 0 ? std::atoi(omp) : 2);
   return RUN_ALL_TESTS();
 }

@@ -22,6 +22,10 @@
 namespace spanformer {
 
 int set_threads(int threads) {
+  if (threads <= 0) {
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    threads = omp ? std::atoi(omp) : 0;
+  }
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
   return threads;

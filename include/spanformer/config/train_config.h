@@ -51,7 +51,7 @@ struct TrainConfig {
   int64_t eval_blocks = 100;       // validation blocks per interval (Transformer-XL/PAR: 0 = the whole split)
   int64_t checkpoint_interval = 0; // steps between checkpoints (0 = at every eval_interval)
   uint64_t seed = 42;
-  int64_t threads = 0;             // 0 = all cores
+  int64_t threads = 0;             // 0 = OMP_NUM_THREADS if set, else all cores
   int64_t eval_batch_size = 8;     // streams of the full evaluation
   std::string device = "cpu";      // cpu | cuda | cuda:N
   Amp amp = Amp::kOff;             // off | bf16: training forward under bf16 autocast, fp32 weights and loss

@@ -6,7 +6,8 @@
 
 namespace spanformer {
 
-// Sets LibTorch's intra-op thread count; 0 means "all cores". Returns the count in use.
+// Sets LibTorch's intra-op thread count; 0 means OMP_NUM_THREADS where that is a positive number (as
+// PyTorch's own default), else all cores. Returns the count in use.
 int set_threads(int threads);
 
 // Keeps freed memory in the process for reuse instead of handing it back to the kernel (glibc malloc:
