@@ -47,9 +47,8 @@ run_ctest() {  # build folder, then CTest arguments
   mkdir -p "$dir/Testing"
   # One LibTorch thread a test (OMP_NUM_THREADS: the test binary, the tool's default, Python's torch)
   # while CTest runs one test per core: two tests of two threads each on two cores wait on each other's
-  # parallel regions (the tiny reference model's evaluation beside a GPT training test: 31-34 s for the
-  # pair with 2 threads each, 13-15 s with 1; AMD EPYC, AVX2, 2 cores). Tests that set train.threads
-  # keep their count.
+  # parallel regions (two GPT training tests side by side: 105.9 s with 2 threads each, 12.9 s with 1;
+  # 2-core AMD EPYC with AVX2; docs/testing.md). A test that sets train.threads keeps its count.
   (cd "$dir" && OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@") | tee "$log"
   local skipped unexpected=()
   skipped=$(sed -nE 's/^[[:space:]]*[0-9]+ - (.*) \(Skipped\)$/\1/p' "$log")

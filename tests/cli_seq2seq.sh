@@ -29,7 +29,7 @@ PY
 cfg="$src/configs/seq2seq/transformer.json"
 small=(--data "$tmp/pairs.txt" --d_model=32 --n_layer=1 --n_head=2 --d_inner=64 --dropout=0 --max_length=8
        --valid_pairs=200 --test_pairs=200 --batch_size=32 --nb_steps=300 --eval_interval=150 --lr_warmup=30
-       --lr=3e-3 --eval_batch_size=100 --threads=2)
+       --lr=3e-3 --eval_batch_size=100)
 "$bin" config keys --arch seq2seq | grep "model.kind" > /dev/null
 "$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}" --stop-after 100 --quiet > /dev/null
 "$bin" train -c "$cfg" --out "$tmp/tf" "${small[@]}" --resume --quiet | tee "$tmp/train.out"
@@ -123,6 +123,6 @@ expect_error "already holds a run: continue it with --resume, or replace it with
 fra="$src/../shared/data/fra-eng/fra.txt"
 if [ ! -f "$fra" ]; then echo "cli seq2seq: synthetic runs passed; fra-eng skipped (../shared/data missing)"; exit 77; fi
 "$bin" train -c "$cfg" --out "$tmp/fra" --data "$fra" --d_model=32 --n_layer=1 --n_head=2 --d_inner=64 --batch_size=32 \
-  --nb_steps=10 --eval_interval=10 --valid_pairs=100 --threads=2 --quiet | grep "trained 10 steps" > /dev/null
+  --nb_steps=10 --eval_interval=10 --valid_pairs=100 --quiet | grep "trained 10 steps" > /dev/null
 grep '"valid_bleu"' "$tmp/fra/log.jsonl" > /dev/null
 "$bin" translate "$tmp/fra" --text "Il fait beau aujourd'hui." --beam 2 > /dev/null

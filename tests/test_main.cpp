@@ -59,7 +59,9 @@ int main(int argc, char** argv) {
   }
   ::testing::InitGoogleTest(&argc, argv);
   // Two intra-op threads, or OMP_NUM_THREADS where set (scripts/test.sh: one per test while CTest runs
-  // one test per core; a test that sets train.threads keeps its count).
+  // one test per core). Training tests leave train.threads at 0, which follows the same variable (else
+  // takes every core); only a test whose point is a thread count sets one
+  // (GptTraining.RepeatedRunsAndEvaluationsAreBitIdentical).
   const char* omp = std::getenv("OMP_NUM_THREADS");
   at::set_num_threads(omp && std::atoi(omp) > 0 ? std::atoi(omp) : 2);
   return RUN_ALL_TESTS();

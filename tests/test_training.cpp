@@ -39,7 +39,7 @@ Config tiny(const std::string& data) {
   c.train.nb_steps = 100;
   c.train.eval_interval = 10;
   c.train.eval_blocks = 2;
-  c.train.threads = 2;
+  c.train.threads = 0;  // OMP_NUM_THREADS (one under scripts/test.sh), else every core
   return c;
 }
 

@@ -64,7 +64,7 @@ VitConfig tiny_vit(const std::string& data) {
   c.train.lr_warmup = 5;
   c.train.eval_interval = 50;
   c.train.eval_batch_size = 100;
-  c.train.threads = 2;
+  c.train.threads = 0;  // OMP_NUM_THREADS (one under scripts/test.sh), else every core
   return c;
 }
 
