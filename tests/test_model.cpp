@@ -286,9 +286,10 @@ TEST_F(ReferenceModel, RecordedWeightsAreDistributionsWithinEachHeadsSpan) {
   }
 }
 // The default path reproduces both splits through the command line (tests/cli_reference.sh): auto takes
-// the plain path on this model (its 128 + 64-key windows are below span_fused's 512), so here the fused
-// kernel takes a whole split (every path already matches the reference's log probabilities on fixed
-// blocks above); SPANFORMER_FULL_SWEEP=1 adds the plain path on valid, which the command line covers.
+// the plain path on this model (its windows, at most attn_span = 128 keys, are below span_fused's 512),
+// so here the fused kernel takes a whole split (every path already matches the reference's log
+// probabilities on fixed blocks above); SPANFORMER_FULL_SWEEP=1 adds the plain path on valid, which the
+// command line covers.
 TEST_F(ReferenceModel, SlowReproducesValidAndTestBitsPerCharacter) {
   {
     models::TransformerSeq model(config_);  // attn_impl auto
