@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>

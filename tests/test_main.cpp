@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/util/runtime.h"
+
 namespace spanformer::tu {
 int op_perf_main(const std::vector<std::string>& args);  // tests/op_perf.cpp
 }
@@ -62,7 +64,7 @@ int main(int argc, char** argv) {
   // one test per core). Training tests leave train.threads at 0, which follows the same variable (else
   // takes every core); only a test whose point is a thread count sets one
   // (GptTraining.RepeatedRunsAndEvaluationsAreBitIdentical).
-  const char* omp = std::getenv("OMP_NUM_THREADS");
-  at::set_num_threads(omp && std::atoi(omp) > 0 ? std::atoi(omp) : 2);
+  const int from_environment = spanformer::threads_from_environment();
+  at::set_num_threads(from_environment > 0 ? from_environment : 2);
   return RUN_ALL_TESTS();
 }

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 
@@ -21,11 +22,13 @@
 
 namespace spanformer {
 
+int threads_from_environment() {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  return omp ? std::max(0, std::atoi(omp)) : 0;
+}
+
 int set_threads(int threads) {
-  if (threads <= 0) {
-    const char* omp = std::getenv("OMP_NUM_THREADS");
-    threads = omp ? std::atoi(omp) : 0;
-  }
+  if (threads <= 0) threads = threads_from_environment();
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
   return threads;

@@ -9,6 +9,8 @@ namespace spanformer {
 // Sets LibTorch's intra-op thread count; 0 means OMP_NUM_THREADS where that is a positive number (as
 // PyTorch's own default), else all cores. Returns the count in use.
 int set_threads(int threads);
+// OMP_NUM_THREADS where it is a positive number, else 0.
+int threads_from_environment();
 
 // Keeps freed memory in the process for reuse instead of handing it back to the kernel (glibc malloc:
 // no mmap for large blocks, no trimming). LibTorch on CPU frees and reallocates the same large
