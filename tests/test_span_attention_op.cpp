@@ -1,7 +1,7 @@
 // The fused adaptive-span attention op (its cpu row) against its reference composition over the op's one
 // case list (tests/op_cases.h): forward and every gradient equal in double, within the float32
-// reference's error in float32; plus finite differences of the hand-written
-// backward and the link between the op's semantics and the model's plain attention.
+// reference's error in float32 and the bf16 one's in bf16 (with float32 spans); plus finite differences
+// of the hand-written backward and the link between the op's semantics and the model's plain attention.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -77,6 +77,17 @@ TEST_P(SpanAttentionOp, Float32WithinTheFloat32ReferenceError) {
   tu::expect_span_within_reference_error(GetParam(), at::kFloat, 2.0, at::kCPU, cpu_row);
 }
 
+// bf16 inputs with float32 span ratios, as a mixed-precision caller passes them (z = ratio L needs the
+// ratio's bits; the argument check allows it). Kernel v4 stopped there with "expected m1 and m2 to have
+// the same dtype"; the ratios hold the bf16 reference's values, so both see the same spans.
+TEST_P(SpanAttentionOp, BFloat16WithFloat32SpansWithinTheBf16ReferenceError) {
+  tu::expect_span_within_reference_error(GetParam(), at::kBFloat16, 2.0, at::kCPU,
+                                         [](const tu::Inputs& in, const SpanAttentionOptions& o) {
+                                           return ops::adaptive_span_attention(in[0], in[1], in[2], in[3],
+                                                                               in[4].to(at::kFloat), o);
+                                         });
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, SpanAttentionOp, ::testing::ValuesIn(tu::span_test_cases()),
                          [](const ::testing::TestParamInfo<tu::SpanCase>& info) { return "case" + std::to_string(info.index); });
 
@@ -101,6 +112,23 @@ TEST(SpanAttentionOpTest, ReferenceIsTheModelsAttentionWhenEveryDistanceIsVisite
   auto w = p * m.clamp(0, 1);
   auto plain = at::matmul(ops::skew(w / (w.sum(-1, true) + 1e-8)), in.v);
   EXPECT_LT(max_diff(op, plain), 1e-13);
+}
+
+// The mask in the spans' own dtype, as the reference computes it: in float32, (z - 32) / 32 + 1 at
+// z = 1.2e-6 (a head of the small4 reference model) is 0, where double keeps 3.7e-8 for that distance.
+// With scores as large as a trained model's (inputs x 6 here) the last distance can hold nearly all of p,
+// and the output then depends on that mask value: a mask in double moved it by 0.22 here (measured).
+TEST(SpanAttentionOpTest, Float32MaskRoundsAsTheReferenceDoes) {
+  SpanCase c{1, 4, 128, 64, 64, 1024, {1.2e-6, 1.2e-6, 1.2e-6, 1.2e-6}, 0.0};
+  auto in = make_inputs(c, at::kFloat, 6);
+  at::NoGradGuard guard;
+  for (auto* t : {&in.q, &in.k, &in.pe}) *t = *t * 6.0;
+  in.ratio = at::full({4}, 1.2e-6 / 1024, at::kFloat);
+  auto o = tu::span_options(c);
+  o.ramp = 32;
+  auto fused = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
+  auto ref = ops::adaptive_span_attention_reference(in.q, in.k, in.v, in.pe, in.ratio, o);
+  EXPECT_LT(max_diff(fused, ref), 1e-4);
 }
 
 TEST(SpanAttentionOpTest, DropoutIsSeededAndUnbiased) {

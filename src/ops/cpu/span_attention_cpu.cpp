@@ -1,21 +1,30 @@
-// CPU kernel of adaptive-span attention: blocked over (head, query tile), batched over B. The scores
-// cover the whole window (the reference's softmax normaliser Z counts every key, see the op's header);
-// everything after the softmax (mask, renormalisation, dropout, the value product and its gradients)
-// touches only the S_h visited distances of the tile's head.
+// CPU kernel of adaptive-span attention: blocked over (head, query tile), one stream b at a time. The
+// scores cover the whole window (the reference's softmax normaliser Z counts every key, see the op's
+// header); everything after the softmax (mask, renormalisation, dropout, the value product and its
+// gradients) touches only the S_h visited distances of the tile's head.
 //
-// Tile of T queries i0 .. i0+T-1 of head h, S = S_h visited of W distances, for all B streams at once:
-//   Kt     = rows i0 .. i0 + T - 2 + W of k                               (B, W + T - 1, D)
-//   Vt     = rows i0 + W - S .. i0 + T - 2 + W of v                       (B, S + T - 1, D)
-//   s      = (unskew(Q Kt^T) + Q pe[:, L-W:]) / sqrt(D)                   (B, T, W), column c = distance W - c
-//   p      = softmax(s) over W;  pv = p[:, :, W-S:]                       (B, T, S)
-//   a~     = pv m / (sum pv m + 1e-8);  a = a~ keep / (1 - p_drop)        (B, T, S)
-//   out    = skew(a) Vt                                                   (B, T, D)
+// Tile of T queries i0 .. i0+T-1 of head h and stream b, S = S_h visited of W distances:
+//   Kt     = rows i0 .. i0 + T - 2 + W of k                               (W + T - 1, D)
+//   Vt     = rows i0 + W - S .. i0 + T - 2 + W of v                       (S + T - 1, D)
+//   s      = (unskew(Q Kt^T) + Q pe[:, L-W:]) / sqrt(D)                   (T, W), column c = distance W - c
+//   p      = softmax(s) over W;  pv = p[:, W-S:]                          (T, S)
+//   a~     = pv m / (sum pv m + 1e-8);  a = a~ keep / (1 - p_drop)        (T, S)
+//   out    = skew(a) Vt                                                   (T, D)
+// which is the reference composition (adaptive_span_attention_reference) up to summation order.
 // When gradients are needed the forward keeps p (K, B, M, W) for backward (v4); backward rebuilds the
 // rest of the tile from p (mask, renormalisation, dropout: O(T S)) and applies, row by row,
-//   da~ = dA keep / (1 - p_drop);  dw = (da~ - <da~, a~>) / (sum pv m + 1e-8);  dpv = dw m
-//   c   = <dpv, pv>;  ds = p (dp - c) / sqrt(D)  with dp = dpv on visited columns, 0 on the others
-//   d ratio = sum dw pv [0 <= x <= 1] L / R  (x the unclamped mask)
-// so the far columns get ds = -p c: the gradient of the 1e-8 Z term, as autograd gives the reference.
+//   da~ = dA keep / (1 - p_drop);  dw = (da~ - <da~, a~>) / (sum pv m + 1e-8);  t = dw pv
+//   c   = <t, m>;  ds = (t m - p c) / sqrt(D) on visited columns, -p c / sqrt(D) on the others
+//   d ratio = sum t [0 <= x <= 1] L / R  (x the unclamped mask)
+// so the far columns get ds = -p c / sqrt(D): the gradient of the 1e-8 Z term, as autograd gives the
+// reference. c = 1e-8 <da~, a~> / (sum pv m + 1e-8) is what remains of a sum of O(1) terms, so the row
+// loop runs in double (in float32 it would keep few of c's digits).
+//
+// Where the time goes (v5): six window-long products per tile in training (two forward, four backward)
+// run as BLAS calls that write their results where they belong: the unskew is a leading dimension of
+// W + T (row r of Q Kt^T starts r columns further along), a power-of-two 1/sqrt(D) is the products' alpha, the
+// gradients of k and key_pe accumulate in place (beta 1). The elementwise work of a row is one loop over
+// its visited distances and one over the window; the softmax is ATen's vectorised kernel.
 //
 // Versions (2-core machine; docs/kernels.md has the measurements):
 //   v1  tiles of 64 per (b, h), ATen GEMMs per tile, (b, h) in parallel.
@@ -24,13 +33,23 @@
 //       rely on it (issue 10).
 //   v3  v2 with the scores and Z over the whole window, as the reference; backward recomputed the
 //       scores, so training did two more window-long products than the plain path's eight.
-//   v4  (this file) v3 keeping p from the forward when gradients are needed: six window-long
-//       products in training, one stored M x W tensor per head instead of the plain path's several.
+//   v4  v3 keeping p from the forward when gradients are needed: six window-long products in training,
+//       one stored M x W tensor per head instead of the plain path's several. A composition of ATen ops
+//       per tile: every op allocated its (T, W) result and made a pass over it.
+//   v5  (this file) v4's arithmetic with the products written in place, one loop per row for the rest
+//       (in double), the mask held in double after the reference's arithmetic (v4 failed on bf16
+//       inputs with float32 spans), and the work handed out as threads come free: (head, tile) items in forward,
+//       whole heads in backward (a head's key gradients need one owner), costliest first.
 #include "span_attention_cpu.h"
 
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 
 namespace spanformer::ops::cpu {
 namespace {
@@ -38,76 +57,245 @@ namespace {
 // Queries per tile; docs/kernels.md has the measurements behind the choice.
 constexpr int64_t kTile = 64;
 
-// (B, T, S + T - 1) contiguous -> (B, T, S) view of row r's columns r .. r + S - 1.
-at::Tensor tile_unskew(const at::Tensor& x, int64_t T, int64_t S) {
-  return x.as_strided({x.size(0), T, S}, {T * (S + T - 1), S + T, 1});
-}
-
-// (B, T, S) -> (B, T, S + T - 1) with row r shifted right by r, zeros elsewhere.
-at::Tensor tile_skew(const at::Tensor& a, int64_t T, int64_t S) {
-  auto out = at::zeros({a.size(0), T, S + T - 1}, a.options());
-  tile_unskew(out, T, S).copy_(a);
-  return out;
-}
-
 struct Shape {
   int64_t B, K, M, D, W, L;
+  int64_t tiles() const { return (M + kTile - 1) / kTile; }
 };
 
 Shape shape_of(const at::Tensor& q, const at::Tensor& k, const SpanAttentionOptions& o) {
   return {q.size(0), q.size(1), q.size(2), q.size(3), k.size(2) - q.size(2), o.attn_span};
 }
 
-// Per head: the unclamped mask over the S visited distances (column c = distance S - c).
-at::Tensor unclamped_mask(const at::Tensor& span_ratio, int64_t h, int64_t S, const SpanAttentionOptions& o) {
-  auto distance_minus_one = at::arange(S - 1, -1, -1, span_ratio.options());
-  return (span_ratio[h] * static_cast<double>(o.attn_span) - distance_minus_one) / o.ramp + 1.0;
-}
-
-// Dropout scale for the tile (keep / (1 - p)), or an undefined tensor without dropout.
-at::Tensor dropout_scale(const SpanAttentionOptions& o, const Shape& s, int64_t h, int64_t i0, int64_t T, int64_t S,
-                         const at::TensorOptions& options) {
-  if (!o.training || o.dropout <= 0) return {};
-  auto scale = at::empty({s.B, T, S}, at::kDouble);
-  double* p = scale.data_ptr<double>();
-  const double kept = 1.0 / (1.0 - o.dropout);
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t r = 0; r < T; ++r)
-      for (int64_t c = 0; c < S; ++c)
-        *p++ = dropout_keep(o.seed, b, h, i0 + r, S - c, o.dropout) ? kept : 0.0;
-  return scale.to(options);
-}
-
-// Everything the forward computes for one tile, recomputed in backward.
-struct TileState {
-  at::Tensor Q, Kt, Vt, pe, p, pv, m, N, a_tilde, scale, a;
+// One head's mask over its S visited distances (column c = distance S - c):
+//   x_c = (ratio L - (S - 1 - c)) / R + 1,  m_c = clamp(x_c, 0, 1),  dm_c / d ratio = [0 <= x_c <= 1] L / R,
+// computed as the reference composition does, in the spans' dtype, and held in double for the row loops.
+// Not in double from the start: in float32, (z - 32) / 32 + 1 at z = 1.2e-6 (a head of the small4
+// reference model) is 0, where double gives 3.7e-8; with that model's scores the output moved by 0.2.
+struct HeadMask {
+  int64_t S = 0;
+  std::vector<double> m, dm;
+  int64_t ramp_begin = 0, ramp_end = 0;  // dm is 0 outside [ramp_begin, ramp_end): the ramp's R + 1 columns at most
 };
 
-// qh (B, M, D), kh / vh (B, W + M, D): one head's slices. p_saved: this head's (B, M, W) p kept by
-// the forward (backward), or undefined to compute the scores (forward).
-TileState compute_tile(const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh, const at::Tensor& key_pe,
-                       const at::Tensor& mask, const Shape& s, int64_t S, int64_t h, int64_t i0, int64_t T,
-                       const SpanAttentionOptions& o, const at::Tensor& p_saved) {
-  TileState t;
-  t.Q = qh.narrow(1, i0, T);                                                      // (B, T, D)
-  t.Kt = kh.narrow(1, i0, s.W + T - 1);                                           // (B, W+T-1, D)
-  t.Vt = vh.narrow(1, i0 + s.W - S, S + T - 1);                                   // (B, S+T-1, D)
-  t.pe = key_pe.narrow(1, s.L - s.W, s.W);                                        // (D, W)
-  if (p_saved.defined()) {
-    t.p = p_saved.narrow(1, i0, T);                                               // (B, T, W)
-  } else {
-    auto content = tile_unskew(at::bmm(t.Q, t.Kt.transpose(1, 2)), T, s.W);       // (B, T, W)
-    auto scores = (content + at::matmul(t.Q, t.pe)) / std::sqrt(double(s.D));     // (B, T, W)
-    t.p = at::softmax(scores, 2);                                                 // (B, T, W)
+std::vector<HeadMask> head_masks(const at::Tensor& span_ratio, const SpanAttentionOptions& o) {
+  const auto ratio = span_ratio.detach();
+  std::vector<HeadMask> heads(o.visited.size());
+  for (size_t h = 0; h < heads.size(); ++h) {
+    auto& hm = heads[h];
+    hm.S = o.visited[h];
+    auto distance_minus_one = at::arange(hm.S - 1, -1, -1, ratio.options());              // (S)
+    auto x = (ratio[h] * static_cast<double>(o.attn_span) - distance_minus_one) / o.ramp + 1.0;  // (S)
+    auto m = x.clamp(0.0, 1.0).to(at::kDouble).contiguous();
+    auto dm = (((x >= 0) & (x <= 1)).to(at::kDouble) * (static_cast<double>(o.attn_span) / o.ramp)).contiguous();
+    hm.m.assign(m.data_ptr<double>(), m.data_ptr<double>() + hm.S);
+    hm.dm.assign(dm.data_ptr<double>(), dm.data_ptr<double>() + hm.S);
+    for (int64_t c = 0; c < hm.S; ++c)
+      if (hm.dm[c] != 0.0) {
+        if (hm.ramp_end == 0) hm.ramp_begin = c;
+        hm.ramp_end = c + 1;
+      }
   }
-  t.pv = t.p.narrow(2, s.W - S, S);                                               // (B, T, S)
-  t.m = mask;                                                                     // (S)
-  auto w = t.pv * t.m;                                                            // (B, T, S)
-  t.N = w.sum(2, /*keepdim=*/true) + 1e-8;                                        // (B, T, 1)
-  t.a_tilde = w / t.N;                                                            // (B, T, S)
-  t.scale = dropout_scale(o, s, h, i0, T, S, qh.options());
-  t.a = t.scale.defined() ? t.a_tilde * t.scale : t.a_tilde;                      // (B, T, S)
-  return t;
+  return heads;
+}
+
+// sum_{c < n} f(c) in double with eight partial sums (independent additions the compiler can overlap).
+template <typename F>
+double sum_of(int64_t n, const F& f) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int j = 0; j < 8; ++j) part[j] += f(c + j);
+  for (; c < n; ++c) part[0] += f(c);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+// f(j) for j in [0, n) on the intra-op threads, each taking the next j when it is done with one (the items
+// differ in cost: a head's value side is S_h long). Every item writes outputs of its own, so the result
+// does not depend on which thread took it.
+template <typename F>
+void for_each_item(int64_t n, const F& f) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t j = next++; j < n; j = next++) f(j);
+  });
+}
+
+// Heads by decreasing cost (the window-long products are the same for every head; the value side grows
+// with S_h), so that the cheap ones fill the threads' last gaps.
+std::vector<int64_t> heads_by_cost(const std::vector<HeadMask>& masks) {
+  std::vector<int64_t> order(masks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return masks[a].S > masks[b].S; });
+  return order;
+}
+
+// Row r of a skewed (T, n + T - 1) buffer holds its n values at columns r .. r + n - 1: zero the rest.
+template <typename scalar_t>
+void zero_outside_band(scalar_t* row, int64_t r, int64_t n, int64_t T) {
+  std::memset(row, 0, sizeof(scalar_t) * r);
+  std::memset(row + r + n, 0, sizeof(scalar_t) * (T - 1 - r));
+}
+
+// The (T, W) unskewed view of a contiguous (T, W + T - 1) buffer: row r's columns r .. r + W - 1.
+at::Tensor unskewed(const at::Tensor& skewed, int64_t W) {
+  const int64_t T = skewed.size(0);
+  return skewed.as_strided({T, W}, {W + T, 1});
+}
+
+// The per-row factors keep / (1 - p_drop) of a tile row over its S visited distances (1 without dropout).
+struct Dropout {
+  const SpanAttentionOptions& o;
+  bool on() const { return o.training && o.dropout > 0; }
+  void row(double* scale, int64_t b, int64_t h, int64_t i, int64_t S) const {
+    const double kept = 1.0 / (1.0 - o.dropout);
+    for (int64_t c = 0; c < S; ++c) scale[c] = dropout_keep(o.seed, b, h, i, S - c, o.dropout) ? kept : 0.0;
+  }
+};
+
+// a = a~ keep / (1 - p) of one tile, written skewed into A (T, S + T - 1) for the product with Vt.
+// p: the tile's softmax rows (ld W). In double, as backward rebuilds it (backward_rows).
+template <typename scalar_t>
+void attention_weights(const scalar_t* p, int64_t W, const HeadMask& hm, const Dropout& drop, int64_t b, int64_t h,
+                       int64_t i0, int64_t T, scalar_t* A) {
+  const int64_t S = hm.S, ld = S + T - 1;
+  const std::vector<double>& m = hm.m;
+  std::vector<double> scale(S, 1.0);
+  for (int64_t r = 0; r < T; ++r) {
+    const scalar_t* pv = p + r * W + (W - S);
+    scalar_t* a = A + r * ld;
+    if (drop.on()) drop.row(scale.data(), b, h, i0 + r, S);
+    const double inv_n = 1.0 / (sum_of(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
+    for (int64_t c = 0; c < S; ++c) a[r + c] = static_cast<at::opmath_type<scalar_t>>(double(pv[c]) * m[c] * inv_n * scale[c]);
+    zero_outside_band(a, r, S, T);
+  }
+}
+
+// The scores of one tile, unskew(Q Kt^T) + Q pe_w over sqrt(D), written into the (T, W) view of C
+// (T, W + T - 1), then p = softmax into P (T, W). Where 1/sqrt(D) is a power of two (D 4, 16, 64, 256)
+// it is the products' alpha, without rounding; otherwise the scores are divided as the reference does
+// (an alpha rounded to float32 scales every score by the same relative error, which the span gradient,
+// a cancelling sum, amplifies: 5e-6 against the composition's 9e-7 at D 32, measured).
+void scores_and_softmax(const at::Tensor& Q, const at::Tensor& Kt, const at::Tensor& pe_w, double sqrt_d, at::Tensor& C,
+                        at::Tensor P) {
+  int exponent = 0;
+  const bool fold = std::frexp(sqrt_d, &exponent) == 0.5;
+  const double alpha = fold ? 1.0 / sqrt_d : 1.0;
+  at::addmm_out(C, C, Q, Kt.t(), /*beta=*/0, alpha);                              // (T, W+T-1) = Q Kt^T
+  auto s = unskewed(C, pe_w.size(1));                                             // (T, W), ld W + T
+  s.addmm_(Q, pe_w, /*beta=*/1, alpha);                                           // (T, W) += Q pe_w
+  if (!fold) s.div_(sqrt_d);
+  at::_softmax_out(P, s, 1, false);                                               // (T, W)
+}
+
+// Every (head, tile) once, for every stream: costly heads first, tiles taken by whichever thread is free.
+template <typename scalar_t>
+void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                    const std::vector<HeadMask>& masks, const SpanAttentionOptions& o, const Shape& s, at::Tensor& out,
+                    at::Tensor* p_keep) {
+  const double sqrt_d = std::sqrt(double(s.D));
+  const Dropout drop{o};
+  const auto pe_w = key_pe.narrow(1, s.L - s.W, s.W);                             // (D, W), ld L
+  const auto heads = heads_by_cost(masks);
+  for_each_item(s.K * s.tiles(), [&](int64_t j) {
+    const int64_t h = heads[j / s.tiles()], i0 = (j % s.tiles()) * kTile, T = std::min(kTile, s.M - i0);
+    const int64_t S = masks[h].S;
+    auto C = at::empty({T, s.W + T - 1}, q.options());                            // scores, skewed
+    auto P = p_keep ? at::Tensor() : at::empty({T, s.W}, q.options());            // p (evaluation)
+    auto A = at::empty({T, S + T - 1}, q.options());                              // a, skewed
+    for (int64_t b = 0; b < s.B; ++b) {
+      auto Q = q[b][h].narrow(0, i0, T);                                          // (T, D)
+      auto Kt = k[b][h].narrow(0, i0, s.W + T - 1);                               // (W+T-1, D)
+      auto Vt = v[b][h].narrow(0, i0 + s.W - S, S + T - 1);                       // (S+T-1, D)
+      auto p = p_keep ? (*p_keep)[h][b].narrow(0, i0, T) : P;                     // (T, W)
+      scores_and_softmax(Q, Kt, pe_w, sqrt_d, C, p);
+      attention_weights(p.data_ptr<scalar_t>(), s.W, masks[h], drop, b, h, i0, T, A.data_ptr<scalar_t>());
+      auto o_rows = out[b][h].narrow(0, i0, T);                                   // (T, D)
+      at::mm_out(o_rows, A, Vt);                                                  // (T, D) = skew(a) Vt
+    }
+  });
+}
+
+// The row loop of one backward tile. In: p (T, W) of the forward, G = dO Vt^T (T, S + T - 1). Out: the
+// skewed a (T, S + T - 1) for dV, the skewed ds / sqrt(D) (T, W + T - 1) for dQ, dK and d key_pe;
+// returns the tile's share of d ratio.
+template <typename scalar_t>
+double backward_rows(const scalar_t* p, const scalar_t* G, int64_t W, const HeadMask& hm, const Dropout& drop,
+                     int64_t b, int64_t h, int64_t i0, int64_t T, double alpha, scalar_t* A, scalar_t* Ds) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  // The visited columns in double: d ratio sums t over every row, and t = (da~ - <da~, a~>) pv / n cancels.
+  const int64_t S = hm.S, lda = S + T - 1, ldd = W + T - 1;
+  const std::vector<double>& m = hm.m;
+  std::vector<double> scale(S, 1.0), da(S), t(S);
+  double dratio = 0;
+  for (int64_t r = 0; r < T; ++r) {
+    const scalar_t* pr = p + r * W;
+    const scalar_t* pv = pr + (W - S);
+    const scalar_t* g = G + r * lda + r;                                          // dA of row r: (S)
+    scalar_t* a = A + r * lda + r;                                                // a of row r: (S)
+    if (drop.on()) drop.row(scale.data(), b, h, i0 + r, S);
+    const double inv_n = 1.0 / (sum_of(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
+    const double dot = sum_of(S, [&](int64_t c) {                                 // <da~, a~>; a, da~ stored
+      const double a_tilde = double(pv[c]) * m[c] * inv_n;
+      da[c] = double(g[c]) * scale[c];
+      a[c] = static_cast<opmath_t>(a_tilde * scale[c]);                          // a = a~ keep / (1 - p)
+      return da[c] * a_tilde;
+    });
+    zero_outside_band(A + r * lda, r, S, T);
+    const double cr = sum_of(S, [&](int64_t c) {                                  // c = <t, m>; t stored
+      t[c] = (da[c] - dot) * inv_n * double(pv[c]);                               // t = dw pv
+      return t[c] * m[c];
+    });
+    for (int64_t c = hm.ramp_begin; c < hm.ramp_end; ++c) dratio += t[c] * hm.dm[c];
+    scalar_t* ds = Ds + r * ldd + r;                                              // (W) of row r
+    const opmath_t a_c = static_cast<opmath_t>(alpha * cr);
+    for (int64_t x = 0; x < W - S; ++x) ds[x] = -opmath_t(pr[x]) * a_c;           // far: the Z term's gradient
+    for (int64_t c = 0; c < S; ++c) ds[W - S + c] = static_cast<opmath_t>(alpha * (t[c] * m[c] - double(pv[c]) * cr));
+    zero_outside_band(Ds + r * ldd, r, W, T);
+  }
+  return dratio;
+}
+
+template <typename scalar_t>
+void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& key_pe, const std::vector<HeadMask>& masks, const SpanAttentionOptions& o,
+                     const Shape& s, const at::Tensor& p_kept, SpanAttentionGrads& g, at::Tensor& pe_parts,
+                     std::vector<double>& dratio) {
+  const double alpha = 1.0 / std::sqrt(double(s.D));
+  const Dropout drop{o};
+  const auto pe_w = key_pe.narrow(1, s.L - s.W, s.W);                             // (D, W), ld L
+  const auto heads = heads_by_cost(masks);
+  // One thread owns a head: its tiles all add into its rows of dK and dV and its d key_pe.
+  for_each_item(s.K, [&](int64_t j) {
+    const int64_t h = heads[j];
+    const int64_t S = masks[h].S;
+    auto dpe = pe_parts[h];                                                       // (D, W)
+    double dratio_h = 0;
+    for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
+      const int64_t T = std::min(kTile, s.M - i0);
+      auto Ds = at::empty({T, s.W + T - 1}, q.options());                         // skewed ds / sqrt(D)
+      auto A = at::empty({T, S + T - 1}, q.options());                            // skewed a
+      auto G = at::empty({T, S + T - 1}, q.options());                            // dO Vt^T
+      for (int64_t b = 0; b < s.B; ++b) {
+        auto Q = q[b][h].narrow(0, i0, T);                                        // (T, D)
+        auto Kt = k[b][h].narrow(0, i0, s.W + T - 1);                             // (W+T-1, D)
+        auto Vt = v[b][h].narrow(0, i0 + s.W - S, S + T - 1);                     // (S+T-1, D)
+        auto dO = grad_out[b][h].narrow(0, i0, T);                                // (T, D)
+        at::mm_out(G, dO, Vt.t());
+        dratio_h += backward_rows(p_kept[h][b].narrow(0, i0, T).data_ptr<scalar_t>(), G.data_ptr<scalar_t>(), s.W,
+                                  masks[h], drop, b, h, i0, T, alpha, A.data_ptr<scalar_t>(),
+                                  Ds.data_ptr<scalar_t>());
+        auto ds = unskewed(Ds, s.W);                                              // (T, W), ld W + T
+        g.v[b][h].narrow(0, i0 + s.W - S, S + T - 1).addmm_(A.t(), dO);           // dVt += skew(a)^T dO
+        auto dq = g.q[b][h].narrow(0, i0, T);                                     // (T, D)
+        at::mm_out(dq, Ds, Kt);                                                   //   = skew(ds) Kt / sqrt(D)
+        dq.addmm_(ds, pe_w.t());                                                  //  += ds pe_w^T / sqrt(D)
+        g.k[b][h].narrow(0, i0, s.W + T - 1).addmm_(Ds.t(), Q);                   // dKt += skew(ds)^T Q / sqrt(D)
+        dpe.addmm_(Q.t(), ds);                                                    // (D, W) += Q^T ds / sqrt(D)
+      }
+    }
+    dratio[h] = dratio_h;
+  });
 }
 
 }  // namespace
@@ -116,26 +304,14 @@ Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const a
                                const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                const SpanAttentionOptions& o, bool keep_p) {
   const Shape s = shape_of(q, k, o);
-  const auto& visited = o.visited;  // resolved by the entry point
-  at::Tensor kept = keep_p ? at::empty({s.K, s.B, s.M, s.W}, q.options())        // (K, B, M, W) head-major, as out
+  const auto masks = head_masks(span_ratio, o);                                   // o.visited resolved by the entry point
+  at::Tensor kept = keep_p ? at::empty({s.K, s.B, s.M, s.W}, q.options())         // (K, B, M, W) head-major
                            : at::empty({0}, q.options());
-  at::Tensor* p_keep = keep_p ? &kept : nullptr;
-  std::vector<at::Tensor> masks;
-  for (int64_t h = 0; h < s.K; ++h) masks.push_back(unclamped_mask(span_ratio, h, visited[h], o).clamp(0.0, 1.0));
-  auto out = at::empty({s.K, s.B, s.M, s.D}, q.options());                        // head-major while filling
-  at::parallel_for(0, s.K, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t h = begin; h < end; ++h) {
-      const int64_t S = visited[h];
-      auto qh = q.select(1, h), kh = k.select(1, h), vh = v.select(1, h), oh = out[h];
-      for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
-        const int64_t T = std::min(kTile, s.M - i0);
-        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o, at::Tensor());
-        if (p_keep) (*p_keep)[h].narrow(1, i0, T).copy_(t.p);
-        oh.narrow(1, i0, T).copy_(at::bmm(tile_skew(t.a, T, S), t.Vt));          // (B, T, D)
-      }
-    }
+  auto out = at::empty({s.B, s.K, s.M, s.D}, q.options());                        // (B, K, M, D)
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "span_attention_forward", [&] {
+    forward_kernel<scalar_t>(q, k, v, key_pe, masks, o, s, out, keep_p ? &kept : nullptr);
   });
-  return {out.transpose(0, 1).contiguous(), kept};                                // (B, K, M, D)
+  return {out, kept};
 }
 
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -144,55 +320,19 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
                                            const at::Tensor& p_kept) {
   TORCH_CHECK(p_kept.dim() == 4, "span_attention_backward: the forward kept no probabilities");
   const Shape s = shape_of(q, k, o);
-  const auto& visited = o.visited;
-  std::vector<at::Tensor> masks, mask_grad;  // clamped mask, and d m / d ratio = L / R inside [0, 1]
-  for (int64_t h = 0; h < s.K; ++h) {
-    auto x = unclamped_mask(span_ratio, h, visited[h], o);
-    masks.push_back(x.clamp(0.0, 1.0));
-    mask_grad.push_back(((x >= 0) & (x <= 1)).to(x.options()) * (static_cast<double>(s.L) / o.ramp));
-  }
-  // Head-major gradients: each head is written by one thread only.
-  auto dq = at::empty({s.K, s.B, s.M, s.D}, q.options());
-  auto dk = at::zeros({s.K, s.B, s.W + s.M, s.D}, k.options());
-  auto dv = at::zeros({s.K, s.B, s.W + s.M, s.D}, v.options());
-  auto pe_parts = at::zeros({s.K, s.D, s.W}, key_pe.options());  // summed over heads at the end
-  auto dratio = at::zeros({s.K}, span_ratio.options());
-  const double sqrt_d = std::sqrt(double(s.D));
-  at::parallel_for(0, s.K, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t h = begin; h < end; ++h) {
-      const int64_t S = visited[h];
-      auto qh = q.select(1, h), kh = k.select(1, h), vh = v.select(1, h), go = grad_out.select(1, h);
-      auto dpe = pe_parts[h];                                                     // (D, W)
-      auto dratio_h = at::zeros({}, span_ratio.options());
-      for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
-        const int64_t T = std::min(kTile, s.M - i0);
-        auto t = compute_tile(qh, kh, vh, key_pe, masks[h], s, S, h, i0, T, o, p_kept[h]);
-        auto dO = go.narrow(1, i0, T);                                            // (B, T, D)
-        dv[h].narrow(1, i0 + s.W - S, S + T - 1).add_(at::bmm(tile_skew(t.a, T, S).transpose(1, 2), dO));
-        auto dA = tile_unskew(at::bmm(dO, t.Vt.transpose(1, 2)), T, S);           // (B, T, S)
-        auto da_tilde = t.scale.defined() ? dA * t.scale : dA;
-        auto dw = (da_tilde - (da_tilde * t.a_tilde).sum(2, true)) / t.N;        // (B, T, S)
-        auto dpv = dw * t.m;                                                      // (B, T, S)
-        dratio_h = dratio_h + ((dw * t.pv).sum(at::IntArrayRef{0, 1}) * mask_grad[h]).sum();
-        auto c = (dpv * t.pv).sum(2, true);                                       // (B, T, 1)
-        auto ds = t.p * (-c);                                                     // (B, T, W): far columns
-        ds.narrow(2, s.W - S, S).add_(t.pv * dpv);                                // visited columns
-        ds.div_(sqrt_d);
-        auto ds_skew = tile_skew(ds, T, s.W);                                     // (B, T, W+T-1)
-        dq[h].narrow(1, i0, T).copy_(at::bmm(ds_skew, t.Kt) + at::matmul(ds, t.pe.t()));
-        dk[h].narrow(1, i0, s.W + T - 1).add_(at::bmm(ds_skew.transpose(1, 2), t.Q));
-        dpe.add_(at::mm(t.Q.reshape({-1, s.D}).t(), ds.reshape({-1, s.W})));     // (D, W)
-      }
-      dratio[h] = dratio_h;
-    }
-  });
+  const auto masks = head_masks(span_ratio, o);
   SpanAttentionGrads g;
-  g.q = dq.transpose(0, 1).contiguous();
-  g.k = dk.transpose(0, 1).contiguous();
-  g.v = dv.transpose(0, 1).contiguous();
+  g.q = at::empty({s.B, s.K, s.M, s.D}, q.options());                             // every row written once
+  g.k = at::zeros({s.B, s.K, s.W + s.M, s.D}, k.options());                       // accumulated over tiles
+  g.v = at::zeros({s.B, s.K, s.W + s.M, s.D}, v.options());
+  auto pe_parts = at::zeros({s.K, s.D, s.W}, key_pe.options());                   // summed over heads at the end
+  std::vector<double> dratio(s.K, 0.0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "span_attention_backward", [&] {
+    backward_kernel<scalar_t>(grad_out, q, k, v, key_pe, masks, o, s, p_kept, g, pe_parts, dratio);
+  });
   g.key_pe = at::zeros({s.D, s.L}, key_pe.options());
   g.key_pe.narrow(1, s.L - s.W, s.W).copy_(pe_parts.sum(0));
-  g.span_ratio = dratio;
+  g.span_ratio = at::tensor(dratio, span_ratio.options().dtype(at::kDouble)).to(span_ratio.scalar_type());
   return g;
 }
 
