@@ -220,7 +220,8 @@ Triple span_cpu_forward_meta(const at::Tensor& q, const at::Tensor& k, const at:
                         const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
                         int64_t seed, at::IntArrayRef visited, bool keep) {
   const int64_t B = q.size(0), K = q.size(1), M = q.size(2), W = k.size(2) - M;
-  auto p = keep ? at::empty({K, B, M, W}, q.options()) : at::empty({0}, q.options());   // (K, B, M, W)
+  const auto p_options = q.options().dtype(cpu::span_compute_dtype(q.scalar_type()));
+  auto p = keep ? at::empty({K, B, M, W}, p_options) : at::empty({0}, p_options);          // (K, B, M, W)
   return {at::empty(q.sizes(), q.options()), p, at::empty({}, q.options().dtype(at::kLong))};
 }
 

@@ -36,7 +36,14 @@ struct FlashGrads {
 };
 
 namespace cpu {
-// options.visited resolved; saved = p when keep_p, else an empty tensor (no backward possible).
+// The dtype the CPU kernel computes in: float32 for bf16 / fp16 inputs (products accumulated and
+// rounded once, as the CUDA kernels do; ATen's 16-bit CPU products differ by LibTorch version), the
+// inputs' own otherwise. p is kept in it.
+inline at::ScalarType span_compute_dtype(at::ScalarType t) {
+  return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t;
+}
+// options.visited resolved; saved = p (in span_compute_dtype) when keep_p, else an empty tensor (no
+// backward possible).
 Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                const SpanAttentionOptions& options, bool keep_p);

@@ -37,8 +37,8 @@
 //       one stored M x W tensor per head instead of the plain path's several. A composition of ATen ops
 //       per tile: every op allocated its (T, W) result and made a pass over it.
 //   v5  (this file) v4's arithmetic with the products written in place, one loop per row for the rest
-//       (in double), the mask held in double after the reference's arithmetic (v4 failed on bf16
-//       inputs with float32 spans), and the work handed out as threads come free: (head, tile) items in forward,
+//       (in double), the mask held in double after the reference's arithmetic, bf16 / fp16 inputs
+//       computed in float32 (v4 failed on bf16 inputs with float32 spans), and the work handed out as threads come free: (head, tile) items in forward,
 //       whole heads in backward (a head's key gradients need one owner), costliest first.
 #include "span_attention_cpu.h"
 
@@ -303,12 +303,17 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
 Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                const SpanAttentionOptions& o, bool keep_p) {
+  const auto ct = span_compute_dtype(q.scalar_type());
+  if (ct != q.scalar_type()) {  // 16-bit inputs: computed in float32, the output rounded once
+    auto f = span_attention_forward(q.to(ct), k.to(ct), v.to(ct), key_pe.to(ct), span_ratio, o, keep_p);
+    return {f.out.to(q.scalar_type()), f.saved};
+  }
   const Shape s = shape_of(q, k, o);
   const auto masks = head_masks(span_ratio, o);                                   // o.visited resolved by the entry point
   at::Tensor kept = keep_p ? at::empty({s.K, s.B, s.M, s.W}, q.options())         // (K, B, M, W) head-major
                            : at::empty({0}, q.options());
   auto out = at::empty({s.B, s.K, s.M, s.D}, q.options());                        // (B, K, M, D)
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "span_attention_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "span_attention_forward", [&] {
     forward_kernel<scalar_t>(q, k, v, key_pe, masks, o, s, out, keep_p ? &kept : nullptr);
   });
   return {out, kept};
@@ -319,6 +324,18 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
                                            const at::Tensor& span_ratio, const SpanAttentionOptions& o,
                                            const at::Tensor& p_kept) {
   TORCH_CHECK(p_kept.dim() == 4, "span_attention_backward: the forward kept no probabilities");
+  const auto ct = span_compute_dtype(q.scalar_type());
+  if (ct != q.scalar_type()) {  // 16-bit inputs: computed in float32, each gradient rounded once
+    auto g = span_attention_backward(grad_out.to(ct), q.to(ct), k.to(ct), v.to(ct), key_pe.to(ct), span_ratio, o,
+                                     p_kept);
+    g.q = g.q.to(q.scalar_type());
+    g.k = g.k.to(k.scalar_type());
+    g.v = g.v.to(v.scalar_type());
+    g.key_pe = g.key_pe.to(key_pe.scalar_type());
+    return g;
+  }
+  TORCH_CHECK(p_kept.scalar_type() == ct && p_kept.is_contiguous(),
+              "span_attention_backward: p was kept in another dtype or layout");
   const Shape s = shape_of(q, k, o);
   const auto masks = head_masks(span_ratio, o);
   SpanAttentionGrads g;
@@ -327,7 +344,7 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
   g.v = at::zeros({s.B, s.K, s.W + s.M, s.D}, v.options());
   auto pe_parts = at::zeros({s.K, s.D, s.W}, key_pe.options());                   // summed over heads at the end
   std::vector<double> dratio(s.K, 0.0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "span_attention_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "span_attention_backward", [&] {
     backward_kernel<scalar_t>(grad_out, q, k, v, key_pe, masks, o, s, p_kept, g, pe_parts, dratio);
   });
   g.key_pe = at::zeros({s.D, s.L}, key_pe.options());
