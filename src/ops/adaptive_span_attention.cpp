@@ -319,6 +319,11 @@ TORCH_LIBRARY_IMPL(spanformer, CUDA, m) {
 
 namespace spanformer::ops {
 
+at::Tensor span_mask_unclamped(const at::Tensor& span_ratio, int64_t S, int64_t attn_span, double ramp) {
+  auto distance_minus_one = at::arange(S - 1, -1, -1, span_ratio.options());       // (S), exact integers in the spans' dtype
+  return ((span_ratio * double(attn_span)).view({-1, 1}) - distance_minus_one) / ramp + 1.0;  // (K, S)
+}
+
 const char* adaptive_span_attention_backend(const at::Tensor& q) { return span_backend(q).name; }
 
 at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -342,8 +347,7 @@ at::Tensor adaptive_span_attention_reference(const at::Tensor& q_in, const at::T
   auto scores = unskew(at::matmul(q, k.transpose(-1, -2)));                         // (B, K, M, W)
   scores = (scores + at::matmul(q, key_pe.narrow(1, L - W, W))) / std::sqrt(double(D));
   auto p = at::softmax(scores, -1);                                                 // (B, K, M, W)
-  auto distance_minus_one = at::arange(W - 1, -1, -1, span_ratio.options());        // (W), column c = distance W - c (the spans' dtype: exact integers)
-  auto m = ((span_ratio * double(L)).view({K, 1, 1}) - distance_minus_one) / o.ramp + 1.0;
+  auto m = span_mask_unclamped(span_ratio, W, L, o.ramp).view({K, 1, W});             // (K, 1, W), column c = distance W - c
   auto w = p * compat::clamp_closed_gradient(m, 0.0, 1.0);                         // (B, K, M, W), 1.x's clamp gradient
   auto a = w / (w.sum(-1, /*keepdim=*/true) + 1e-8);
   if (o.training && o.dropout > 0) {

@@ -35,6 +35,12 @@ struct FlashGrads {
   at::Tensor q, k, v;
 };
 
+// The span mask before its clamp to [0, 1], for the S nearest distances of every head:
+//   x[h, c] = (ratio_h L - (S - 1 - c)) / R + 1,  column c = distance S - c              (K, S)
+// in the spans' dtype. The reference composition and the CPU kernel both take it from here: their
+// masks must round alike (in float32 x is 0 at z = 1.2e-6, S = 33, R = 32, where double gives 3.7e-8).
+at::Tensor span_mask_unclamped(const at::Tensor& span_ratio, int64_t S, int64_t attn_span, double ramp);
+
 namespace cpu {
 // The dtype the CPU kernel computes in: float32 for bf16 / fp16 inputs (products accumulated and
 // rounded once, as the CUDA kernels do; ATen's 16-bit CPU products differ by LibTorch version), the

@@ -66,11 +66,11 @@ Shape shape_of(const at::Tensor& q, const at::Tensor& k, const SpanAttentionOpti
   return {q.size(0), q.size(1), q.size(2), q.size(3), k.size(2) - q.size(2), o.attn_span};
 }
 
-// One head's mask over its S visited distances (column c = distance S - c):
-//   x_c = (ratio L - (S - 1 - c)) / R + 1,  m_c = clamp(x_c, 0, 1),  dm_c / d ratio = [0 <= x_c <= 1] L / R,
-// computed as the reference composition does, in the spans' dtype, and held in double for the row loops.
-// Not in double from the start: in float32, (z - 32) / 32 + 1 at z = 1.2e-6 (a head of the small4
-// reference model) is 0, where double gives 3.7e-8; with that model's scores the output moved by 0.2.
+// One head's mask over its S visited distances (column c = distance S - c): x = span_mask_unclamped (the
+// reference's arithmetic, in the spans' dtype), m_c = clamp(x_c, 0, 1), dm_c / d ratio = [0 <= x_c <= 1]
+// L / R, held in double for the row loops. Not computed in double: in float32 x is 0 at z = 1.2e-6
+// (a head of the small4 reference model) where double gives 3.7e-8, and with that model's scores the
+// log-probabilities moved by 0.27.
 struct HeadMask {
   int64_t S = 0;
   std::vector<double> m, dm;
@@ -83,8 +83,7 @@ std::vector<HeadMask> head_masks(const at::Tensor& span_ratio, const SpanAttenti
   for (size_t h = 0; h < heads.size(); ++h) {
     auto& hm = heads[h];
     hm.S = o.visited[h];
-    auto distance_minus_one = at::arange(hm.S - 1, -1, -1, ratio.options());              // (S)
-    auto x = (ratio[h] * static_cast<double>(o.attn_span) - distance_minus_one) / o.ramp + 1.0;  // (S)
+    auto x = span_mask_unclamped(ratio.narrow(0, h, 1), hm.S, o.attn_span, o.ramp)[0];    // (S)
     auto m = x.clamp(0.0, 1.0).to(at::kDouble).contiguous();
     auto dm = (((x >= 0) & (x <= 1)).to(at::kDouble) * (static_cast<double>(o.attn_span) / o.ramp)).contiguous();
     hm.m.assign(m.data_ptr<double>(), m.data_ptr<double>() + hm.S);
