@@ -17,16 +17,20 @@ printf 'In the beginning God created the heaven and the earth.\n%.0s' $(seq 1 40
 "$bin" data prepare "$tmp/text.txt" --out "$tmp/data" > /dev/null 2>&1 || { echo "FAIL: prepare"; exit 1; }
 cat > "$tmp/tiny.json" <<JSON
 {"model": {"nb_layers": 1, "hidden_size": 8, "inner_hidden_size": 16, "nb_heads": 2, "attn_span": 16, "block_size": 8},
- "train": {"batch_size": 4, "nb_steps": 100000000, "eval_interval": 1000000, "checkpoint_interval": 1000000,
+ "train": {"batch_size": 4, "nb_steps": 100000000, "eval_interval": 20, "checkpoint_interval": 1000000,
            "eval_blocks": 1, "lr_warmup": 0, "dist_timeout": 5}}
 JSON
 
 # ---- the launcher -------------------------------------------------------------------------------
+training() {  # training RUN PID: wait until RUN has trained 20 steps (its first record in log.jsonl), 120 s at most
+  for _ in $(seq 1 1200); do [ -s "$tmp/$1/log.jsonl" ] && return 0; kill -0 "$2" 2> /dev/null || break; sleep 0.1; done
+  echo "FAIL: $1 wrote no log record (did not train 20 steps) in 120 s: $(cat "$tmp/$1.out")"
+  exit 1
+}
 start() {  # start RUN: two workers in the background, back when they are training
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/$1" --nproc-per-node 2 --quiet > "$tmp/$1.out" 2>&1 &
   launcher=$!
-  for _ in $(seq 1 300); do [ -e "$tmp/$1/config.json" ] && break; sleep 0.1; done
-  sleep 2
+  training "$1" "$launcher"
 }
 gone() {  # gone RUN: no process of that run is left within 30 s
   for _ in $(seq 1 300); do pgrep -f -- "--out $tmp/$1 " > /dev/null || return 0; sleep 0.1; done
@@ -41,8 +45,7 @@ if [ "$rc" -eq 130 ] && [ -s "$tmp/term/checkpoint.pt" ] && gone term; then ok; 
 # A closed terminal (SIGHUP) stops a single-process run like Ctrl-C: with a checkpoint, exit 130.
 "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/hup" --quiet > "$tmp/hup.out" 2>&1 &
 pid=$!
-for _ in $(seq 1 300); do [ -e "$tmp/hup/config.json" ] && break; sleep 0.1; done
-sleep 1
+training hup "$pid"
 kill -HUP "$pid"; wait "$pid"; rc=$?
 if [ "$rc" -eq 130 ] && [ -s "$tmp/hup/checkpoint.pt" ]; then ok; else bad "SIGHUP: rc $rc, $(cat "$tmp/hup.out")"; fi
 

@@ -2,8 +2,12 @@
 // the op's row beside its reference composition, interleaved, medians of the repetitions.
 //
 //   spanformer_tests --op-perf [span|flash|all] [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--reps N]
+//                              [--row NAME] [--fwd] [--row-only]
 //
-// Prints one line per case: the row of the op's backend table that ran, forward and forward + backward
+// --row runs the flash op on that row of its table (ops::flash_attention_backends(); default: the row
+// the table picks); --fwd times the forward only, --row-only leaves the reference out (both for a
+// profiler). Prints one line per case: the row of
+// the op's backend table that ran, forward and forward + backward
 // milliseconds of that row and of the reference, and the reference / row ratio of forward + backward. Numbers belong in docs/kernels.md with the machine.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -13,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +33,9 @@ struct Setup {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;
   int reps = 5;
+  std::string row;           // flash: the row to force (empty: the table's choice)
+  bool forward_only = false;
+  bool row_only = false;
 };
 
 double now_ms(const Setup& s) {
@@ -46,7 +54,7 @@ void time_case(const Setup& s, const std::string& label, const char* row_name, c
                const Forward& reference) {
   std::vector<double> times[4];  // row fwd, reference fwd, row fwd+bwd, reference fwd+bwd
   for (int r = 0; r <= s.reps; ++r) {  // the first round warms up and is not kept
-    for (int which = 0; which < 2; ++which) {
+    for (int which = 0; which < (s.row_only ? 1 : 2); ++which) {
       const Forward& f = which == 0 ? row : reference;
       double t0 = now_ms(s);
       {
@@ -54,14 +62,21 @@ void time_case(const Setup& s, const std::string& label, const char* row_name, c
         f(inputs);
       }
       double t1 = now_ms(s);
-      auto out = f(inputs);
-      auto grads = torch::autograd::grad({out.sum()}, inputs);
+      if (!s.forward_only) {
+        auto out = f(inputs);
+        auto grads = torch::autograd::grad({out.sum()}, inputs);
+      }
       double t2 = now_ms(s);
       if (r > 0) {
         times[which].push_back(t1 - t0);
         times[2 + which].push_back(t2 - t1);
       }
     }
+  }
+  if (s.row_only) {
+    std::printf("%-62s  %-5s %9.2f / %9.2f ms\n", label.c_str(), row_name, median(times[0]), median(times[2]));
+    std::fflush(stdout);
+    return;
   }
   const double rf = median(times[0]), ef = median(times[1]), rb = median(times[2]), eb = median(times[3]);
   std::printf("%-62s  %-5s %9.2f / %9.2f ms   reference %9.2f / %9.2f ms   x%.2f\n", label.c_str(), row_name, rf, rb, ef,
@@ -106,6 +121,8 @@ void span_perf(const Setup& s) {
 const char* flash_row(const at::Tensor& q) { return ops::flash_attention_backend(q, true); }
 
 void flash_perf(const Setup& s) {
+  std::optional<ops::FlashBackendOverride> forced;
+  if (!s.row.empty()) forced.emplace(s.row);
   perf(s, "flash_attention", flash_cases(), flash_row, [](const FlashCase& c) {
     const auto o = flash_options(c);
     return PerfRun{flash_label(c), flash_inputs(c), [o](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], o); },
@@ -140,11 +157,17 @@ int op_perf_main(const std::vector<std::string>& args) {
       else if (d == "bfloat16") s.dtype = at::kBFloat16;
       else if (d == "float16") s.dtype = at::kHalf;
       else return std::fprintf(stderr, "--op-perf: --dtype is float32, bfloat16 or float16 (got %s)\n", d.c_str()), 2;
+    } else if (a == "--row") {
+      s.row = value();
+    } else if (a == "--row-only") {
+      s.row_only = true;
+    } else if (a == "--fwd") {
+      s.forward_only = true;
     } else if (a == "--reps") {
       const std::string r = value();
       s.reps = std::max(1, std::atoi(r.c_str()));
     } else {
-      return std::fprintf(stderr, "--op-perf: unknown argument %s (span|flash|all, --device, --dtype, --reps)\n", a.c_str()), 2;
+      return std::fprintf(stderr, "--op-perf: unknown argument %s (span|flash|all, --device, --dtype, --reps, --row, --fwd, --row-only)\n", a.c_str()), 2;
     }
   }
   std::printf("op perf on %s, %s, %d threads\n", s.device.str().c_str(), c10::toString(s.dtype), at::get_num_threads());

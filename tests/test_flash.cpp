@@ -11,11 +11,16 @@
 #include <torch/cuda.h>
 
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
+#include "spanformer/util/torch_compat.h"
 #include "op_cases.h"
+#include "ops/cpu/row_math.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -55,36 +60,97 @@ at::Tensor loop_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return out;
 }
 
+// The rows of the op's table that take CPU tensors: the fused kernel (cpu) and the ATen tiles.
+const std::vector<std::string> kCpuRows = {"cpu", "tiles"};
+
 }  // namespace
 
-// The op's one case list (tests/op_cases.h) on the cpu row (ATen tiles of the case's size).
+// The op's one case list (tests/op_cases.h) on each CPU row, tiles of the case's size: in double the
+// rows differ from the loops by rounding only.
 TEST(FlashAttention, MatchesTheLoopOracleAndItsBackwardMatchesAutogradOfThePlainComposition) {
-  for (const auto& c : tu::flash_test_cases()) {
-    SCOPED_TRACE(tu::flash_label(c));
-    std::vector<at::Tensor> in;
-    for (const auto& t : tu::flash_inputs(c)) in.push_back(t.requires_grad_(true));
-    const auto& q = in[0];
-    const auto& k = in[1];
-    const auto& v = in[2];
-    const auto o = tu::flash_options(c);
-    auto oracle = loop_flash(q.detach(), k.detach(), v.detach(), o);
-    auto flash = ops::flash_attention(q, k, v, o);
-    auto plain = ops::flash_attention_reference(q, k, v, o);
-    EXPECT_LT(max_diff(flash, oracle), 1e-12);
-    EXPECT_LT(max_diff(plain, oracle), 1e-12);
-    auto weight = torch::randn_like(flash);
-    auto gf = torch::autograd::grad({(flash * weight).sum()}, {q, k, v});
-    auto gp = torch::autograd::grad({(plain * weight).sum()}, {q, k, v});
-    for (size_t i = 0; i < 3; ++i) EXPECT_LT(max_diff(gf[i], gp[i]), 1e-11) << "gradient " << i;
+  for (const auto& row : kCpuRows) {
+    const ops::FlashBackendOverride forced(row);
+    for (const auto& c : tu::flash_test_cases()) {
+      SCOPED_TRACE(row + ": " + tu::flash_label(c));
+      std::vector<at::Tensor> in;
+      for (const auto& t : tu::flash_inputs(c)) in.push_back(t.requires_grad_(true));
+      const auto& q = in[0];
+      const auto& k = in[1];
+      const auto& v = in[2];
+      const auto o = tu::flash_options(c);
+      ASSERT_EQ(ops::flash_attention_backend(q), row);
+      auto oracle = loop_flash(q.detach(), k.detach(), v.detach(), o);
+      auto flash = ops::flash_attention(q, k, v, o);
+      auto plain = ops::flash_attention_reference(q, k, v, o);
+      EXPECT_LT(max_diff(flash, oracle), 1e-12);
+      EXPECT_LT(max_diff(plain, oracle), 1e-12);
+      auto weight = torch::randn_like(flash);
+      auto gf = torch::autograd::grad({(flash * weight).sum()}, {q, k, v});
+      auto gp = torch::autograd::grad({(plain * weight).sum()}, {q, k, v});
+      for (size_t i = 0; i < 3; ++i) EXPECT_LT(max_diff(gf[i], gp[i]), 1e-11) << "gradient " << i;
+    }
   }
 }
 
-// float32 on the cpu row, every case: within a small multiple of the float32 composition's own error.
+// Without an override the CPU takes the fused kernel for every dtype it computes.
+TEST(FlashAttention, TheCpuTakesTheFusedKernel) {
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf})
+    EXPECT_STREQ(ops::flash_attention_backend(torch::zeros({1, 1, 2, 8}, dtype)), "cpu") << c10::toString(dtype);
+  EXPECT_NE(tu::error_of([] { ops::FlashBackendOverride forced("no-such-row"); }).find("no row 'no-such-row'"),
+            std::string::npos);
+}
+
+// float32 on each CPU row, every case: within a small multiple of the float32 composition's own error.
 TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
-  for (const auto& c : tu::flash_test_cases())
-    tu::expect_flash_within_reference_error(c, at::kFloat, 2.0, at::kCPU, [](const tu::Inputs& in, const ops::FlashOptions& o) {
-      return ops::flash_attention(in[0], in[1], in[2], o);
-    });
+  for (const auto& row : kCpuRows) {
+    const ops::FlashBackendOverride forced(row);
+    for (const auto& c : tu::flash_test_cases())
+      tu::expect_flash_within_reference_error(c, at::kFloat, 2.0, at::kCPU, [](const tu::Inputs& in, const ops::FlashOptions& o) {
+        return ops::flash_attention(in[0], in[1], in[2], o);
+      });
+  }
+}
+
+// bfloat16 and float16 on the fused kernel: computed in float32 and rounded once, so within the 16-bit
+// composition's own error (which rounds every intermediate) with room to spare.
+TEST(FlashAttention, BFloat16AndFloat16WithinTheirReferenceError) {
+  const ops::FlashBackendOverride forced("cpu");
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+#if !SPANFORMER_HAS_CPU_HALF_MATMUL
+    if (dtype == at::kHalf) continue;  // the float16 composition needs half matmuls (LibTorch 2.1+)
+#endif
+    for (const auto& c : tu::flash_test_cases())
+      tu::expect_flash_within_reference_error(c, dtype, 1.0, at::kCPU, [](const tu::Inputs& in, const ops::FlashOptions& o) {
+        return ops::flash_attention(in[0], in[1], in[2], o);
+      });
+  }
+}
+
+// The fused kernel's float32 exponential (ops/cpu/row_math.h), one at a time and through the vectorised
+// row (another instruction set, with fused multiply-adds: other roundings): within 2 ulp of exp over
+// [-87, 0] (a score minus its row's maximum or logsumexp), 0 below -87.3 and at -inf, and the row's sum
+// is the sum of its values.
+TEST(FlashAttention, RowExponentialIsWithinTwoUlpOfExp) {
+  std::vector<float> xs;
+  for (int i = 0; i <= 174000; ++i) xs.push_back(-87.0f + 0.0005f * static_cast<float>(i));
+  std::vector<float> row = xs;
+  const float sum = ops::cpu::rows::exp_shifted_sum(row.data(), static_cast<int64_t>(row.size()), 0.0f);
+  double worst_one = 0, worst_row = 0, expected_sum = 0;
+  for (size_t c = 0; c < xs.size(); ++c) {
+    const double exact = std::exp(static_cast<double>(xs[c]));
+    const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);  // float's unit in the last place at exact
+    worst_one = std::max(worst_one, std::abs(ops::cpu::rows::exp_approx(xs[c]) - exact) / ulp);
+    worst_row = std::max(worst_row, std::abs(row[c] - exact) / ulp);
+    expected_sum += row[c];
+  }
+  std::printf("measured: row exponential over [-87, 0], worst %.2f ulp one at a time, %.2f ulp in a row\n", worst_one,
+              worst_row);
+  EXPECT_LE(worst_one, 2.0);
+  EXPECT_LE(worst_row, 2.0);
+  EXPECT_NEAR(sum, expected_sum, 1e-5 * expected_sum);
+  EXPECT_EQ(ops::cpu::rows::exp_approx(-88.0f), 0.0f);
+  EXPECT_EQ(ops::cpu::rows::exp_approx(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(ops::cpu::rows::exp_approx(0.0f), 1.0f);
 }
 
 // The backward is right, not only equal to autograd's: central differences, with dropout on.

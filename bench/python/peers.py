@@ -24,8 +24,9 @@ drift falls on all of them alike; a row prints the median of each over the round
                       head's span as the block mask (made once, outside the timing): the exact
                       function up to the 1e-8 Z term (tests/python/test_oracles.py), forward only
                       (FlexAttention has no backward on the CPU); ours forward beside it
-  flash   causal attention, B 1, K 8, D 64, T 1k / 4k / 16k, forward + backward:
-            ours      spanformer.flash_attention (tiles, no T x T tensor)
+  flash   causal attention, B 1, K 8, D 64, T 1k / 4k / 16k, forward + backward, float32 and bfloat16
+          inputs (--flash-lengths, --flash-dtypes):
+            ours      spanformer.flash_attention (the fused CPU kernel, no T x T tensor)
             sdpa      scaled_dot_product_attention(is_causal=True): PyTorch's CPU flash kernel
   gpt     a GPT training step (forward, backward, global clipping at 1, AdamW), 4 layers x 4 heads, H 256, bytes, T 1k (batch
           8) and 4k (batch 2), dense, window 128 and adaptive span attention (bimodal spans):
@@ -233,12 +234,12 @@ def span_row(pattern, rounds):
 
 # ---- causal flash attention ----------------------------------------------------------------------
 
-def flash_impls(T):
-    """{ours, sdpa}: forward + backward of causal attention, B 1, K 8, D 64."""
+def flash_impls(T, dtype=torch.float32):
+    """{ours, sdpa}: forward + backward of causal attention, B 1, K 8, D 64, inputs in dtype."""
     B, K, D = 1, 8, 64
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(B, K, T, D, generator=g).requires_grad_() for _ in range(3))
-    grad = torch.randn(B, K, T, D, generator=g)
+    q, k, v = (torch.randn(B, K, T, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(B, K, T, D, generator=g).to(dtype)
 
     def fwd_bwd(f):
         def run():
@@ -249,9 +250,26 @@ def flash_impls(T):
             "sdpa": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
 
 
-def flash_row(T, rounds):
-    med, _ = interleave(flash_impls(T), rounds, 1)
+def flash_row(T, rounds, dtype=torch.float32):
+    med, _ = interleave(flash_impls(T, dtype), rounds, 1)
     return med
+
+
+def cpu_line():
+    """The CPU's model name, the vector ISA ATen's kernels use, and its bf16 hardware (AMX, AVX512-BF16 or
+    none: bf16 products without it are widened to float32), from /proc/cpuinfo and torch."""
+    name, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == "unknown CPU":
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    bf16 = "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "none"
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, bf16 products: {bf16}"
 
 
 # ---- a GPT training step ---------------------------------------------------------------------------
@@ -454,6 +472,8 @@ def main():
     parser.add_argument("--rows", default="gemm,span,flash,gpt,lm,seq2seq")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--gpt-lengths", default="1024:8,4096:2")
+    parser.add_argument("--flash-lengths", default="1024,4096,16384")
+    parser.add_argument("--flash-dtypes", default="float32,bfloat16", help="the flash rows' input dtypes")
     parser.add_argument("--gpt-attentions", default="dense,window,adaptive_span")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
     args = parser.parse_args()
@@ -468,6 +488,7 @@ def main():
     rows = args.rows.split(",")
     where = f"{torch.cuda.get_device_name()}, bf16 autocast" if DEVICE.type == "cuda" else f"{args.threads} threads"
     print(f"# peers: torch {torch.__version__}, {where}, {args.rounds} rounds, medians (ms)")
+    print(f"# CPU: {cpu_line()}")
     if "gemm" in rows:
         print(f"gemm ceiling: {gemm_ceiling(args.rounds):.1f} GFLOP/s (float32 2048^3 mm)", flush=True)
     print("| what | ours | peer | peer ms | ratio (peer / ours) |")
@@ -481,10 +502,11 @@ def main():
             print(f"| {what}, forward | {med['ours fwd']:.0f} | FlexAttention (compiled) | {med['flex fwd']:.0f} | "
                   f"{med['flex fwd'] / med['ours fwd']:.2f} |", flush=True)
     if "flash" in rows:
-        for T in (1024, 4096, 16384):
-            med = flash_row(T, args.rounds)
-            print(f"| flash causal B 1 K 8 D 64 T {T}, fwd+bwd | {med['ours']:.0f} | SDPA (CPU flash) | {med['sdpa']:.0f} | "
-                  f"{med['sdpa'] / med['ours']:.2f} |", flush=True)
+        for dtype in args.flash_dtypes.split(","):
+            for T in (int(t) for t in args.flash_lengths.split(",")):
+                med = flash_row(T, args.rounds, getattr(torch, dtype))
+                print(f"| flash causal B 1 K 8 D 64 T {T} {dtype}, fwd+bwd | {med['ours']:.0f} | SDPA (CPU flash) | "
+                      f"{med['sdpa']:.0f} | {med['sdpa'] / med['ours']:.2f} |", flush=True)
     if "gpt" in rows:
         for spec in args.gpt_lengths.split(","):
             T, batch = (int(s) for s in spec.split(":"))

@@ -52,6 +52,8 @@ bool dense_sdpa(int64_t queries, int64_t keys, bool training, double dropout) {
   return queries == keys && (!training || dropout == 0);
 }
 
+bool cpu_flash(bool cuda) { return !cuda; }
+
 bool flash_kernels(bool cuda, bool half, int64_t head_dim, int64_t queries, int64_t keys) {
   return cuda && half && (head_dim == 32 || head_dim == 64 || head_dim == 128) && queries == keys;
 }

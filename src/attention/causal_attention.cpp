@@ -353,6 +353,18 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     if (plain.kind == CausalKind::kFlash) plain.kind = CausalKind::kDense;
     return causal_attention_reference(q, k, v, plain);
   }
+  // Dense, flash and sliding-window attention on the CPU under auto and fused: the flash op's fused CPU
+  // kernel, the window as its band (auto_rule::cpu_flash).
+  const bool banded_kind = spec.kind == CausalKind::kDense || spec.kind == CausalKind::kFlash || spec.kind == CausalKind::kWindow;
+  if (banded_kind && impl != AttnImpl::kPlain && auto_rule::cpu_flash(q.is_cuda())) {
+    ops::FlashOptions o;
+    o.band = spec.kind == CausalKind::kWindow ? std::min(C, spec.window) : 0;
+    o.tile = spec.flash_tile;
+    o.dropout = spec.dropout;
+    o.training = spec.training;
+    if (o.training && o.dropout > 0) o.seed = ops::draw_dropout_seed();
+    return ops::flash_attention(q, k, v, o);  // (B, K, N, D)
+  }
   // Dense and flash (the same formula) under auto: PyTorch's fused kernel where it computes it, measured
   // faster than our dense composition and the flash op's tiles on the CPU and on CUDA (docs/benchmarks.md,
   // docs/kernels.md); fused and plain run ours below.

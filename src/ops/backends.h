@@ -7,11 +7,12 @@
 //   adaptive_span_attention  cpu          p (K, B, M, W) when training         cpu/span_attention_cpu.cpp
 //                            cuda         row (max, Z, N) (3, B, K, M) fp32     cuda/span_attention_cuda.cpp
 //                            reference    (autograd over the composition)      adaptive_span_attention.cpp
-//   flash_attention          tiles        logsumexp (B, K, N)                  flash_attention.cpp (any device)
+//   flash_attention          cpu          logsumexp (B, K, N)                  cpu/flash_attention_cpu.cpp
+//                            tiles        logsumexp (B, K, N)                  flash_attention.cpp (any device)
 //                            cuda         logsumexp (B, K, N) fp32              cuda/flash_attention_cuda.cpp
 // Which row serves which inputs is each op's backend table, walked in order by its entry (kSpanBackends
 // in adaptive_span_attention.cpp: cuda, cpu, reference; kFlashBackends in flash_attention.cpp: cuda,
-// tiles); adaptive_span_attention_backend(q) and flash_attention_backend(q) name the row. The tests
+// cpu, tiles); adaptive_span_attention_backend(q) and flash_attention_backend(q) name the row. The tests
 // run one case list per op on every row a build has (tests/op_cases.h).
 // Dims: B batch, K heads, M / N queries, W window, C keys, D head width, L max span.
 #pragma once
@@ -57,6 +58,12 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
                                            const at::Tensor& v, const at::Tensor& key_pe,
                                            const at::Tensor& span_ratio, const SpanAttentionOptions& options,
                                            const at::Tensor& p_kept);
+// The fused flash kernel: CPU tensors of float32, float64, bfloat16 or float16 (16-bit computed in
+// float32). saved = logsumexp (B, K, N) in float32 (float64 for float64 inputs); options.band 1 .. C.
+bool flash_supported(const at::Tensor& q);
+Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& options);
+FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& out, const at::Tensor& lse, const FlashOptions& options);
 }  // namespace cpu
 
 namespace tiles {

@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -222,8 +223,10 @@ at::Tensor flash_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at:
 
 // ---- the backend table ----------------------------------------------------------------------------
 // The op's rows in the order its kernels walk them: the first that takes the inputs runs (both halves
-// ask the same question, so a backward always meets its forward's row).
+// ask the same question, so a backward always meets its forward's row), unless FlashBackendOverride
+// names one.
 //   cuda   CUDA tensors the kernels take (float32 / bfloat16 / float16, D <= 256) when cuda_kernel asks
+//   cpu    CPU tensors of float32 / float64 / bfloat16 / float16: the fused kernel (cpu/flash_attention_cpu.cpp)
 //   tiles  everything else: ATen tiles on any device ATen runs on
 // The plain composition (flash_attention_reference) is the `plain` implementation, not a row.
 struct FlashBackend {
@@ -239,10 +242,21 @@ const FlashBackend kFlashBackends[] = {
     {"cuda", [](const at::Tensor& q, bool cuda_kernel) { return cuda_kernel && q.is_cuda() && cuda_glue::flash_supported(q); },
      &cuda_glue::flash_forward, &cuda_glue::flash_backward},
 #endif
+    {"cpu", [](const at::Tensor& q, bool) { return cpu::flash_supported(q); }, &cpu::flash_forward, &cpu::flash_backward},
     {"tiles", [](const at::Tensor&, bool) { return true; }, &tiles::flash_forward, &tiles::flash_backward},
 };
 
+// The row FlashBackendOverride names (an index into kFlashBackends), or -1.
+std::atomic<int> forced_row{-1};
+
 const FlashBackend& flash_backend(const at::Tensor& q, bool cuda_kernel) {
+  if (const int forced = forced_row.load(); forced >= 0) {
+    const auto& row = kFlashBackends[forced];
+    if (!row.takes(q, cuda_kernel))
+      fail("flash attention: the {} row cannot take {} inputs on {}", row.name, c10::toString(q.scalar_type()),
+           q.device().str());
+    return row;
+  }
   for (const auto& row : kFlashBackends)
     if (row.takes(q, cuda_kernel)) return row;
   return kFlashBackends[std::size(kFlashBackends) - 1];
@@ -317,6 +331,23 @@ TORCH_LIBRARY_IMPL(spanformer, Meta, m) {
 namespace spanformer::ops {
 
 const char* flash_attention_backend(const at::Tensor& q, bool cuda_kernel) { return flash_backend(q, cuda_kernel).name; }
+
+std::vector<std::string> flash_attention_backends() {
+  std::vector<std::string> names;
+  for (const auto& row : kFlashBackends) names.emplace_back(row.name);
+  return names;
+}
+
+FlashBackendOverride::FlashBackendOverride(const std::string& row) : previous_(forced_row.load()) {
+  for (size_t r = 0; r < std::size(kFlashBackends); ++r)
+    if (row == kFlashBackends[r].name) {
+      forced_row.store(static_cast<int>(r));
+      return;
+    }
+  fail("flash attention: no row '{}' in this build (rows: {})", row, fmt::join(flash_attention_backends(), ", "));
+}
+
+FlashBackendOverride::~FlashBackendOverride() { forced_row.store(previous_); }
 
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions o) {
   static auto op = c10::Dispatcher::singleton()

@@ -26,13 +26,18 @@ std::string cuda_text() {
 
 }  // namespace
 
+std::string cpu_text() {
+  const auto cpu = compat::cpu_info();
+  return fmt::format("{}, {}, bf16 products: {}", cpu.name, cpu.vector_isa, cpu.bf16_hardware());
+}
+
 std::string version_line() {
-  return fmt::format("spanformer {} (commit {}), LibTorch {}, CUDA: {}", kVersion, kGitCommit, compat::torch_version(),
-                     cuda_text());
+  return fmt::format("spanformer {} (commit {}), LibTorch {}, CUDA: {}, CPU: {}", kVersion, kGitCommit,
+                     compat::torch_version(), cuda_text(), cpu_text());
 }
 
 nlohmann::json build_record(const std::vector<std::string>& command) {
-  nlohmann::json j{{"version", kVersion}, {"commit", kGitCommit}, {"torch", compat::torch_version()}, {"cuda", cuda_text()}};
+  nlohmann::json j{{"version", kVersion}, {"commit", kGitCommit}, {"torch", compat::torch_version()}, {"cuda", cuda_text()}, {"cpu", cpu_text()}};
   if (!command.empty()) {
     char host[256] = {0};
     if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;

@@ -191,6 +191,33 @@ def test_flash_and_window_attention_are_sdpas(band):
             assert torch.allclose(a, b, atol=1e-11, rtol=0), (op, name, (a - b).abs().max())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("band", [0, 33])
+def test_flash_attention_in_32_and_16_bits_is_as_close_to_sdpa_as_sdpa_itself(dtype, band):
+    """The op in float32 and bfloat16 (the fused CPU kernel: bfloat16 widened to float32, rounded once)
+    against SDPA in float64 with the same mask, over tiles that split (T 300): each output and gradient
+    within twice SDPA's own error in that dtype (relative to the largest float64 magnitude), SDPA's
+    error floored where it happens to be near exact as tests/op_cases.h floors the composition's (fp32
+    1e-6, bf16 1e-2)."""
+    B, K, N, D = 2, 3, 300, 64
+    q, k, v = leaves((B, K, N, D), (B, K, N, D), (B, K, N, D), seed=20 + band)
+    grad_out = torch.randn(B, K, N, D, dtype=torch.float64)
+    mask = causal_band_mask(N, N, band)
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
+    truth = value_and_grads(sdpa, (q, k, v), grad_out)
+    low = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    peer = value_and_grads(sdpa, low, grad_out.to(dtype))
+    ours = value_and_grads(lambda q, k, v: spanformer.flash_attention(q, k, v, band), low, grad_out.to(dtype))
+    floor = 1e-6 if dtype == torch.float32 else 1e-2
+    for name, want, theirs, got in zip(["out", "q", "k", "v"], [truth[0], *truth[1]], [peer[0], *peer[1]],
+                                       [ours[0], *ours[1]]):
+        scale = want.abs().max().item()
+        peer_error = (theirs.double() - want).abs().max().item() / scale
+        our_error = (got.double() - want).abs().max().item() / scale
+        print(f"{dtype} band {band} {name}: ours {our_error:.3g}, SDPA {peer_error:.3g}")
+        assert our_error <= 2 * max(peer_error, floor), (name, our_error, peer_error)
+
+
 def span_problem(seed, ratios):
     B, K, M, L, D, R = 2, len(ratios), 24, 40, 8, 8.0
     q, k, v, key_pe = leaves((B, K, M, D), (B, K, L + M, D), (B, K, L + M, D), (D, L), seed=seed)

@@ -18,7 +18,10 @@
 //   causal_tiles         GPT banded and grouped patterns (attention/causal_attention.cpp): tiles when
 //                        they read at most 3/4 of the N x C pairs per head;
 //   sparse_blocks        GPT sparse patterns: blocks when they read at most 3/4 of the N x C pairs;
-//   dense_sdpa           GPT dense and flash: PyTorch's fused scaled_dot_product_attention when no KV
+//   cpu_flash            GPT dense, flash and sliding-window attention on the CPU (auto and fused): the
+//                        flash op's fused CPU kernel, the window as its band (docs/kernels.md, "flash_attention
+//                        on the CPU": 1.2-1.5x SDPA's forward + backward at T 1k-4k, 2-3x the banded tiles);
+//   dense_sdpa           GPT dense and flash on CUDA: PyTorch's fused scaled_dot_product_attention when no KV
 //                        cache (N == C) and no attention dropout in training (docs/benchmarks.md,
 //                        "Beside PyTorch 2.x": faster than the flash op's tiles on the CPU, 0.80-0.88,
 //                        and on CUDA, 0.205 vs 5.1 ms at T 1k, docs/kernels.md);
@@ -52,6 +55,7 @@ bool sparse_blocks(double blocks, int64_t queries, int64_t keys);
 bool dense_sdpa(int64_t queries, int64_t keys, bool training, double dropout);
 // half: bfloat16 or float16 inputs; head_dim D.
 bool flash_kernels(bool cuda, bool half, int64_t head_dim, int64_t queries, int64_t keys);
+bool cpu_flash(bool cuda);
 }  // namespace auto_rule
 
 }  // namespace spanformer::attention

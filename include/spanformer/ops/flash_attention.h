@@ -36,6 +36,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace spanformer::ops {
 
@@ -51,8 +53,24 @@ struct FlashOptions {
 // q (B, K, N, D); k, v (B, K, C, D) with C >= N >= 1, one dtype and device. Returns (B, K, N, D),
 // differentiable in q, k and v by the tiled backward above. Validates once (one-line errors).
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions options = {});
-// The name of the row of the op's backend table that serves inputs like q: "cuda" or "tiles".
+// The name of the row of the op's backend table that serves inputs like q: "cuda", "cpu" or "tiles".
 const char* flash_attention_backend(const at::Tensor& q, bool cuda_kernel = true);
+// The rows of the table in this build, in the order they are asked.
+std::vector<std::string> flash_attention_backends();
+
+// For tests and benchmarks: while it lives, every call of the op (forward and backward, any thread)
+// runs on the named row, and a call that row cannot take is a one-line error. Not for concurrent use
+// with other overrides.
+class FlashBackendOverride {
+ public:
+  explicit FlashBackendOverride(const std::string& row);
+  ~FlashBackendOverride();
+  FlashBackendOverride(const FlashBackendOverride&) = delete;
+  FlashBackendOverride& operator=(const FlashBackendOverride&) = delete;
+
+ private:
+  int previous_;
+};
 
 // The plain composition of the same formula: the whole (B, K, N, C) score tensor, the same dropout
 // mask; differentiable by autograd. For tests and the `plain` implementation.

@@ -8,10 +8,15 @@
 
 namespace spanformer {
 
-// "spanformer 0.1.0 (commit 3f2a9c1d0e4b), LibTorch 1.13.1, CUDA: not built in"
+// "spanformer 0.1.0 (commit 3f2a9c1d0e4b), LibTorch 2.15.0, CUDA: not built in, CPU: AMD EPYC, AVX512,
+// bf16 products: AVX512-BF16"
 std::string version_line();
 
-// {"version", "commit", "torch", "cuda"} as above, plus "host", "start" (UTC, ISO 8601) and "command"
+// The CPU part of that line: name, the vector ISA ATen's kernels use, and the bf16 hardware (AMX,
+// AVX512-BF16 or none).
+std::string cpu_text();
+
+// {"version", "commit", "torch", "cuda", "cpu"} as above, plus "host", "start" (UTC, ISO 8601) and "command"
 // (the argument vector) when given.
 nlohmann::json build_record(const std::vector<std::string>& command = {});
 

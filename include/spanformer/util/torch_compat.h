@@ -10,8 +10,20 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
+
+// The CPU's name and bf16 hardware from ATen (at::cpu::get_cpu_capabilities, cpuinfo underneath):
+// LibTorch 2.15 has it; older ones read the kernel's /proc/cpuinfo instead.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+#include <ATen/Version.h>
+#include <ATen/cpu/Utils.h>
+#define SPANFORMER_HAS_ATEN_CPU_CAPABILITIES 1
+#else
+#define SPANFORMER_HAS_ATEN_CPU_CAPABILITIES 0
+#endif
 
 // c10d's Gloo backend: Debian's LibTorch ships gloo's headers; PyTorch's wheels (LibTorch 2.x on the GPU
 // machine) define USE_C10D_GLOO but ship no gloo headers, so ProcessGroupGloo cannot be compiled there.
@@ -53,6 +65,47 @@ using CollectiveBackend = c10d::ProcessGroup;
 
 constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
 constexpr int kTorchMinor = TORCH_VERSION_MINOR;
+
+// The CPU as the kernels see it: its name, the widest vector ISA ATen's kernels use ("AVX512", "AVX2",
+// "DEFAULT"), and whether bf16 products have hardware (AMX tiles, AVX512-BF16 dot products).
+struct CpuInfo {
+  std::string name, vector_isa;
+  bool amx_bf16 = false, avx512_bf16 = false;
+  // "AMX", "AVX512-BF16" or "none": what a bf16 product runs on.
+  std::string bf16_hardware() const { return amx_bf16 ? "AMX" : avx512_bf16 ? "AVX512-BF16" : "none"; }
+};
+
+inline CpuInfo cpu_info() {
+  CpuInfo info;
+#if SPANFORMER_HAS_ATEN_CPU_CAPABILITIES
+  const auto caps = at::cpu::get_cpu_capabilities();
+  auto flag = [&](const char* key) {
+    const auto it = caps.find(key);
+    return it != caps.end() && it->second.isBool() && it->second.toBool();
+  };
+  if (const auto it = caps.find("cpu_name"); it != caps.end() && it->second.isString()) info.name = it->second.toStringRef();
+  info.amx_bf16 = flag("amx_bf16");
+  info.avx512_bf16 = flag("avx512_bf16");
+  info.vector_isa = at::get_cpu_capability();
+#else
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const auto key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const auto value = line.substr(std::min(line.size(), colon + 2));
+    if (key == "model name" && info.name.empty()) info.name = value;
+    if (key == "flags" && flags.empty()) flags = " " + value + " ";
+  }
+  auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
+  info.amx_bf16 = has("amx_bf16");
+  info.avx512_bf16 = has("avx512_bf16");
+  info.vector_isa = has("avx512f") ? "AVX512" : has("avx2") ? "AVX2" : "DEFAULT";
+#endif
+  if (info.name.empty()) info.name = "unknown CPU";
+  return info;
+}
 
 inline std::string torch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +

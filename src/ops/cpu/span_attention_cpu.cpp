@@ -42,6 +42,8 @@
 //       whole heads in backward (a head's key gradients need one owner), costliest first.
 #include "span_attention_cpu.h"
 
+#include "work_queue.h"
+
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
@@ -106,18 +108,6 @@ double sum_of(int64_t n, const F& f) {
     for (int j = 0; j < 8; ++j) part[j] += f(c + j);
   for (; c < n; ++c) part[0] += f(c);
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
-
-// f(j) for j in [0, n) on the intra-op threads, each taking the next j when it is done with one (the items
-// differ in cost: a head's value side is S_h long). Every item writes outputs of its own, so the result
-// does not depend on which thread took it.
-template <typename F>
-void for_each_item(int64_t n, const F& f) {
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    for (int64_t j = next++; j < n; j = next++) f(j);
-  });
 }
 
 // Heads by decreasing cost (the window-long products are the same for every head; the value side grows

@@ -4,6 +4,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -15,6 +16,7 @@
 
 #include "families.h"
 #include "spanformer/models/sampling.h"
+#include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/precision.h"
 #include "spanformer/util/runtime.h"
@@ -66,6 +68,18 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
   return ids;
 }
 
+// bf16 on a CPU that has no bf16 products in hardware (neither AMX nor AVX512-BF16): it runs, each
+// product widened to float32 by the library, and is slower than float32 itself. Said once a process.
+static void say_once_if_bf16_is_slow() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const auto cpu = compat::cpu_info();
+    if (cpu.bf16_hardware() == "none")
+      fmt::print(stderr, "spanformer: train.amp=bf16 on a CPU without bf16 hardware (AMX or AVX512-BF16; this one: {}, "
+                         "{}): it runs, but slower than float32\n", cpu.name, cpu.vector_isa);
+  });
+}
+
 torch::Tensor accumulate_gradients(int64_t streams, int64_t split, std::vector<torch::Tensor>& state,
                                    const StepContext& ctx, const std::vector<torch::Tensor>& params,
                                    const GroupLoss& group_loss) {
@@ -78,7 +92,10 @@ torch::Tensor accumulate_gradients(int64_t streams, int64_t split, std::vector<t
     torch::Tensor nll, loss;
     {  // train.amp: the forward under autocast, the backward (and everything after) outside it
       std::optional<compat::AutocastGuard> autocast;
-      if (ctx.amp == Amp::kBf16) autocast.emplace(ctx.device_type, at::kBFloat16);
+      if (ctx.amp == Amp::kBf16) {
+        autocast.emplace(ctx.device_type, at::kBFloat16);
+        if (ctx.device_type == c10::DeviceType::CPU) say_once_if_bf16_is_slow();
+      }
       std::tie(nll, loss) = group_loss(s * part, part, part_state);
     }
     for (size_t l = 0; l < state.size(); ++l)  // carried state keeps its dtype (autocast may narrow it)
@@ -215,10 +232,12 @@ void report_bench(const BenchRequest& r, const char* family, const std::string& 
     figures["threads"] = r.threads;
     figures["device"] = r.device.str();
     figures["peak_rss_mb"] = static_cast<double>(peak_rss_bytes()) / 1e6;
+    figures["cpu"] = cpu_text();
     fmt::print("{}\n", figures.dump());
     return;
   }
-  fmt::print("{}: {}\n{}: {}, {}\n", prefix, what, prefix, figures_text, peak_memory_text(r.device.is_cuda()));
+  fmt::print("{}: {}\n{}: {}, {}; CPU: {}\n", prefix, what, prefix, figures_text, peak_memory_text(r.device.is_cuda()),
+             cpu_text());
 }
 
 }  // namespace spanformer::train

@@ -1,0 +1,351 @@
+// CPU kernel of flash attention (include/spanformer/ops/flash_attention.h has the formulas): the `cpu` row
+// of src/ops/backends.h. One pass forward and one backward over (query tile, key tile) pairs, no N x C
+// tensor: a tile's scores, running maximum, exponentials and rescaling stay in per-thread buffers of
+// the cache, and every product goes straight into its tile (tile_gemm.h: oneDNN's micro-kernel through
+// ATen). The ATen tiles (flash_attention.cpp) are the same arithmetic as a composition of ATen ops,
+// batched over heads; this file is what they become when the tile is the unit of work.
+//
+// Forward, per (x = b K + h, query tile Q_t of n rows) and key tiles K_u of c keys from the band's first
+// key to the diagonal:
+//   S = Qs K_u^T                      (n, c)   Qs = Q / sqrt(D), K^T of the head transposed once
+//   m' = max(m, rowmax S);  P = exp(S - m') on each row's keys, 0 elsewhere;  l = l e^{m - m'} + rowsum P
+//   acc = acc e^{m - m'} + (P Z) V_u  (n, D)
+// then out = acc / l and L = m + log l (float32; float64 for float64 inputs).
+//
+// Backward, per head x (its key tiles' gradients have one owner), key tiles K_u outer and the query
+// tiles that see them inner (FlashAttention-2's order), everything in the transposed orientation so
+// that each product reads rows as they lie in memory:
+//   S^T  = K_u Qs^T             (c, n)     P^T = exp(S^T - L) on each key's queries, 0 elsewhere
+//   dP^T = V_u dO^T             (c, n)
+//   dV_u += (P^T Z) dO_t        (c, D)     dP^T = dP^T Z
+//   dS^T = P^T (dP^T - Dv)      (c, n)     Dv_i = dO_i . out_i
+//   dK_u += dS^T Qs_t           (c, D)     (1/sqrt(D) through Qs)
+//   dQ^T += K_u^T dS^T          (D, n)     scaled by 1/sqrt(D) and transposed once at the end
+// Qs^T, dO^T and K^T are made once per head, each in blocks of one tile (transpose_blocks), so that a
+// product reads a tile's transpose from contiguous memory.
+//
+// Dtypes: float32 and float64 are computed in their own precision; bfloat16 and float16 inputs are
+// widened to float32 once per head (row-blocks of q, k, v, dO), computed in float32 and each result
+// rounded once, as the CUDA kernels do. The logsumexp is float32 for them.
+//
+// Tiles: `tile` keys per key tile, min(tile, 64) queries per query tile (FlashOptions::tile; the tests
+// use tiles of 6 to 128 to reach every edge), both starting at multiples of their size. Key tiles of 64 to
+// 1024 measured within 4% of each other at T 4k (2-core AMD EPYC, Zen 4; 256 fastest); query tiles of
+// 32, 64 and 128 within 3%. Forward items are (head, query tile), the longest rows first; backward items
+// are heads.
+//
+// Versions (docs/kernels.md has the measurements; 2-core AMD EPYC, Zen 4, 2 threads, fwd + bwd, B 1 K 8
+// D 64 causal, T 4k):
+//   v1  products by tile_gemm into per-thread tiles, rows by row_math.h: 351 ms (SDPA 460).
+//   v2  (this file) the transposes in blocks of one tile (a tile's rows were N floats apart): 332 ms.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "../backends.h"
+#include "../dropout_hash.h"
+#include "row_math.h"
+#include "tile_gemm.h"
+#include "work_queue.h"
+
+namespace spanformer::ops::cpu {
+namespace {
+
+constexpr int64_t kMaxQueryTile = 64;
+
+// float64 stays float64; everything else is computed in float32.
+template <typename scalar_t>
+using acc_type = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+
+struct FlashShape {
+  int64_t B, K, N, C, D, band, offset;  // offset = C - N: the key position of query 0
+  int64_t q_tile, k_tile;
+  int64_t X() const { return B * K; }
+  // The keys query i reads: [first_key(i), C - N + i].
+  int64_t first_key(int64_t i) const { return std::max<int64_t>(0, offset + i - band + 1); }
+};
+
+FlashShape flash_shape_of(const at::Tensor& q, const at::Tensor& k, const FlashOptions& o) {
+  const int64_t tile = std::max<int64_t>(1, o.tile);
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), o.band, k.size(2) - q.size(2),
+          std::min(tile, kMaxQueryTile), tile};
+}
+
+// Z = keep / (1 - p) of query i (position p_i) and key j, or 1 without dropout.
+struct FlashDropout {
+  const FlashOptions& o;
+  bool on() const { return o.training && o.dropout > 0; }
+  template <typename T>
+  T factor(int64_t x, const FlashShape& s, int64_t i, int64_t j) const {
+    return dropout_keep_hash(o.seed, x / s.K, x % s.K, s.offset + i, j, o.dropout) ? T(1.0 / (1.0 - o.dropout)) : T(0);
+  }
+};
+
+// rows x cols of src (row stride ld_src) into dst (rows, cols) in acc_t, times `mul`.
+template <typename scalar_t, typename acc_t>
+void widen_rows(const scalar_t* src, int64_t ld_src, int64_t rows, int64_t cols, acc_t mul, acc_t* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = static_cast<acc_t>(src[r * ld_src + c]) * mul;
+}
+
+// The transpose of src (rows, D) in blocks of b rows: block t = rows [t b, t b + b) as a (D, b) matrix
+// (row stride b) at dst + t D b, in acc_t, times `mul`. A product then reads a tile's transpose from one
+// contiguous 4-64 KB block: with the whole (D, rows) transpose its rows would lie N floats apart, a
+// multiple of 4 KB for the usual lengths, all in the same L1 cache sets.
+template <typename scalar_t, typename acc_t>
+void transpose_blocks(const scalar_t* src, int64_t rows, int64_t D, int64_t b, acc_t mul, acc_t* dst) {
+  for (int64_t r0 = 0; r0 < rows; r0 += b) {
+    acc_t* block = dst + (r0 / b) * D * b;
+    const int64_t n = std::min(b, rows - r0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t d = 0; d < D; ++d) block[d * b + r] = static_cast<acc_t>(src[(r0 + r) * D + d]) * mul;
+  }
+}
+
+// Room for the blocks of rows rows: whole blocks.
+inline int64_t blocked_size(int64_t rows, int64_t D, int64_t b) { return (rows + b - 1) / b * b * D; }
+
+// ---- forward -----------------------------------------------------------------------------------------
+
+template <typename acc_t>
+struct ForwardScratch {
+  std::vector<acc_t> qs, s, acc, m, l;  // (n, D), (n, c), (n, D), (n), (n)
+  ForwardScratch(const FlashShape& sh)
+      : qs(sh.q_tile * sh.D), s(sh.q_tile * sh.k_tile), acc(sh.q_tile * sh.D), m(sh.q_tile), l(sh.q_tile) {}
+};
+
+// One query tile [i0, i0 + n) of head x. kT holds the head's K^T in blocks of k_tile keys
+// (transpose_blocks), vrows (C, D) its values in acc_t. Key tiles start at multiples of k_tile.
+template <typename scalar_t, typename acc_t>
+void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int64_t i0, int64_t n, const scalar_t* q,
+                  const acc_t* kT, const acc_t* vrows, scalar_t* out, acc_t* lse, ForwardScratch<acc_t>& w) {
+  const int64_t D = sh.D;
+  const acc_t scale = acc_t(1) / std::sqrt(acc_t(D));
+  widen_rows(q + i0 * D, D, n, D, scale, w.qs.data());                                  // (n, D) = Q_t / sqrt(D)
+  std::fill(w.acc.begin(), w.acc.begin() + n * D, acc_t(0));
+  std::fill(w.m.begin(), w.m.begin() + n, -std::numeric_limits<acc_t>::infinity());
+  std::fill(w.l.begin(), w.l.begin() + n, acc_t(0));
+  const int64_t lo = sh.first_key(i0), hi = sh.offset + i0 + n;                    // keys [lo, hi)
+  for (int64_t j0 = lo / sh.k_tile * sh.k_tile; j0 < hi; j0 += sh.k_tile) {
+    const int64_t c = std::min(sh.k_tile, hi - j0);
+    acc_t* S = w.s.data();                                                         // (n, c), ld k_tile
+    const acc_t* kT_u = kT + (j0 / sh.k_tile) * D * sh.k_tile;                     // (D, c), ld k_tile
+    tile_gemm(n, c, D, w.qs.data(), D, kT_u, sh.k_tile, S, sh.k_tile, /*accumulate=*/false);
+    for (int64_t r = 0; r < n; ++r) {
+      acc_t* row = S + r * sh.k_tile;
+      const int64_t i = i0 + r;
+      const int64_t a = std::max(sh.first_key(i), j0) - j0, b = std::min(sh.offset + i + 1, j0 + c) - j0;  // [a, b)
+      if (a >= b) {  // none of this row's keys in the tile
+        std::fill(row, row + c, acc_t(0));
+        continue;
+      }
+      const acc_t m_new = std::max(w.m[r], rows::max_of(row + a, b - a));
+      const acc_t alpha = std::exp(w.m[r] - m_new);                                // 0 on the row's first tile
+      std::fill(row, row + a, acc_t(0));
+      std::fill(row + b, row + c, acc_t(0));
+      w.l[r] = w.l[r] * alpha + rows::exp_shifted_sum(row + a, b - a, m_new);
+      w.m[r] = m_new;
+      if (drop.on())
+        for (int64_t col = a; col < b; ++col) row[col] *= drop.factor<acc_t>(x, sh, i, j0 + col);
+      if (alpha != acc_t(1)) rows::scale(w.acc.data() + r * D, D, alpha);
+    }
+    tile_gemm(n, D, c, S, sh.k_tile, vrows + j0 * D, D, w.acc.data(), D, /*accumulate=*/true);  // (n, D) += (P Z) V_u
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const acc_t inv = acc_t(1) / w.l[r];
+    for (int64_t d = 0; d < D; ++d) out[(i0 + r) * D + d] = static_cast<scalar_t>(w.acc[r * D + d] * inv);
+    lse[i0 + r] = w.m[r] + std::log(w.l[r]);
+  }
+}
+
+template <typename scalar_t>
+Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const FlashOptions& o) {
+  using acc_t = acc_type<scalar_t>;
+  const FlashShape sh = flash_shape_of(q_in, k_in, o);
+  const int64_t X = sh.X(), N = sh.N, C = sh.C, D = sh.D;
+  const auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
+  auto out = at::empty_like(q);                                                    // (B, K, N, D)
+  auto lse = at::empty({sh.B, sh.K, N}, q.options().dtype(acc_dtype));             // (B, K, N)
+  // Per head: K^T in blocks of k_tile keys, and the values in acc_t where the inputs are 16-bit.
+  const int64_t kT_size = blocked_size(C, D, sh.k_tile);
+  auto kT = at::empty({X, kT_size}, q.options().dtype(acc_dtype));                 // (X, C / k_tile, D, k_tile)
+  const bool widen_v = !std::is_same_v<scalar_t, acc_t>;
+  auto vw = widen_v ? at::empty({X, C, D}, q.options().dtype(acc_dtype)) : v;       // (X, C, D)
+  const scalar_t* kp = k.template data_ptr<scalar_t>();
+  const scalar_t* vp = v.template data_ptr<scalar_t>();
+  acc_t* kTp = kT.template data_ptr<acc_t>();
+  for_each_item(X, [&](int64_t x) {
+    transpose_blocks(kp + x * C * D, C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
+    if (widen_v) widen_rows(vp + x * C * D, D, C, D, acc_t(1), vw.template data_ptr<acc_t>() + x * C * D);
+  });
+  // Items (head, query tile), the tiles with the most keys first.
+  const int64_t tiles = (N + sh.q_tile - 1) / sh.q_tile;
+  std::vector<int64_t> items(X * tiles);
+  std::iota(items.begin(), items.end(), 0);
+  auto keys_of = [&](int64_t t) {
+    const int64_t i0 = t * sh.q_tile, n = std::min(sh.q_tile, N - i0);
+    return sh.offset + i0 + n - sh.first_key(i0);
+  };
+  std::stable_sort(items.begin(), items.end(), [&](int64_t a, int64_t b) { return keys_of(a % tiles) > keys_of(b % tiles); });
+  const FlashDropout drop{o};
+  const scalar_t* qp = q.template data_ptr<scalar_t>();
+  scalar_t* op = out.template data_ptr<scalar_t>();
+  acc_t* lp = lse.template data_ptr<acc_t>();
+  const acc_t* vwp = vw.template data_ptr<acc_t>();
+  for_each_item(
+      X * tiles, [&] { return ForwardScratch<acc_t>(sh); },
+      [&](int64_t j, ForwardScratch<acc_t>& w) {
+        const int64_t x = items[j] / tiles, t = items[j] % tiles, i0 = t * sh.q_tile;
+        forward_tile<scalar_t, acc_t>(sh, drop, x, i0, std::min(sh.q_tile, N - i0), qp + x * N * D, kTp + x * kT_size,
+                                      vwp + x * C * D, op + x * N * D, lp + x * N, w);
+      });
+  return {out, lse};
+}
+
+// ---- backward ----------------------------------------------------------------------------------------
+
+template <typename acc_t>
+struct BackwardScratch {
+  std::vector<acc_t> qs, qsT, dO, dOT, kr, kT, vr, dQT, lse, delta;  // per head; the ...T in blocks
+  std::vector<acc_t> pT, dpT, pz, dK, dV;                            // per tile
+  BackwardScratch(const FlashShape& sh)
+      : qs(sh.N * sh.D), qsT(blocked_size(sh.N, sh.D, sh.q_tile)), dO(sh.N * sh.D),
+        dOT(blocked_size(sh.N, sh.D, sh.q_tile)), kr(sh.C * sh.D), kT(blocked_size(sh.C, sh.D, sh.k_tile)),
+        vr(sh.C * sh.D), dQT(blocked_size(sh.N, sh.D, sh.q_tile)), lse(sh.N), delta(sh.N), pT(sh.k_tile * sh.q_tile),
+        dpT(sh.k_tile * sh.q_tile), pz(sh.k_tile * sh.q_tile), dK(sh.k_tile * sh.D), dV(sh.k_tile * sh.D) {}
+};
+
+template <typename scalar_t, typename acc_t>
+void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, const scalar_t* dout, const scalar_t* q,
+                   const scalar_t* k, const scalar_t* v, const scalar_t* out, const acc_t* lse, scalar_t* dq,
+                   scalar_t* dk, scalar_t* dv, BackwardScratch<acc_t>& w) {
+  const int64_t N = sh.N, C = sh.C, D = sh.D, bq = sh.q_tile, bk = sh.k_tile;
+  const acc_t scale = acc_t(1) / std::sqrt(acc_t(D));
+  widen_rows(q, D, N, D, scale, w.qs.data());                                           // (N, D) = Q / sqrt(D)
+  transpose_blocks(q, N, D, bq, scale, w.qsT.data());                              // (N / bq, D, bq)
+  widen_rows(dout, D, N, D, acc_t(1), w.dO.data());                                     // (N, D)
+  transpose_blocks(dout, N, D, bq, acc_t(1), w.dOT.data());                        // (N / bq, D, bq)
+  widen_rows(k, D, C, D, acc_t(1), w.kr.data());                                        // (C, D)
+  transpose_blocks(k, C, D, bk, acc_t(1), w.kT.data());                            // (C / bk, D, bk)
+  widen_rows(v, D, C, D, acc_t(1), w.vr.data());                                        // (C, D)
+  for (int64_t i = 0; i < N; ++i) {                                                // Dv_i = dO_i . out_i
+    acc_t o_row[512];
+    acc_t total = 0;
+    for (int64_t d0 = 0; d0 < D; d0 += 512) {
+      const int64_t m = std::min<int64_t>(512, D - d0);
+      for (int64_t d = 0; d < m; ++d) o_row[d] = static_cast<acc_t>(out[i * D + d0 + d]);
+      total += rows::dot(w.dO.data() + i * D + d0, o_row, m);
+    }
+    w.delta[i] = total;
+    w.lse[i] = lse[i];
+  }
+  std::fill(w.dQT.begin(), w.dQT.end(), acc_t(0));
+  for (int64_t j0 = 0; j0 < C; j0 += bk) {
+    const int64_t c = std::min(bk, C - j0);
+    // The queries that read a key of [j0, j0 + c): positions p with j0 <= p <= j0 + c - 1 + band - 1.
+    const int64_t i_lo = std::max<int64_t>(0, j0 - sh.offset);
+    const int64_t i_hi = std::min<int64_t>(N, j0 + c - 1 + sh.band - sh.offset);  // exclusive
+    std::fill(w.dK.begin(), w.dK.begin() + c * D, acc_t(0));
+    std::fill(w.dV.begin(), w.dV.begin() + c * D, acc_t(0));
+    for (int64_t i0 = i_lo / bq * bq; i0 < i_hi; i0 += bq) {  // query tiles at multiples of bq
+      const int64_t n = std::min(bq, i_hi - i0);
+      const acc_t* qsT_t = w.qsT.data() + (i0 / bq) * D * bq;                      // (D, n), ld bq
+      const acc_t* dOT_t = w.dOT.data() + (i0 / bq) * D * bq;                      // (D, n), ld bq
+      acc_t* dQT_t = w.dQT.data() + (i0 / bq) * D * bq;                            // (D, n), ld bq
+      acc_t* pT = w.pT.data();                                                     // (c, n), ld bq
+      acc_t* dpT = w.dpT.data();                                                   // (c, n), ld bq
+      tile_gemm(c, n, D, w.kr.data() + j0 * D, D, qsT_t, bq, pT, bq, false);       // S^T = K_u Qs^T
+      tile_gemm(c, n, D, w.vr.data() + j0 * D, D, dOT_t, bq, dpT, bq, false);      // dP^T = V_u dO^T
+      for (int64_t cc = 0; cc < c; ++cc) {
+        const int64_t j = j0 + cc;
+        // Key j is read by the queries at positions [j, j + band - 1]: rows [a, b) of the tile.
+        const int64_t a = std::clamp<int64_t>(j - sh.offset - i0, 0, n);
+        const int64_t b = std::clamp<int64_t>(j + sh.band - sh.offset - i0, 0, n);
+        acc_t* prow = pT + cc * bq;
+        std::fill(prow, prow + a, acc_t(0));
+        std::fill(prow + std::max(a, b), prow + n, acc_t(0));
+        if (a < b) rows::exp_minus(prow + a, w.lse.data() + i0 + a, b - a);
+      }
+      const acc_t* p_for_v = pT;
+      if (drop.on()) {  // dV takes P Z; dP^T = dP^T Z
+        for (int64_t cc = 0; cc < c; ++cc)
+          for (int64_t r = 0; r < n; ++r) {
+            const acc_t z = drop.factor<acc_t>(x, sh, i0 + r, j0 + cc);
+            w.pz[cc * bq + r] = pT[cc * bq + r] * z;
+            dpT[cc * bq + r] *= z;
+          }
+        p_for_v = w.pz.data();
+      }
+      tile_gemm(c, D, n, p_for_v, bq, w.dO.data() + i0 * D, D, w.dV.data(), D, true);  // dV_u += (P Z)^T dO_t
+      for (int64_t cc = 0; cc < c; ++cc)                                           // dS^T = P^T (dP^T - Dv)
+        rows::times_difference(pT + cc * bq, dpT + cc * bq, w.delta.data() + i0, n);
+      tile_gemm(c, D, n, pT, bq, w.qs.data() + i0 * D, D, w.dK.data(), D, true);       // dK_u += dS^T Qs_t
+      tile_gemm(D, n, c, w.kT.data() + (j0 / bk) * D * bk, bk, pT, bq, dQT_t, bq, true);  // dQ^T += K_u^T dS^T
+    }
+    for (int64_t e = 0; e < c * D; ++e) {
+      dk[j0 * D + e] = static_cast<scalar_t>(w.dK[e]);
+      dv[j0 * D + e] = static_cast<scalar_t>(w.dV[e]);
+    }
+  }
+  for (int64_t i = 0; i < N; ++i) {                                                // dQ = (dQ^T)^T / sqrt(D)
+    const acc_t* block = w.dQT.data() + (i / bq) * D * bq + i % bq;
+    for (int64_t d = 0; d < D; ++d) dq[i * D + d] = static_cast<scalar_t>(block[d * bq] * scale);
+  }
+}
+
+template <typename scalar_t>
+FlashGrads backward_impl(const at::Tensor& grad_out, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                    const at::Tensor& out_in, const at::Tensor& lse_in, const FlashOptions& o) {
+  using acc_t = acc_type<scalar_t>;
+  const FlashShape sh = flash_shape_of(q_in, k_in, o);
+  const int64_t N = sh.N, C = sh.C, D = sh.D;
+  const auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), out = out_in.contiguous();
+  const auto dout = grad_out.contiguous();
+  const auto lse = lse_in.to(c10::CppTypeToScalarType<acc_t>::value).contiguous();  // (B, K, N)
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  const FlashDropout drop{o};
+  const scalar_t *qp = q.template data_ptr<scalar_t>(), *kp = k.template data_ptr<scalar_t>(), *vp = v.template data_ptr<scalar_t>();
+  const scalar_t *op = out.template data_ptr<scalar_t>(), *gp = dout.template data_ptr<scalar_t>();
+  const acc_t* lp = lse.template data_ptr<acc_t>();
+  scalar_t *dqp = dq.template data_ptr<scalar_t>(), *dkp = dk.template data_ptr<scalar_t>(), *dvp = dv.template data_ptr<scalar_t>();
+  for_each_item(
+      sh.X(), [&] { return BackwardScratch<acc_t>(sh); },
+      [&](int64_t x, BackwardScratch<acc_t>& w) {
+        backward_head<scalar_t, acc_t>(sh, drop, x, gp + x * N * D, qp + x * N * D, kp + x * C * D, vp + x * C * D,
+                                       op + x * N * D, lp + x * N, dqp + x * N * D, dkp + x * C * D,
+                                       dvp + x * C * D, w);
+      });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+bool flash_supported(const at::Tensor& q) {
+  const auto t = q.scalar_type();
+  return q.device().is_cpu() && (t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf);
+}
+
+Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o) {
+  Forward f;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flash_forward_cpu",
+                                  [&] { f = forward_impl<scalar_t>(q, k, v, o); });
+  return f;
+}
+
+FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& out, const at::Tensor& lse, const FlashOptions& o) {
+  FlashGrads g;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flash_backward_cpu",
+                                  [&] { g = backward_impl<scalar_t>(grad_out, q, k, v, out, lse, o); });
+  return g;
+}
+
+}  // namespace spanformer::ops::cpu

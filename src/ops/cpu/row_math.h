@@ -1,0 +1,46 @@
+// The elementwise work of the CPU attention kernels, one row of a tile at a time, in loops the compiler
+// vectorises. Float32 rows are compiled three times (AVX-512, AVX2 + FMA, baseline x86-64) and the
+// loader picks the one the CPU runs (GCC's target_clones); the library itself is built for the baseline.
+// Float64 rows are plain loops with std::exp (they exist for the exact tests).
+//
+// The float32 exponential is a degree-6 polynomial after the range reduction x = n ln 2 + r (Cody and
+// Waite's split of ln 2; the polynomial of Cephes' expf): within 1 ulp of exp over [-87, 0] (0.94 one at
+// a time, 0.99 through an AVX-512 row, whose fused multiply-adds round otherwise; 174,001 points against
+// double, FlashAttention.RowExponentialIsWithinTwoUlpOfExp), 0 below -87.3 (where exp is below float's
+// smallest normal) and for -inf. ATen's softmax uses Sleef's 1-ulp exp; the kernels' tests hold both to
+// the double reference at the float32 composition's error.
+//
+// Rows are [0, n); the functions never read or write beyond n.
+#pragma once
+#include <cstdint>
+
+namespace spanformer::ops::cpu::rows {
+
+// max of s[0, n); -inf when n = 0.
+float max_of(const float* s, int64_t n);
+double max_of(const double* s, int64_t n);
+
+// s[c] = exp(s[c] - shift) for c in [0, n); returns the sum of the new values.
+float exp_shifted_sum(float* s, int64_t n, float shift);
+double exp_shifted_sum(double* s, int64_t n, double shift);
+
+// p[c] = exp(s[c] - lse[c]) for c in [0, n) (a key's row of P^T: each query its own logsumexp).
+void exp_minus(float* s, const float* lse, int64_t n);
+void exp_minus(double* s, const double* lse, int64_t n);
+
+// p[c] = p[c] (dp[c] - delta[c]) for c in [0, n) (dS = P (dP - Dv), a key's row of the transposes).
+void times_difference(float* p, const float* dp, const float* delta, int64_t n);
+void times_difference(double* p, const double* dp, const double* delta, int64_t n);
+
+// y[c] *= a for c in [0, n).
+void scale(float* y, int64_t n, float a);
+void scale(double* y, int64_t n, double a);
+
+// sum of x[c] y[c] over [0, n).
+float dot(const float* x, const float* y, int64_t n);
+double dot(const double* x, const double* y, int64_t n);
+
+// The exponential of one float, as the rows compute it (for the tests of its error).
+float exp_approx(float x);
+
+}  // namespace spanformer::ops::cpu::rows
