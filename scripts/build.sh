@@ -4,8 +4,9 @@
 #                                     scripts/install-deps.sh) into build/
 #   scripts/build.sh --torch system   Debian's libtorch-dev 1.13 into build-system/
 #   scripts/build.sh --torch DIR      any LibTorch (a torch package's folder, an unpacked libtorch) into build-custom/
-#   scripts/build.sh --cuda           the CUDA build (kernels, NCCL) into build-cuda/: needs nvcc and a
-#                                     CUDA LibTorch (PyPI's torch is one)
+#   scripts/build.sh --cuda           the CUDA build (kernels, NCCL) into build-cuda/: needs a CUDA
+#                                     LibTorch (PyPI's torch is one) and nvcc: the one install-deps.sh
+#                                     puts in .venv/cuda from PyPI, else the machine's
 #   --dir DIR                         another build folder; arguments after -- go to CMake
 #   --target NAME                     build only that target and what it needs (repeatable; default: all)
 set -euo pipefail
@@ -35,6 +36,14 @@ case "$torch" in
 esac
 [ "$cuda" = ON ] && default_dir=build-cuda
 dir="${dir:-$default_dir}"
+
+# The CUDA build's toolkit: the one scripts/install-deps.sh laid out in the environment from PyPI's
+# nvidia-* wheels (the CUDA release of torch's own libraries), else the machine's (nvcc on PATH).
+toolkit="${SPANFORMER_VENV:-$PWD/.venv}/cuda"
+if [ "$cuda" = ON ] && [ "$torch" = venv ] && [ -x "$toolkit/bin/nvcc" ]; then
+  export PATH="$toolkit/bin:$PATH"
+  cmake_args+=(-DCMAKE_CUDA_COMPILER="$toolkit/bin/nvcc" -DCUDAToolkit_ROOT="$toolkit" -DCUDA_TOOLKIT_ROOT_DIR="$toolkit")
+fi
 
 if [ ! -f "$dir/build.ninja" ]; then
   args=(-S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=$cuda)

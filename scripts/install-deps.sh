@@ -6,6 +6,7 @@
 #      $SPANFORMER_VENV) with PyPI's packages at the versions in python/requirements.txt, torch among
 #      them: its LibTorch 2.x is what scripts/build.sh builds against by default. Reinstalled only when
 #      that file changes (a stamp inside the environment holds its checksum).
+#   3. The CUDA build's toolkit in .venv/cuda, laid out from that environment's nvidia-* wheels (below).
 #
 #   --tool-only   leave out the test and benchmark libraries (then configure with
 #                 -DSPANFORMER_TESTS=OFF -DSPANFORMER_BENCH=OFF)
@@ -67,11 +68,37 @@ venv="${SPANFORMER_VENV:-$PWD/.venv}"
 requirements=python/requirements.txt
 want=$(sha256sum "$requirements" | cut -d' ' -f1)
 stamp="$venv/.spanformer-requirements"
+
+# 3. A CUDA toolkit for the CUDA build, from the environment's nvidia-* wheels (nvcc, its headers and
+#    NVVM, the runtime and libraries torch loads, all one CUDA release): $venv/cuda holds bin, include
+#    and nvvm as links into the wheels' nvidia/cu13, and lib with a link to every library of the wheels
+#    under its versioned name and its bare one (libcudart.so, what CMake and the linker look for).
+#    scripts/build.sh --cuda uses it before any toolkit of the machine's.
+cuda_layout() {
+  local nvidia root="$venv/cuda"
+  nvidia=$("$venv/bin/python" -c 'import os, nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) || return 0
+  [ -x "$nvidia/cu13/bin/nvcc" ] || return 0
+  rm -rf "$root.new"
+  mkdir -p "$root.new/lib"
+  for part in bin include nvvm; do ln -s "$nvidia/cu13/$part" "$root.new/$part"; done
+  for lib in "$nvidia"/*/lib/*.so* "$nvidia"/cu13/lib/*.a; do
+    [ -e "$lib" ] || continue
+    name=$(basename "$lib")
+    ln -sf "$lib" "$root.new/lib/$name"
+    case "$name" in *.so.*) ln -sf "$lib" "$root.new/lib/${name%%.so.*}.so" ;; esac
+  done
+  rm -rf "$root"
+  mv "$root.new" "$root"
+  echo "install-deps: CUDA toolkit $("$root/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') from PyPI laid out in $root"
+}
+
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "install-deps: $venv already holds $requirements"
+  [ -x "$venv/cuda/bin/nvcc" ] || cuda_layout
   exit 0
 fi
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
 echo "install-deps: installing $requirements into $venv (PyPI; torch is a few GB the first time)"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+cuda_layout
 echo "$want" > "$stamp"

@@ -81,8 +81,9 @@ stage_system() {
 }
 
 stage_cuda() {
-  command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ] ||
-    { echo "test: the cuda stage needs nvcc (the CUDA toolkit)" >&2; return 1; }
+  # nvcc: PyPI's, laid out by install-deps.sh in the environment (build.sh --cuda takes it), or the machine's.
+  [ -x "$venv/cuda/bin/nvcc" ] || command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ] ||
+    { echo "test: the cuda stage needs nvcc: scripts/install-deps.sh puts PyPI's in $venv/cuda" >&2; return 1; }
   if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q "^GPU"; then
     # A GPU here: everything, and the cuda-labelled tests run (scripts/gpu-check.sh does more).
     PATH="$PATH:/usr/local/cuda/bin" bash scripts/build.sh --cuda
