@@ -5,6 +5,8 @@ torch.compile, one process, interleaved rounds, medians.
     SPANFORMER_TORCH_OPS=build/libspanformer_torch_ops.so SPANFORMER_CLI=build/spanformer \
         .venv/bin/python bench/python/peers.py [--rounds 3] [--rows gemm,span,flash,gpt] [--threads 2]
     ... peers.py --device cuda --rows gpt,lm,seq2seq     (scripts/gpu-check.sh peers)
+    ... peers.py --amp bf16 --rows gpt,lm,seq2seq        (the CPU training rows in bf16: the twins under
+                                                          CPU autocast, ours with train.amp=bf16)
 
 With --device cuda the training rows (gpt, lm, seq2seq) run on the GPU under bf16 autocast, ours as
 `spanformer --device cuda bench --amp=bf16 --steps 10 --warmup 3` (its ms per step), the twins timed
@@ -97,9 +99,12 @@ def sync():
         torch.cuda.synchronize()
 
 
+AMP = False  # --amp bf16: the CPU training rows under bf16 autocast (ours with train.amp=bf16)
+
+
 def autocast():
-    """bf16 autocast on CUDA (ours runs with train.amp=bf16 there), nothing on the CPU."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=DEVICE.type == "cuda")
+    """bf16 autocast on CUDA, and on the CPU with --amp bf16 (ours runs with train.amp=bf16 then)."""
+    return torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=DEVICE.type == "cuda" or AMP)
 
 
 def timed(fn, warmup=1):
@@ -127,7 +132,7 @@ def interleave(impls, rounds, warmup):
 def bench_ms(cli, threads, *args):
     """`spanformer bench ... --json` (one timed step after one warm-up step; on CUDA ten after three, in
     bf16): its ms per step."""
-    where = ["--steps", "1", "--warmup", "1"]
+    where = ["--steps", "1", "--warmup", "1"] + (["--amp=bf16"] if AMP else [])
     if DEVICE.type == "cuda":
         where = ["--steps", "10", "--warmup", "3", "--amp=bf16"]
     out = subprocess.run([cli, "--threads", str(threads), "--device", str(DEVICE), "bench", *args, *where, "--json"],
@@ -476,9 +481,12 @@ def main():
     parser.add_argument("--flash-dtypes", default="float32,bfloat16", help="the flash rows' input dtypes")
     parser.add_argument("--gpt-attentions", default="dense,window,adaptive_span")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
+    parser.add_argument("--amp", default="off", choices=["off", "bf16"],
+                        help="bf16: the CPU training rows under bf16 autocast, ours with train.amp=bf16")
     args = parser.parse_args()
-    global DEVICE
+    global DEVICE, AMP
     DEVICE = torch.device(args.device)
+    AMP = args.amp == "bf16"
     if DEVICE.type == "cuda" and set(args.rows.split(",")) - {"gpt", "lm", "seq2seq"}:
         parser.error("--device cuda times the training rows only (gpt, lm, seq2seq); the operators' GPU "
                      "figures are gpu_compare.py's and gpu_flash.py's")
@@ -487,6 +495,8 @@ def main():
     cli = os.environ.get("SPANFORMER_CLI", os.path.join(ROOT, "build", "spanformer"))
     rows = args.rows.split(",")
     where = f"{torch.cuda.get_device_name()}, bf16 autocast" if DEVICE.type == "cuda" else f"{args.threads} threads"
+    if AMP and DEVICE.type == "cpu":
+        where += ", training rows under bf16 autocast (ours: train.amp=bf16)"
     print(f"# peers: torch {torch.__version__}, {where}, {args.rounds} rounds, medians (ms)")
     print(f"# CPU: {cpu_line()}")
     if "gemm" in rows:
