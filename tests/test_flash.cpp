@@ -100,6 +100,16 @@ TEST(FlashAttention, TheCpuTakesTheFusedKernel) {
             std::string::npos);
 }
 
+// A tile larger than the sequence is the whole sequence (the fused kernel's buffers are tile-sized).
+TEST(FlashAttention, ATileBeyondTheSequenceIsTheWholeSequence) {
+  torch::manual_seed(8);
+  auto q = torch::randn({1, 2, 40, 16}, torch::kDouble), k = torch::randn({1, 2, 50, 16}, torch::kDouble);
+  ops::FlashOptions small, huge;
+  small.tile = 8;
+  huge.tile = int64_t{1} << 40;
+  EXPECT_LT(max_diff(ops::flash_attention(q, k, k, huge), ops::flash_attention(q, k, k, small)), 1e-12);
+}
+
 // float32 on each CPU row, every case: within a small multiple of the float32 composition's own error.
 TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
   for (const auto& row : kCpuRows) {

@@ -72,10 +72,10 @@ struct FlashShape {
   int64_t first_key(int64_t i) const { return std::max<int64_t>(0, offset + i - band + 1); }
 };
 
+// Tiles no larger than the sequence (the per-thread buffers are tile-sized; a tile of 10^9 is a whole head).
 FlashShape flash_shape_of(const at::Tensor& q, const at::Tensor& k, const FlashOptions& o) {
-  const int64_t tile = std::max<int64_t>(1, o.tile);
-  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), o.band, k.size(2) - q.size(2),
-          std::min(tile, kMaxQueryTile), tile};
+  const int64_t N = q.size(2), C = k.size(2), tile = std::max<int64_t>(1, o.tile);
+  return {q.size(0), q.size(1), N, C, q.size(3), o.band, C - N, std::min({tile, kMaxQueryTile, N}), std::min(tile, C)};
 }
 
 // Z = keep / (1 - p) of query i (position p_i) and key j, or 1 without dropout.
@@ -117,7 +117,7 @@ inline int64_t blocked_size(int64_t rows, int64_t D, int64_t b) { return (rows +
 template <typename acc_t>
 struct ForwardScratch {
   std::vector<acc_t> qs, s, acc, m, l;  // (n, D), (n, c), (n, D), (n), (n)
-  ForwardScratch(const FlashShape& sh)
+  explicit ForwardScratch(const FlashShape& sh)
       : qs(sh.q_tile * sh.D), s(sh.q_tile * sh.k_tile), acc(sh.q_tile * sh.D), m(sh.q_tile), l(sh.q_tile) {}
 };
 
@@ -216,7 +216,7 @@ template <typename acc_t>
 struct BackwardScratch {
   std::vector<acc_t> qs, qsT, dO, dOT, kr, kT, vr, dQT, lse, delta;  // per head; the ...T in blocks
   std::vector<acc_t> pT, dpT, pz, dK, dV;                            // per tile
-  BackwardScratch(const FlashShape& sh)
+  explicit BackwardScratch(const FlashShape& sh)
       : qs(sh.N * sh.D), qsT(blocked_size(sh.N, sh.D, sh.q_tile)), dO(sh.N * sh.D),
         dOT(blocked_size(sh.N, sh.D, sh.q_tile)), kr(sh.C * sh.D), kT(blocked_size(sh.C, sh.D, sh.k_tile)),
         vr(sh.C * sh.D), dQT(blocked_size(sh.N, sh.D, sh.q_tile)), lse(sh.N), delta(sh.N), pT(sh.k_tile * sh.q_tile),
