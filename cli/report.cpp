@@ -21,7 +21,7 @@ bool run_finished(const std::string& run_dir) {
   const RunPaths run(run_dir);
   const std::string log = run.log();
   if (!file_exists(log)) return false;
-  const auto config = nlohmann::json::parse(read_file(run.config()), nullptr, false);
+  const auto config = parse_json_or_discarded(read_file(run.config()), run.config());
   if (config.is_discarded() || !config.contains("train") || !config["train"].contains("nb_steps")) return false;
   const auto records = read_jsonl(log, /*allow_cut_tail=*/true);
   return !records.empty() && records.back().contains("step") && records.back()["step"] >= config["train"]["nb_steps"];

@@ -32,6 +32,9 @@ make_seeds() {  # DIR CLI
   cp "$work/data/valid.bin" "$out/tokens/valid.bin"
   head -c 64 "$work/text.txt" > "$out/tokens/raw.ids"
   for f in configs/*.json configs/*/*.json; do cp "$f" "$out/config/$(echo "$f" | tr / _)"; done
+  # JSON nesting 100,000 levels deep (a log line like it once crashed `report` in the serializer).
+  { head -c 100000 /dev/zero | tr '\0' '['; head -c 100000 /dev/zero | tr '\0' ']'; echo; } > "$out/jsonl/deep.jsonl"
+  { echo '{"model": '; head -c 100000 /dev/zero | tr '\0' '['; head -c 100000 /dev/zero | tr '\0' ']'; echo '}'; } > "$out/config/deep.json"
   printf '\x00\x00\x08\x01\x00\x00\x00\x04\x01\x02\x03\x09' > "$out/idx/labels.idx"                       # 4 labels
   printf '\x00\x00\x08\x03\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x02\x00\x7f\xff\x10' > "$out/idx/images.idx"  # 1 image of 2 x 2
   local en=(i you we see like the a cat dog house) fr=(je tu nous vois aime le un chat chien maison)

@@ -157,6 +157,16 @@ if "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/replaced" --o
 else
   echo "FAIL: --overwrite did not start a new run"; failures=$((failures + 1))
 fi
+# JSON nested 100,000 levels deep in a run's log, config or a config file: refused, not a crash.
+cp -r "$tmp/run" "$tmp/deep"
+deep=$(head -c 100000 /dev/zero | tr '\0' '['; head -c 100000 /dev/zero | tr '\0' ']')
+echo "$deep" > "$tmp/deep/log.jsonl"
+expect_error "log.jsonl line 1: JSON nested deeper than 64 levels" "$bin" report "$tmp/deep" -o "$tmp/deep.html"
+echo "{\"model\": $deep}" > "$tmp/deep.json"
+expect_error "deep.json: JSON nested deeper than 64 levels" "$bin" train -c "$tmp/deep.json" --data "$tmp/data" --out "$tmp/r21"
+expect_error "config key 'lr': JSON nested deeper than 64 levels" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" \
+  --out "$tmp/r22" --lr="$(head -c 1000 /dev/zero | tr '\0' '[')"
+
 # A checkpoint this user may not read: the reason, not "corrupt". Root reads any file through two
 # capabilities; it runs the program without them (still root, so the checkout and its LibTorch stay
 # reachable wherever they are: another user cannot enter a checkout under a 0700 home).

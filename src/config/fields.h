@@ -16,6 +16,7 @@
 #include "spanformer/config/train_config.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/usage.h"
+#include "spanformer/util/jsonl.h"
 
 namespace spanformer::config_detail {
 
@@ -166,7 +167,7 @@ inline Override parse_override(std::string item,
   for (const auto& [old_name, name] : aliases)
     if (o.key == old_name) o.key = name;
   try {
-    o.value = json::parse(o.text);
+    o.value = parse_json(o.text, fmt::format("config key '{}'", o.key));
   } catch (const json::parse_error&) {
     o.value = o.text;  // a bare string such as adagrad or a path
   } catch (const json::out_of_range&) {

@@ -10,6 +10,7 @@
 #include "spanformer/util/names.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/run_paths.h"
+#include "spanformer/util/jsonl.h"
 
 namespace spanformer {
 
@@ -158,6 +159,7 @@ nlohmann::json read_config_file(const std::string& path) {
   std::string duplicate, last_key;
   auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
+    check_json_depth(depth, path);
     if (event == E::object_start) seen.resize(static_cast<size_t>(depth) + 1), seen[depth].clear();
     if (event == E::key) last_key = parsed.get<std::string>();
     if (event == E::key && duplicate.empty() && !seen[depth - 1].insert(last_key).second) duplicate = last_key;

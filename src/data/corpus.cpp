@@ -9,6 +9,7 @@
 #include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/jsonl.h"
 
 namespace spanformer::data {
 namespace {
@@ -304,7 +305,7 @@ Corpus load_corpus(const std::string& dir, const std::string& only_split) {
   // The vocabulary as prepared: meta.json's checksum where it has one (directories prepared before it
   // was written are taken as they are).
   if (file_exists(dir + "/meta.json")) {
-    const auto meta = nlohmann::json::parse(read_file(dir + "/meta.json"), nullptr, /*allow_exceptions=*/false);
+    const auto meta = parse_json_or_discarded(read_file(dir + "/meta.json"), dir + "/meta.json");
     if (meta.is_discarded() || !meta.is_object()) fail("{}/meta.json is not valid JSON (prepare the data again)", dir);
     if (meta.contains("vocab_sha256") && meta["vocab_sha256"] != vocab_checksum(read_file(vocab_path)))
       fail("{} was changed after the data was prepared (its checksum differs from meta.json's): prepare the data again",

@@ -14,6 +14,7 @@
 
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/jsonl.h"
 
 namespace spanformer::io {
 namespace {
@@ -61,7 +62,7 @@ SafeTensors read_safetensors(const std::string& path) {
   if (n > kMaxHeader || n > bytes.size() - 8) bad(fmt::format("header length {} does not fit the file of {} bytes", n, bytes.size()));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = parse_json(std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n)), path + " is not a valid safetensors file: its header");
   } catch (const nlohmann::json::exception& e) {
     bad("its header is not JSON (" + one_line_message(e) + ")");
   }

@@ -13,6 +13,7 @@
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/run_paths.h"
+#include "spanformer/util/jsonl.h"
 
 namespace spanformer::train {
 namespace {
@@ -176,7 +177,7 @@ Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_
       fail("{} is damaged: no manifest", path_);
     nlohmann::json manifest;
     try {
-      manifest = nlohmann::json::parse(manifest_text.toStringRef());
+      manifest = parse_json(manifest_text.toStringRef(), path_ + ": its manifest");
     } catch (const nlohmann::json::exception&) {
       fail("{} is damaged: its manifest is not valid JSON", path_);
     }
@@ -216,7 +217,7 @@ Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_
     fail("{} is not a spanformer checkpoint (format '{}')", path_, f);
   }
   try {
-    config_ = nlohmann::json::parse(text("config"));
+    config_ = parse_json(text("config"), path_ + ": its config");
   } catch (const nlohmann::json::exception&) {
     fail("{} is damaged: its config is not valid JSON", path_);
   }

@@ -12,6 +12,7 @@
 #include "spanformer/train/registry.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
+#include "spanformer/util/jsonl.h"
 #include "spanformer/version.h"
 
 namespace spanformer::train {
@@ -42,7 +43,7 @@ bool import_safetensors(const std::string& path, const std::string& checkpoint_p
       fail("{} has no '{}' in its metadata: not written by `spanformer export safetensors`", path, key);
   nlohmann::json config;
   try {
-    config = nlohmann::json::parse(file.metadata["spanformer.config"]);
+    config = parse_json(file.metadata["spanformer.config"], path + ": its spanformer.config metadata");
   } catch (const nlohmann::json::exception& e) {
     fail("{}: its spanformer.config metadata is not JSON ({})", path, one_line_message(e));
   }

@@ -31,8 +31,8 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   if (!file_exists(config_path)) fail("{} not found: is '{}' a run directory?", config_path, run_dir);
   nlohmann::json config;
   try {
-    config = nlohmann::json::parse(read_file(config_path));
-  } catch (const std::exception&) {
+    config = parse_json(read_file(config_path), config_path);
+  } catch (const nlohmann::json::exception&) {
     fail("{} is not JSON", config_path);
   }
   if (options.refresh_seconds < 0) fail("--live must be a positive number of seconds");

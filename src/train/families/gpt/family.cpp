@@ -31,6 +31,7 @@
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/runtime.h"
+#include "spanformer/util/jsonl.h"
 
 namespace spanformer::train {
 namespace {
@@ -403,7 +404,7 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
   }
   nlohmann::json hf;
   try {
-    hf = nlohmann::json::parse(read_file(config_path));
+    hf = parse_json(read_file(config_path), config_path);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not JSON ({})", config_path, one_line_message(e));
   }
