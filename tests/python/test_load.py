@@ -89,6 +89,17 @@ def test_report(cli, adaptive_span_run, tmp):
     assert strip(page) == strip(os.path.join(tmp, "cli.html")) and "uPlot" in strip(page)
 
 
+def test_report_refuses_a_log_nested_too_deep(adaptive_span_run, tmp):
+    """A log line nesting 100,000 arrays: an exception naming the line, not a crash of the interpreter."""
+    import shutil
+    run = os.path.join(tmp, "deep")
+    shutil.copytree(adaptive_span_run, run)
+    with open(os.path.join(run, "log.jsonl"), "w") as f:
+        f.write("[" * 100000 + "]" * 100000 + "\n")
+    with pytest.raises(Exception, match="log.jsonl line 1: JSON nested deeper than 64 levels"):
+        spanformer.report(run, os.path.join(tmp, "deep.html"))
+
+
 @pytest.fixture(params=["xl_run", "par_run"])
 def xl_or_par_run(request):
     return request.getfixturevalue(request.param)
