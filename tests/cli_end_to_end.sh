@@ -60,10 +60,13 @@ PY
 assert r["family"] == "adaptive-span" and r["mode"] == "train" and r["ms_per_step"] > 0, r
 assert r["tokens_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["what"].startswith("train step"), r' "$tmp/bench.json"
 
-# Distributed evaluation over two local processes gives the same figure.
+# Distributed evaluation over two local processes gives the same figure, to float32 rounding: each
+# process evaluates half the streams, and a float32 product over 2 rows may round otherwise than over 4
+# (measured on Debian's LibTorch 1.13 with one thread, 2026-11-27: 4.5715290 against 4.5715291).
 one=$("$bin" eval "$tmp/run" --split test --batch 4 | awk '{print $3}')
 two=$("$bin" eval "$tmp/run" --split test --batch 4 --nproc-per-node 2 | awk '{print $3}')
-test "$one" = "$two"
+"$py" -c 'import sys; a, b = map(float, sys.argv[1:]); assert a > 0 and abs(a - b) <= 1e-6 * a, (a, b)' "$one" "$two" ||
+  { echo "FAIL: distributed evaluation $two, one process $one"; exit 1; }
 
 # Fine-tuning: resume with a new learning rate and more steps (the optimizer state is kept).
 "$bin" train -c "$tmp/c.json" --data "$tmp/data" --out "$tmp/run" --resume --lr=0.007 --nb_steps=60 --quiet \
