@@ -11,6 +11,7 @@
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/skew.h"
 #include "op_cases.h"
+#include "spanformer/util/torch_compat.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -86,6 +87,18 @@ TEST_P(SpanAttentionOp, BFloat16WithFloat32SpansWithinTheBf16ReferenceError) {
                                            return ops::adaptive_span_attention(in[0], in[1], in[2], in[3],
                                                                                in[4].to(at::kFloat), o);
                                          });
+}
+
+// bf16 and fp16 inputs with spans in the same dtype (a caller who casts the whole module): computed in
+// float32 and rounded once, within the same-dtype composition's error (which rounds z = ratio L too).
+TEST_P(SpanAttentionOp, BFloat16AndFloat16WithSpansOfTheirDtypeWithinTheirReferenceError) {
+  const auto op = [](const tu::Inputs& in, const SpanAttentionOptions& o) {
+    return ops::adaptive_span_attention(in[0], in[1], in[2], in[3], in[4], o);
+  };
+  tu::expect_span_within_reference_error(GetParam(), at::kBFloat16, 2.0, at::kCPU, op);
+#if SPANFORMER_HAS_CPU_HALF_MATMUL  // the float16 composition needs half matmuls (LibTorch 2.1+)
+  tu::expect_span_within_reference_error(GetParam(), at::kHalf, 2.0, at::kCPU, op);
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SpanAttentionOp, ::testing::ValuesIn(tu::span_test_cases()),

@@ -193,10 +193,12 @@ OPCHECK_CASES = {
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs PyTorch 2.4")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("name", sorted(OPCHECK_CASES))
-def test_opcheck(name):
-    """Schema, fake (Meta) kernels against the real ones, autograd registration, AOT dispatch."""
-    args = OPCHECK_CASES[name](small_inputs(torch.float32))
+def test_opcheck(name, dtype):
+    """Schema, fake (Meta) kernels against the real ones (the 16-bit dtypes' float32 logsumexp and kept
+    probabilities too), autograd registration, AOT dispatch."""
+    args = OPCHECK_CASES[name](small_inputs(dtype))
     torch.library.opcheck(getattr(torch.ops.spanformer, name).default, args)
 
 
