@@ -5,7 +5,7 @@
 //   PATTERN: dense | flash | window | adaptive_span | sparse_strided | sparse_fixed | lsh;
 //   IMPL: plain | fused | auto; SPAN_GROUPS (adaptive span, fused): 0 the cheapest cut of the heads
 //   by band (default), 1 every head in one group reaching the largest span
-// Shapes as issue 12 asks: B 1, K 8, D 64, float32; window 256; adaptive span with the bimodal layout
+// Shapes: B 1, K 8, D 64, float32; window 256; adaptive span with the bimodal layout
 // (3 of 4 heads z in [16, 256], 1 of 4 in [2048, T]); sparse l = round(sqrt(T)), c = 8, merged; lsh
 // 2 rounds, chunk 64, T / 64 buckets, shared query/keys (k = q).
 // Prints: pattern, impl, T, median ms of REPEATS runs (after one warm-up), peak RSS in MB.

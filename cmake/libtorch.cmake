@@ -53,7 +53,7 @@ if(SPANFORMER_CUDA OR NOT SPANFORMER_TORCH_HAS_CUDA)
   endif()
   # LibTorch's config compiles CUDA code for the architectures in TORCH_CUDA_ARCH_LIST, else for every
   # common one from 5.0 on: the tensor-core kernels need 8.0 and later, and one target builds much faster.
-  # The default is the lent GPU machines' Hopper (H100 / H200); set it for others ("8.0;9.0").
+  # The default is Hopper (H100 / H200), the GPUs measured; set it for others ("8.0;9.0").
   if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
     set(TORCH_CUDA_ARCH_LIST "9.0")
   endif()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything spanformer owes a GPU machine, in one bounded run (issue 15): configure against the
+# Everything spanformer owes a GPU machine, in one bounded run: configure against the
 # machine's PyTorch (LibTorch 2.x with CUDA), build, run the cuda-labelled tests, measure the ceilings,
 # compare span attention implementations, and time CUDA training steps. Every figure lands in
 # $OUT/gpu_figures.md (default ./gpu-out), the full log in $OUT/gpu_check.log.
@@ -9,7 +9,7 @@
 #
 # Environment: OUT (where results go), BUDGET (seconds for the whole run, default 570), SHARED (the shared data and reference fixtures; default
 # ../shared, or .gpu/shared when that copy exists: the GPU machine sees only the checkout), JOBS.
-# Each stage runs under its own time limit so that one call fits the device tool's 10 minutes.
+# Each stage runs under its own time limit so that the whole run fits 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -22,8 +22,8 @@ if [ -z "${SHARED:-}" ]; then
   if [ -d .gpu/shared ]; then SHARED=$PWD/.gpu/shared; else SHARED=$(realpath ../shared 2>/dev/null || echo ../shared); fi
 fi
 PY=${PY:-python3}
-# The whole run's budget in seconds: each step's limit is cut to what is left of it (the device tool
-# stops a command at 10 minutes, and results written before then still come back).
+# The whole run's budget in seconds: each step's limit is cut to what is left of it (a command on a
+# shared GPU machine may be stopped at 10 minutes; results written before then are kept).
 BUDGET=${BUDGET:-570}
 START=$(date +%s)
 stages=("$@")

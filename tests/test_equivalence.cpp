@@ -1,4 +1,4 @@
-// Every attention implementation gives the reference's result at the level users see (issue 10): whole
+// Every attention implementation gives the reference's result at the level users see: whole
 // models over several blocks with carried caches, in double precision, fused vs plain (and auto, which
 // picks one of them per layer), over the span layouts trained models reach:
 //   trimmed     every span far below L, so the layer reads only its last L' = L - trim_len keys;
@@ -11,7 +11,7 @@
 //
 // Tolerances: both paths run the same double-precision arithmetic in different orders, so they agree to
 // ~1e-14 relative; 1e-10 leaves room for the sums over hundreds of keys and still catches the smallest
-// semantic difference that matters: the 1e-8 Z term of the softmax normaliser (issue 10's bug) changes
+// semantic difference that matters: the 1e-8 Z term of the softmax normaliser (once left out of the fused op) changes
 // outputs by ~1e-8 relative even in these random models, and by O(1) in trained ones.
 #include <gtest/gtest.h>
 
@@ -208,7 +208,7 @@ TEST(Decode, OneTokenStepsEqualBlockProcessing) {
 
 // A head can switch itself off by scoring the keys beyond its span far above those inside it: the
 // reference's 1e-8 Z term then dominates the renormalisation and the head's output nearly vanishes.
-// Trained models do this; the fused op must reproduce it (issue 10: it did not, 0.1 bpc lost).
+// Trained models do this; the fused op must reproduce it (without it: 0.1 bpc lost).
 TEST(SpanAttentionOpSemantics, KeysBeyondTheSpanCountInTheNormaliser) {
   const int64_t B = 1, K = 2, M = 8, W = 64, D = 8, L = 64;
   torch::manual_seed(3);

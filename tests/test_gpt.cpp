@@ -1,4 +1,4 @@
-// The GPT family (issue 12): each causal attention against an independent loop oracle in double
+// The GPT family: each causal attention against an independent loop oracle in double
 // precision (and the weights attention pictures record, attention/record.h), the fused tiles against
 // the plain composition (values and every gradient, spans
 // included), causality, KV-cache generation against recomputation, the sliding-window evaluation
@@ -458,7 +458,7 @@ TEST(GptTraining, EveryAttentionLearnsAndResumesBitForBit) {
   }
 }
 
-// The same numbers from the same command (issue 38): two runs of every attention with 2 threads end in
+// The same numbers from the same command: two runs of every attention with 2 threads end in
 // bit-identical checkpoints, and evaluating one twice gives the same figure (LSH draws its rotations in
 // eval too: they come from the run's seed, not from LibTorch's generator, which starts anywhere).
 TEST(GptTraining, RepeatedRunsAndEvaluationsAreBitIdentical) {

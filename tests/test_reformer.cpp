@@ -1,4 +1,4 @@
-// The Reformer's parts (issue 12): LSH attention (ops/lsh_attention.h) against a loop oracle written from
+// The Reformer's parts: LSH attention (ops/lsh_attention.h) against a loop oracle written from
 // the header's definition of A_r(i) and against its plain composition (values and gradients, double
 // precision), its exact causality, and the reversible layers and chunked feed-forward of the GPT model
 // (models/gpt.h) against autograd through the same composition, dropout and LSH rotations included;

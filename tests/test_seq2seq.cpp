@@ -1,4 +1,4 @@
-// The seq2seq family (issue 13): sentence-pair preparation (normalisation, tokenisation, the seeded
+// The seq2seq family: sentence-pair preparation (normalisation, tokenisation, the seeded
 // split, the target-first vocabulary, errors), every model kind against a plain double-precision
 // composition written from the equations in models/seq2seq.h (GRU cells by their formula, each
 // sentence alone at its own length so that padding and masks are tested too, attention by its

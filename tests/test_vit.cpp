@@ -1,4 +1,4 @@
-// The ViT family (issue 13): the IDX reader against files written byte by byte and the real
+// The ViT family: the IDX reader against files written byte by byte and the real
 // Fashion-MNIST files; the model against a plain double-precision composition written from the
 // paper's equations (patches by unfold, per-head attention by its formula, LayerNorm and GELU by
 // theirs): the two sum the same terms in other orders, so 1e-10 on logits of O(1) is safe; attention

@@ -1,4 +1,4 @@
-"""How many far keys an exact bound could skip in the adaptive-span op (issue 37, docs/kernels.md).
+"""How many far keys an exact bound could skip in the adaptive-span op (docs/kernels.md).
 
 The reference's normaliser, a_d = e_d m_d / (sum_e e_e m_e + 1e-8 Z), counts every key of the window in Z
 (e = exp(s - c), c the row's largest score): a key beyond a head's span (m = 0) reaches the output only

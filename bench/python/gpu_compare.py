@@ -1,10 +1,10 @@
 """Span attention on a GPU: spanformer's CUDA kernel against the plain composition, FlexAttention with a
-per-head sliding-window block mask, and scaled_dot_product_attention (issue 15's comparison).
+per-head sliding-window block mask, and scaled_dot_product_attention.
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_compare.py \
         [--B 8 --K 8 --D 64 --M 512 --L 8192] [--dtype bf16] [--out figures.md]
 
-The shape is issue 15's target (B 8, K 8, D 64, M 512, L 8192): M queries attend a window of W = L keys
+The shape is the GPU target's (B 8, K 8, D 64, M 512, L 8192): M queries attend a window of W = L keys
 (k and v hold W + M rows). Span patterns: "all" (every head spans L) and "bimodal" (half the heads
 span 64 tokens, half L). Figures are medians of triton.testing.do_bench (CUDA events) after warm-up.
 
@@ -18,7 +18,7 @@ What each line computes:
   flex       FlexAttention (torch.compile) with a block mask that lets head h see distances 1 .. S_h:
              hard window attention, not the adaptive-span function (no soft ramp, no whole-window
              normaliser), the speed bar the issue sets;
-  flex exact FlexAttention computing the reference's function (issue 37's exact peer): the position
+  flex exact FlexAttention computing the reference's function (the exact peer): the position
              term Q pe^T as one matmul (B, K, M, W) read by score_mod, + log m(d) for the soft span
              mask, the same block mask skipping every key beyond S_h; it leaves out the 1e-8 Z term of
              the reference's normaliser (a relative change near 1e-8), so its difference from plain

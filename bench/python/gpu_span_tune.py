@@ -2,7 +2,7 @@
 K 8, M 512, D 64, L 8192; spans all at L and bimodal 64 / L): each variant selected by
 SPANFORMER_SPAN_KERNEL as the glue reads it at each call, interleaved over rounds (every round times
 each variant once with triton's do_bench), medians of the rounds; the plain composition beside them for
-the ratio issue 37 sets (bimodal >= 3x plain).
+the ratio asked of the span kernels (bimodal >= 3x plain).
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_span_tune.py \\
         [--variants v1,v1b2,v1b3,v1b3-in-order,v1b2-async] [--rounds 5] [--backward] [--out figures.md]

@@ -1,5 +1,5 @@
-"""spanformer beside what a user would pick instead in PyTorch 2.x, on the CPU (issue 35's table) or on
-a GPU (issue 37, the training rows in bf16): FlexAttention, scaled_dot_product_attention and
+"""spanformer beside what a user would pick instead in PyTorch 2.x, on the CPU or on
+a GPU (the training rows in bf16): FlexAttention, scaled_dot_product_attention and
 torch.compile, one process, interleaved rounds, medians.
 
     SPANFORMER_TORCH_OPS=build/libspanformer_torch_ops.so SPANFORMER_CLI=build/spanformer \
@@ -331,7 +331,7 @@ class Gpt(nn.Module):
 def gpt_twins(attention, T, batch):
     """{eager, compiled}: the PyTorch GPT's training step (the same sizes, optimizer and loss)."""
     V, H, K, layers, window = 256, 256, 4, 4, 128
-    spans = bimodal_spans(K, T) if attention == "adaptive_span" else None  # issue 37's rule (Python's draws)
+    spans = bimodal_spans(K, T) if attention == "adaptive_span" else None  # the bimodal rule (Python's draws)
     model = Gpt(V, T, H, K, layers, window if attention == "window" else 0, spans).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, betas=(0.9, 0.95), weight_decay=0.1)  # the gpt defaults
     x = torch.randint(V, (batch, T), device=DEVICE)

@@ -1,4 +1,4 @@
-"""Where the time goes in the rows of issue 35's table where a peer wins (docs/benchmarks.md), measured
+"""Where the time goes in the rows of peers.py's table where a peer wins (docs/benchmarks.md), measured
 with PyTorch's profiler on the CPU: each implementation's step split into matrix products, PyTorch's
 fused attention kernel, and everything else (elementwise work, normalisation, softmax pieces, copies,
 the optimizer; for a compiled model, the generated kernels that fuse them).

@@ -3,7 +3,7 @@
 // kernels are compiled unchanged as C++ with SPANFORMER_CUDA_EMULATE defined: params.h and device.cuh
 // then include this header instead of CUDA's, and launches go through SPANFORMER_LAUNCH.
 //
-// Why: GPU time is short (issue 15: about 30 minutes now and then), and a kernel that was never run
+// Why: GPU time is short (minutes now and then), and a kernel that was never run
 // fails there on indexing, barriers and fragment layouts rather than on speed. Here every CI run holds
 // the kernels to the double-precision reference, so the GPU minutes go to measuring.
 //

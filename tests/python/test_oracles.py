@@ -1,4 +1,4 @@
-"""spanformer held to the libraries users would check it with (issue 35), in the same process:
+"""spanformer held to the libraries users would check it with, in the same process:
 
 1. sacrebleu 2.6.0: the 13a tokenisation of 2000 random lines, and corpus BLEU (score to 1e-9, n-gram
    counts, totals and lengths exactly) of 300 random corpora: one to three reference streams, empty

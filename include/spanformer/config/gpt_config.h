@@ -1,5 +1,5 @@
 // Configuration of the GPT family: a decoder-only language model (GPT-2's pre-norm blocks) whose
-// causal self-attention is a drop-in choice (issue 12).
+// causal self-attention is a drop-in choice.
 //
 // A config file of this family says `"arch": "gpt"` at the top level and has two sections:
 //   "model"  the network and its attention (below),

@@ -15,7 +15,7 @@
 // with m_d = 0 vanish from every numerator, but Z counts every key of the window. The 1e-8 Z term is not
 // negligible: a head can switch itself off by scoring keys beyond its span far above those inside it
 // (1e-8 Z then dominates and a sums to much less than 1), and models trained by the reference do this
-// (issue 10: dropping the term cost 0.1 bpc on ../shared/reference/adaptive-span-small4). So the op
+// (dropping the term cost 0.1 bpc on ../shared/reference/adaptive-span-small4). So the op
 // computes the scores and Z over the whole window, and everything after the softmax (mask,
 // renormalisation, dropout, the value product and their gradients) only over the distances
 //     d = 1 .. S_h,   S_h = min(W, floor(z_h + R) + 1)

@@ -5,7 +5,7 @@
 // Per head h, query i (position W + i) and distance d = 1 .. W (key row j = i + W - d):
 //   s_id = q_i . (k_j + pe[:, L - d]) / sqrt(D),   m_d = clamp((z_h - (d - 1)) / R + 1, 0, 1) for d <= S_h, else 0,
 //   out_i = sum_d e^{s_id} m_d keep_id v_j / (sum_d e^{s_id} m_d + 1e-8 sum_d e^{s_id}),
-// the last sum (Z) over every key of the window, as the reference computes it (docs/kernels.md, issue 10).
+// the last sum (Z) over every key of the window, as the reference computes it (docs/kernels.md).
 //
 // Tiling: a block of 4 warps takes 64 queries [i0, i0 + 64) of one (b, h), each warp 16 rows; key tiles
 // of 64 rows j0 = i0, i0 + 64, ... (a query reads rows i .. i + W - 1). Per tile, through shared memory:

@@ -1,4 +1,4 @@
-// The GPT family (issue 12) on the one engine: a decoder-only model with a drop-in causal attention
+// The GPT family on the one engine: a decoder-only model with a drop-in causal attention
 // (models/gpt.h, attention/causal_attention.h).
 //
 // Train step: B / processes contexts of T tokens drawn at uniformly random starts (the Runner's

@@ -1,4 +1,4 @@
-// The ViT family (issue 13) on the one engine: the Vision Transformer (models/vit.h) classifying the
+// The ViT family on the one engine: the Vision Transformer (models/vit.h) classifying the
 // images of an IDX image set (data/idx.h), with the Runner's example data (ExampleSets, train/family.h):
 // shuffled epochs drawn from (seed, epoch), so a resumed run reads the very batches an uninterrupted
 // one would.
