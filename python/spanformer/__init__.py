@@ -20,6 +20,8 @@ fullgraph=True) compiles a module that calls them. The library is found through 
 then beside this package (pip install, or an installed tree), then in ../../build (a source checkout). Shapes and semantics: include/spanformer/ops/adaptive_span_attention.h.
 """
 import json
+import math
+import numbers
 import os
 
 import torch
@@ -54,11 +56,33 @@ def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_
     return torch.ops.spanformer.flash_attention(q, k, v, band, dropout, training, seed, cuda_kernel=cuda_kernel)
 
 
+def _arg(where, name, value, kind):
+    """`value` as `kind` (int, float, str or bool), or a TypeError that names the argument and the type it
+    takes (rather than TorchScript's multi-line error about argument `_2`)."""
+    ok = {int: isinstance(value, numbers.Integral) and not isinstance(value, bool),
+          float: isinstance(value, numbers.Real) and not isinstance(value, bool),
+          str: isinstance(value, (str, os.PathLike)),
+          bool: isinstance(value, bool)}[kind]
+    if not ok:
+        raise TypeError(f"{where}: {name} must be {kind.__name__} (got {type(value).__name__} {value!r})")
+    return os.fspath(value) if kind is str else kind(value)
+
+
+def _strings(where, name, values):
+    if isinstance(values, (str, bytes)) or not all(isinstance(v, str) for v in values):
+        raise TypeError(f"{where}: {name} must be a list of str (got {values!r:.80})")
+    return list(values)
+
+
 class Model:
     """A spanformer checkpoint of any family (adaptive-span, xl, par, gpt, seq2seq, vit), run by the
     same C++ code as the command line; CPU, with torch.get_num_threads() threads."""
 
     def __init__(self, path, **overrides):
+        device = str(overrides.get("device", "cpu"))
+        if device != "cpu":
+            raise ValueError(f"spanformer.load: device={device!r}: models loaded from Python run on the CPU "
+                             "(the command line's --device runs them on a GPU in a CUDA build)")
         args = [f"--{key}={value}" for key, value in overrides.items()]
         self._m = torch.classes.spanformer.Model(os.fspath(path), args)
         self.family = self._m.family()
@@ -72,21 +96,39 @@ class Model:
     def evaluate(self, split="test", data="", batch=-1):
         """`spanformer eval CKPT --split SPLIT --json` as a dict (bpc/ppl for language models, accuracy
         for vit, BLEU and accuracy for seq2seq). `data`: another prepared directory or data set."""
-        return json.loads(self._m.evaluate(split, data, batch))
+        return json.loads(self._m.evaluate(_arg("evaluate", "split", split, str), _arg("evaluate", "data", data, str),
+                                           _arg("evaluate", "batch", batch, int)))
 
-    def generate(self, prompt="\n", tokens=200, temperature=1.0, top_k=0, top_p=1.0, seed=1):
-        """The sampled continuation of `prompt` (the prompt itself not repeated)."""
-        return self._m.generate(prompt, tokens, temperature, top_k, top_p, seed)
+    def generate(self, prompt="\n", tokens=200, temperature=1.0, top_k=0, top_p=1.0, seed=1, errors="replace"):
+        """The sampled continuation of `prompt` (the prompt itself not repeated): the bytes `spanformer
+        generate` prints, decoded as UTF-8 with `errors` ("replace": U+FFFD in place of each run of bytes that
+        is not valid UTF-8, which a byte-level model may sample; "strict" raises; "surrogateescape" keeps
+        them reversible).
+        errors=None returns the bytes themselves."""
+        w = "generate"
+        data = bytes(self._m.generate(_arg(w, "prompt", prompt, str), _arg(w, "tokens", tokens, int),
+                                      _arg(w, "temperature", temperature, float), _arg(w, "top_k", top_k, int),
+                                      _arg(w, "top_p", top_p, float), _arg(w, "seed", seed, int)).tolist())
+        return data if errors is None else data.decode("utf-8", errors)
 
-    def translate(self, sentences, beam=-1, length_penalty=-1.0):
-        """Translations of source sentences (seq2seq); -1: the config's beam and length penalty."""
+    def translate(self, sentences, beam=None, length_penalty=None):
+        """Translations of source sentences (seq2seq); None: the config's beam and length penalty. beam: 1
+        (greedy) up to the target vocabulary's size; length_penalty: a finite number >= 0."""
         if isinstance(sentences, str):
             sentences = [sentences]
-        return self._m.translate(list(sentences), beam, length_penalty)
+        sentences = _strings("translate", "sentences", sentences)
+        if beam is not None and _arg("translate", "beam", beam, int) < 1:
+            raise ValueError(f"translate: beam must be positive (got {beam})")
+        if length_penalty is not None:
+            length_penalty = _arg("translate", "length_penalty", length_penalty, float)
+            if not (math.isfinite(length_penalty) and length_penalty >= 0):
+                raise ValueError(f"translate: length_penalty must be a finite number >= 0 (got {length_penalty})")
+        return self._m.translate(sentences, -1 if beam is None else int(beam),
+                                 -1.0 if length_penalty is None else length_penalty)
 
     def logits(self, ids):
         """The gpt family's next-token logits (N, V) for token ids at positions 0 .. N - 1 (N <= context)."""
-        return self._m.logits([int(i) for i in ids])
+        return self._m.logits([_arg("logits", "ids[]", i, int) for i in ids])
 
     def spans(self):
         """Learned spans in tokens, (layers, heads) float64 (adaptive-span models)."""
@@ -97,8 +139,9 @@ class Model:
         language models (text=...): one (1, K, n, S + 1) per layer, weight of query i on distance d;
         seq2seq (texts=[...] or indices of `split`): per sentence (L, K, T, S), or (T, S) recurrent;
         vit (indices of `split`'s images): one (b, K, N, N) per layer."""
-        texts = ([text] if text is not None else []) + list(texts)
-        return self._m.attention(texts, [int(i) for i in indices], split)
+        texts = _strings("attention", "text", [text] if text is not None else []) + _strings("attention", "texts", texts)
+        return self._m.attention(texts, [_arg("attention", "indices[]", i, int) for i in indices],
+                                 _arg("attention", "split", split, str))
 
     def state_dict(self):
         """Parameters and buffers by their names in spanformer checkpoints, as CPU tensors."""
@@ -108,17 +151,23 @@ class Model:
 def report(run_dir, out=None, refresh=0):
     """Writes the run's self-contained HTML report (as `spanformer report RUN_DIR`); returns its path.
     refresh > 0 makes the page reload itself every `refresh` seconds."""
-    out = out or os.path.join(run_dir, "report.html")
-    return torch.ops.spanformer.report(os.fspath(run_dir), os.fspath(out), int(refresh))
+    run_dir = _arg("report", "run_dir", run_dir, str)
+    out = _arg("report", "out", out, str) if out is not None else os.path.join(run_dir, "report.html")
+    return torch.ops.spanformer.report(run_dir, out, _arg("report", "refresh", refresh, int))
 
 
 def bleu(hyps, refs, tokenize=True):
     """Corpus BLEU as `spanformer eval` scores translations (sacrebleu's 13a tokenisation and defaults):
     hyps, a list of lines; refs, a list of reference streams, each a list as long as hyps. Returns a dict:
     score (0..100), bp, sys_len, ref_len, counts and totals (n-grams of order 1..4)."""
-    hyps = list(hyps)
+    hyps = _strings("bleu", "hyps", hyps)
+    refs = [_strings("bleu", "refs[]", stream) for stream in refs]
+    for i, stream in enumerate(refs):
+        if len(stream) != len(hyps):
+            raise ValueError(f"bleu: reference stream {i} has {len(stream)} lines for {len(hyps)} hypotheses "
+                             "(each stream holds one reference per hypothesis)")
     flat = [line for stream in refs for line in stream]
-    r = torch.ops.spanformer.corpus_bleu(hyps, flat, bool(tokenize))
+    r = torch.ops.spanformer.corpus_bleu(hyps, flat, _arg("bleu", "tokenize", tokenize, bool))
     return {"score": r[0], "bp": r[1], "sys_len": int(r[2]), "ref_len": int(r[3]),
             "counts": [int(c) for c in r[4:8]], "totals": [int(t) for t in r[8:12]]}
 

@@ -7,7 +7,7 @@
 //                                 ("--eval_mem_len=1600", "--beam=5": how the model runs, never what it is)
 //   family() config() vocab()     the family tag, the config as JSON text, the vocabulary's tokens
 //   evaluate(split, data, batch)  `spanformer eval --json`'s record as JSON text (train/eval_checkpoint.h)
-//   generate(prompt, tokens, temperature, top_k, top_p, seed)          the sampled continuation
+//   generate(prompt, tokens, temperature, top_k, top_p, seed)          the sampled continuation's bytes
 //   translate(sentences, beam, length_penalty)                       seq2seq
 //   spans()                       (L, K) float64 learned spans in tokens (adaptive span)
 //   logits(ids)                   (N, V) next-token logits of ids at positions 0 .. N - 1 (gpt)
@@ -58,7 +58,9 @@ class Model : public torch::CustomClassHolder {
     return train::evaluate_checkpoint(checkpoint_, *family_, request).record.dump();
   }
 
-  std::string generate(std::string prompt, int64_t tokens, double temperature, int64_t top_k, double top_p, int64_t seed) {
+  // The bytes `spanformer generate` prints after the prompt, as a uint8 tensor (N): a byte-level model may
+  // sample sequences that are not UTF-8, so the Python side decodes them by its `errors` policy.
+  at::Tensor generate(std::string prompt, int64_t tokens, double temperature, int64_t top_k, double top_p, int64_t seed) {
     auto guard = ready();
     torch::manual_seed(static_cast<uint64_t>(seed));
     train::SampleRequest request;
@@ -70,7 +72,10 @@ class Model : public torch::CustomClassHolder {
     std::ostringstream text;
     request.on_text = [&text](const std::string& piece) { text << piece; };
     family_->need<train::Sampling>().sample(checkpoint_.vocab(), request);
-    return text.str();
+    const std::string bytes = text.str();
+    auto out = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);  // (N)
+    std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(out.data_ptr<uint8_t>()));
+    return out;
   }
 
   std::vector<std::string> translate(std::vector<std::string> sentences, int64_t beam, double length_penalty) {

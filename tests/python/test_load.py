@@ -100,6 +100,37 @@ def test_report_refuses_a_log_nested_too_deep(adaptive_span_run, tmp):
         spanformer.report(run, os.path.join(tmp, "deep.html"))
 
 
+def test_generate_bytes_that_are_not_utf8(cli, tmp):
+    """A byte-level model trained on accented text samples, at a high temperature, continuation bytes
+    without their lead byte: generate() returns what the CLI prints (errors=None: the bytes themselves;
+    by default the text with U+FFFD in place of each invalid run), where it raised UnicodeDecodeError."""
+    import subprocess
+    text = "naïve café, déjà vu — señor Müller’s «Übermaß». " * 3000
+    open(os.path.join(tmp, "accents.txt"), "w", encoding="utf-8").write(text)
+    data, run = os.path.join(tmp, "accents"), os.path.join(tmp, "accents_run")
+    cli("data", "prepare", os.path.join(tmp, "accents.txt"), "--out", data)
+    json.dump({"model": {"nb_layers": 1, "hidden_size": 16, "inner_hidden_size": 32, "nb_heads": 2, "attn_span": 16,
+                         "block_size": 16},
+               "train": {"batch_size": 2, "nb_steps": 2, "eval_interval": 2, "eval_blocks": 1, "lr_warmup": 0}},
+              open(os.path.join(tmp, "accents.json"), "w"))
+    cli("train", "-c", os.path.join(tmp, "accents.json"), "--data", data, "--out", run, "--quiet")
+    m = spanformer.load(run)
+    invalid = 0
+    for seed in range(1, 6):
+        printed = subprocess.run([cli.path, "--threads", "1", "generate", run, "--prompt", "caf", "--tokens", "60",
+                                  "--temperature", "3", "--seed", str(seed)], capture_output=True, check=True).stdout
+        raw = m.generate("caf", 60, temperature=3.0, seed=seed, errors=None)
+        assert isinstance(raw, bytes) and printed == b"caf" + raw + b"\n", (printed, raw)
+        assert m.generate("caf", 60, temperature=3.0, seed=seed) == raw.decode("utf-8", "replace")
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            invalid += 1
+            with pytest.raises(UnicodeDecodeError):
+                m.generate("caf", 60, temperature=3.0, seed=seed, errors="strict")
+    assert invalid > 0, "no seed sampled bytes that are not UTF-8: the case is not exercised"
+
+
 @pytest.fixture(params=["xl_run", "par_run"])
 def xl_or_par_run(request):
     return request.getfixturevalue(request.param)
@@ -172,3 +203,41 @@ def test_wrong_capability(adaptive_span_run):
     with pytest.raises(RuntimeError) as e:
         spanformer.load(adaptive_span_run).translate(["x"])
     assert "family has no" in str(e.value).splitlines()[0], str(e.value)
+
+
+def test_python_api_keeps_the_command_lines_checks(seq2seq_run, adaptive_span_run):
+    """What the CLI refuses, the Python API refuses: one error naming the argument (not TorchScript's
+    multi-line binding error about `_2`), and no silent default for a value the user gave."""
+    tf = spanformer.load(seq2seq_run)
+    V = tf.config["model"]["target_vocab"]
+    for beam in (0, -2):
+        with pytest.raises(ValueError, match=f"translate: beam must be positive \\(got {beam}\\)"):
+            tf.translate("Le chat .", beam=beam)
+    with pytest.raises(RuntimeError, match=f"beam {V + 1} is wider than the target vocabulary \\({V} tokens\\)"):
+        tf.translate("Le chat .", beam=V + 1)
+    with pytest.raises(RuntimeError, match="beam 1000000 is wider than the target vocabulary"):
+        tf.translate("Le chat .", beam=10**6)
+    for penalty in (float("nan"), float("inf"), -2.0):
+        with pytest.raises(ValueError, match="translate: length_penalty must be a finite number >= 0"):
+            tf.translate("Le chat .", length_penalty=penalty)
+    with pytest.raises(TypeError, match="translate: beam must be int \\(got float 2.5\\)"):
+        tf.translate("Le chat .", beam=2.5)
+    # the config's beam, given explicitly and by default, translates the same
+    assert tf.translate("Le chat .", beam=tf.config["run"]["beam"]) == tf.translate("Le chat .")
+
+    lm = spanformer.load(adaptive_span_run)
+    for call, message in [(lambda: lm.generate(5), "generate: prompt must be str (got int 5)"),
+                          (lambda: lm.generate("a", tokens=1.5), "generate: tokens must be int (got float 1.5)"),
+                          (lambda: lm.generate("a", tokens="3"), "generate: tokens must be int (got str '3')"),
+                          (lambda: lm.generate("a", seed=True), "generate: seed must be int (got bool True)"),
+                          (lambda: lm.evaluate(split=3), "evaluate: split must be str (got int 3)"),
+                          (lambda: lm.attention(text=5), "attention: text must be a list of str"),
+                          (lambda: spanformer.report(adaptive_span_run, refresh="1"), "report: refresh must be int")]:
+        with pytest.raises(TypeError, match=re.escape(message)):
+            call()
+    with pytest.raises(ValueError, match="device='cuda': models loaded from Python run on the CPU"):
+        spanformer.load(adaptive_span_run, device="cuda")
+    # BLEU: a reference stream must hold one line per hypothesis (a longer one was read as two streams)
+    with pytest.raises(ValueError, match="bleu: reference stream 0 has 2 lines for 1 hypotheses"):
+        spanformer.bleu(["a b"], [["a b", "c"]])
+    assert spanformer.bleu(["a b c d"], [["a b c d"]])["score"] == pytest.approx(100.0)
