@@ -11,12 +11,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include "command.h"
 #include "spanformer/dist/launcher.h"
+#include "spanformer/train/family.h"
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
@@ -103,6 +105,26 @@ void report_error(const std::string& message) {
   }
   fmt::print(stderr, "{}", line);
 }
+// --device reaches the commands that run a model on it; anywhere else it would be ignored without a word,
+// and a device that does not exist is refused before any work.
+void check_device_flag(CLI::App& app, const std::string& device) {
+  if (device.empty()) return;
+  static const std::set<std::string> kOnDevice = {"train", "eval", "bench", "generate", "translate"};
+  const auto parsed = app.get_subcommands();
+  const std::string command = parsed.empty() ? "" : parsed.front()->get_name();
+  if (command.empty() || kOnDevice.count(command) > 0) {
+    spanformer::train::parse_device(device);  // the name, and the device present
+    return;
+  }
+  try {
+    if (c10::Device(device).is_cpu()) return;
+  } catch (const c10::Error&) {
+    spanformer::fail("unknown device '{}' (cpu, cuda or cuda:N)", device);
+  }
+  spanformer::fail("--device {}: `{}` runs on the CPU (--device is for train, eval, bench, generate and translate)",
+                   device, command);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,6 +160,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    check_device_flag(app, globals->device);
     if (run) run();
     // Results written to a full or closed stdout are lost: say so and fail instead of exiting 0.
     std::cout.flush();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of every reader of user files (issue 38; targets in tests/fuzz, findings and
+# Coverage-guided fuzzing of every reader of user files (targets in tests/fuzz, findings and
 # figures in docs/reliability.md).
 #
 #   bash scripts/fuzz.sh [TARGET[,TARGET...]|all] [SECONDS]
@@ -11,10 +11,11 @@
 #   bash scripts/fuzz.sh seeds DIR CLI           the seed corpora, DIR/<target>/, made on the spot with the
 #                                                spanformer command CLI (small valid files: no blobs kept)
 #   bash scripts/fuzz.sh replay FUZZ_REPLAY CLI  (CTest's fuzz.replay) every target over fresh seeds and
-#                                                every kept crash, tests/fuzz/crashes/<target>/, in the
-#                                                normal build: seconds
+#                                                every kept crash, tests/fuzz/crashes/<target>/, each held
+#                                                to its outcome in NAME.expect, in the normal build: seconds
 # A crash found by fuzzing gets a fix and its input kept in tests/fuzz/crashes/<target>/ (named by what
-# it broke), so that the replay holds the fix.
+# it broke) with NAME.expect beside it ("accepted", or "refused: <part of the message>"), so that the
+# replay holds the fix and the outcome the fix chose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(vocab config idx tokens pairs jsonl safetensors checkpoint reference xl_reference sentencepiece archive)
@@ -99,7 +100,7 @@ case "${1:-all}" in
     make_seeds "$tmp" "$cli"
     for t in "${targets[@]}"; do
       inputs=("$tmp/$t")
-      [ -d "tests/fuzz/crashes/$t" ] && inputs+=("tests/fuzz/crashes/$t")
+      [ -d "tests/fuzz/crashes/$t" ] && inputs+=(--expect "tests/fuzz/crashes/$t")
       "$replay" "$t" "${inputs[@]}"
     done
     exit 0 ;;

@@ -14,6 +14,15 @@
 namespace spanformer::train {
 namespace {
 
+// A NaN or infinite loss is not a result: the weights overflow (an imported model with a huge weight) or
+// hold NaN, and a figure printed from it would be read as a score.
+void refuse_non_finite(const Checkpoint& ck, const std::string& split, double nll) {
+  if (!std::isfinite(nll))
+    fail("{}: the {} NLL is {} (not finite): the model's weights overflow in the forward pass; no result reported",
+         ck.path(), split, nll);
+}
+
+
 CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, ExampleSets& sets, const CheckpointEval& r) {
   if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || r.unit)
     fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());
@@ -39,6 +48,7 @@ CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, Exa
     write_file_atomic(r.dump_outputs, text);
   }
   const double accuracy = score.correct / score.count, nll = score.nll_sum / score.count;
+  refuse_non_finite(ck, r.split, nll);
   const double seconds = now_seconds() - start;
   out.record = nlohmann::json{{"checkpoint", ck.path()}, {"split", r.split}, {"data", dir}, {"unit", "accuracy"},
                               {"accuracy", accuracy}, {"nll", nll}, {data.scored, static_cast<int64_t>(score.count)},
@@ -90,6 +100,7 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
     out.main = false;
     return out;
   }
+  refuse_non_finite(ck, raw ? r.ids : r.split, report.nll);
   const auto unit_kind = r.unit ? *r.unit : ck.vocab().word_level ? metrics::Unit::kPpl : metrics::Unit::kBpc;
   const std::string unit = metrics::unit_name(unit_kind);
   const double value = metrics::in_unit(report.nll, unit_kind);

@@ -43,7 +43,16 @@ void Family::load_weights(const Checkpoint& in) {
 
 void save_weights(Family& family, const data::Vocab& vocab, const std::string& path) {
   CheckpointWriter out(family.name(), family.config_json(), vocab);
-  for (const auto& item : family.module().named_parameters()) out.put("model." + item.key(), item.value());
+  for (const auto& item : family.module().named_parameters()) {
+    // Imported weights (every caller imports): beyond float16's range (65504), far beyond what training
+    // leaves in a network, a forward pass may overflow; said once per tensor, and `eval` refuses a
+    // non-finite result. NaN and infinities were refused where each format is read.
+    const double largest = item.value().numel() ? item.value().detach().abs().max().item<double>() : 0.0;
+    if (largest > 65504.0)
+      fmt::print(stderr, "spanformer: warning: {}: tensor '{}' holds values up to {:.3g}, beyond float16's range: "
+                 "its products may overflow\n", path, item.key(), largest);
+    out.put("model." + item.key(), item.value());
+  }
   out.save(path);
 }
 
@@ -108,6 +117,9 @@ torch::Device parse_device(const std::string& name) {
     torch::Device device(name);
     if (device.is_cuda() && !torch::cuda::is_available())
       fail("device '{}' asked for, but no CUDA device is available to this LibTorch build", name);
+    if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
+      fail("device '{}' asked for, but this machine has {} CUDA device(s) (cuda:0 .. cuda:{})", name,
+           torch::cuda::device_count(), torch::cuda::device_count() - 1);
     return device;
   } catch (const c10::Error&) {
     fail("unknown device '{}' (cpu, cuda or cuda:N)", name);

@@ -3,7 +3,10 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -201,8 +204,15 @@ RunDirectory::RunDirectory(const std::string& dir, bool main_rank, bool resume, 
   check_regular_or_absent(paths_.best(), "the run's best checkpoint");
   check_regular_or_absent(paths_.log(), "the run's log");
   check_regular_or_absent(paths_.sessions(), "the run's session records");
-  if (!resume && !overwrite && (file_exists(paths_.checkpoint()) || file_exists(paths_.log())))
+  // A run is a checkpoint, or a log with records. A first session that failed before its first save (a
+  // full disk) leaves an empty log, which a new run may replace, or records without a checkpoint, which
+  // cannot be continued: said as such rather than "continue it with --resume".
+  std::error_code ec;
+  const bool has_records = file_exists(paths_.log()) && std::filesystem::file_size(paths_.log(), ec) > 0 && !ec;
+  if (!resume && !overwrite && file_exists(paths_.checkpoint()))
     fail("{} already holds a run: continue it with --resume, or replace it with --overwrite", dir);
+  if (!resume && !overwrite && has_records)
+    fail("{} holds the log of a run that saved no checkpoint (its first save failed?): start again with --overwrite", dir);
 }
 
 void RunDirectory::say(const std::string& text) {
@@ -241,7 +251,15 @@ void RunDirectory::begin_session(const nlohmann::json& config, const std::vector
 }
 
 void RunDirectory::record(const nlohmann::json& record) {
-  if (main_) log_ << record.dump() << std::endl;
+  if (!main_) return;
+  log_ << record.dump() << std::endl;
+  // A record that cannot be written (a full disk, a removed directory) is said once, not lost silently;
+  // training goes on, and its checkpoints fail loudly if the disk stays full.
+  if (!log_ && !log_lost_) {
+    log_lost_ = true;
+    fmt::print(stderr, "spanformer: warning: cannot write to {} ({}): the records from step {} on are lost\n",
+               paths_.log(), std::strerror(errno), record.value("step", int64_t{-1}));
+  }
 }
 
 bool RunDirectory::progress_due() const { return text_log_.is_open() && now_seconds() - last_progress_ >= 30; }

@@ -114,6 +114,7 @@ class RunDirectory {
   bool main_;
   std::unique_ptr<DirectoryLock> lock_;
   std::ofstream text_log_, log_;
+  bool log_lost_ = false;  // a record could not be written (said once)
   std::vector<std::string> early_;
   double last_progress_ = 0;
 };

@@ -1,4 +1,4 @@
-// Fuzz targets for the readers of user files (issue 38): each target takes arbitrary bytes as the file a
+// Fuzz targets for the readers of user files: each target takes arbitrary bytes as the file a
 // user would give, opens it the way the tool does (and, where the reader allows, builds the model and
 // runs it), and must either succeed or refuse with spanformer's one-line Error. Anything else is a
 // finding: a sanitizer report (ASan, UBSan), a crash, a hang, or another exception escaping (a LibTorch
@@ -34,13 +34,23 @@ inline int& refusals() {
   return count;
 }
 
+// The last input's outcome: empty when it was accepted, else the one-line message it was refused with
+// (the replay holds each kept crash input to its expected outcome, tests/fuzz/crashes/*/NAME.expect).
+inline std::string& last_refusal() {
+  static std::string message;
+  return message;
+}
+
 // Runs `body`; spanformer's Error is the expected refusal, anything else aborts with its message.
 template <typename F>
 int expect_refusal(F&& body) {
+  last_refusal().clear();
   try {
     body();
-  } catch (const spanformer::Error&) {
+  } catch (const spanformer::Error& e) {
     ++refusals();
+    last_refusal() = e.what();
+    if (last_refusal().empty()) last_refusal() = "(an empty message)";
   } catch (const std::exception& e) {
     fuzz_finding(e.what());
   }

@@ -83,6 +83,13 @@ def main():
         if "--keep-sum" not in sys.argv:
             meta.pop("spanformer.sha256", None)
         write(sys.argv[3], new, meta, sorted(new, reverse=True))
+    elif cmd == "huge":  # the largest tensor scaled to reach 3e38 (finite, but any product overflows)
+        tensors, meta, _ = read(sys.argv[2])
+        name = max(tensors, key=lambda k: tensors[k].numel())
+        t = tensors[name].double()
+        tensors[name] = (t * (3e38 / t.abs().max())).to(tensors[name].dtype)  # in double: 3e38 / max overflows float32
+        meta.pop("spanformer.sha256", None)
+        write(sys.argv[3], tensors, meta, sorted(tensors))
     elif cmd == "same":
         a, _, _ = read(sys.argv[2])
         b, _, _ = read(sys.argv[3])

@@ -1,4 +1,4 @@
-// The seq2seq family (issue 13) on the one engine: translation of sentence pairs (data/pairs.h) by the
+// The seq2seq family on the one engine: translation of sentence pairs (data/pairs.h) by the
 // models of models/seq2seq.h, with the Runner's example data (ExampleSets, train/family.h).
 //
 // Batches: each epoch's permutation (drawn from (seed, epoch)) is cut into pools of 32 batches; each
@@ -342,9 +342,17 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig>,
     return ids;
   }
 
+  // -1 in the request: the config's value. Any other value is the caller's (the command line, Python) and
+  // is checked here, where every caller passes: a beam wider than the target vocabulary keeps beams that
+  // can only repeat (and a beam of 10^6 would allocate beam x vocabulary scores per step).
   models::DecodeOptions decode_options(const TranslateRequest& r) const {
+    if (r.beam != -1 && r.beam < 1) fail("beam must be positive (got {})", r.beam);
+    if (r.length_penalty != -1 && !(r.length_penalty >= 0 && std::isfinite(r.length_penalty)))
+      fail("length_penalty must be a finite number >= 0 (got {})", r.length_penalty);
     models::DecodeOptions o;
     o.beam = r.beam > 0 ? r.beam : config_.model.beam;
+    if (o.beam > config_.model.target_vocab)
+      fail("beam {} is wider than the target vocabulary ({} tokens)", o.beam, config_.model.target_vocab);
     o.length_penalty = r.length_penalty >= 0 ? r.length_penalty : config_.model.length_penalty;
     o.max_extra = config_.model.max_extra;
     return o;
