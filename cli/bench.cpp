@@ -52,6 +52,8 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (g->threads > 0) family->train().threads = g->threads;
       auto request = o->request;
       request.mode = train::parse_bench_mode(o->mode);
+      if (!g->device.empty()) family->train().device = g->device;
+      if (request.mode == train::BenchMode::kTrain) family->check_training_step();
       request.threads = set_threads(static_cast<int>(family->train().threads));
       request.device = train::parse_device(g->device.empty() ? "cpu" : g->device);
       family->bench(request);

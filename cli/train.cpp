@@ -40,6 +40,7 @@ void add_train(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (g->threads > 0) tc.threads = g->threads;
       if (!g->device.empty()) tc.device = g->device;
       family->validate();
+      family->check_training_step();
       if (o->nproc > 1) train::check_batch_splits(tc, o->nproc);  // before starting workers that would all fail
       if (launch_workers(o->nproc, g->argv)) return;
       dist::GroupOptions group_options;

@@ -60,6 +60,8 @@ void validate(const Seq2SeqModelConfig& c) {
   const double H = static_cast<double>(c.d_model), L = static_cast<double>(c.n_layer);
   const double per_layer = c.recurrent() ? 2 * 3 * 2 * H * H : 2 * (4 * H * H + 2 * H * static_cast<double>(c.inner_dim())) + 4 * H * H;
   check_model_fits(L * per_layer + 3 * static_cast<double>(c.vocab_size) * H);
+  check_working_memory_fits(static_cast<double>(c.max_positions) * H,
+                            fmt::format("the position table of max_positions {}", c.max_positions));
 }
 
 }  // namespace spanformer

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "train_fields.h"
@@ -139,6 +141,22 @@ void check_model_fits(double parameters) {
     fail("config: the model would have about {:.3g} parameters ({:.1f} GB in float32), more than this machine's {:.1f} GB",
          parameters, parameters * 4 / 1e9, memory / 1e9);
 }
+
+double micro_batch(const TrainConfig& train) {
+  // This machine's share of the global batch under a multi-machine launcher (torchrun: LOCAL_WORLD_SIZE
+  // of WORLD_SIZE processes here; SLURM: SLURM_NTASKS_PER_NODE of SLURM_NTASKS); the whole batch otherwise.
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::atof(v) : 0.0;
+  };
+  double share = 1;
+  if (env("WORLD_SIZE") > 0 && env("LOCAL_WORLD_SIZE") > 0) share = env("LOCAL_WORLD_SIZE") / env("WORLD_SIZE");
+  else if (env("SLURM_NTASKS") > 0 && env("SLURM_NTASKS_PER_NODE") > 0) share = env("SLURM_NTASKS_PER_NODE") / env("SLURM_NTASKS");
+  const int64_t split = std::max<int64_t>(train.batch_split, 1);
+  return std::ceil(static_cast<double>(train.batch_size) * std::min(share, 1.0) / static_cast<double>(split));
+}
+
+bool step_in_host_memory(const TrainConfig& train) { return train.device.rfind("cuda", 0) != 0; }
 
 void check_working_memory_fits(double floats, const std::string& what) {
   const double memory = machine_memory();

@@ -109,17 +109,20 @@ void validate(const XlModelConfig& c) {
   const double H = static_cast<double>(c.d_model), KD = static_cast<double>(c.n_head) * static_cast<double>(c.d_head);
   check_model_fits(2 * static_cast<double>(c.vocab_size) * static_cast<double>(c.embed_dim()) +
                    static_cast<double>(c.nb_blocks()) * (2 * KD * H + H * static_cast<double>(c.d_inner)));  // a or f
-  // One segment of one sequence, in training and in evaluation: a layer's scores over the segment and its
-  // memory, every block's states (the next memories), the logits.
-  auto segment = [&](int64_t tgt, int64_t mem, const char* names) {
-    const double t = static_cast<double>(tgt), m = static_cast<double>(mem);
-    check_working_memory_fits(t * (static_cast<double>(c.n_head) * (t + m) + static_cast<double>(c.nb_blocks()) * H +
-                                   static_cast<double>(c.vocab_size)),
-                              fmt::format("a segment of {} {} tokens with {} of memory", names, tgt, mem));
-  };
-  segment(c.tgt_len, c.mem_len, "tgt_len");
-  segment(c.eval_tgt_len > 0 ? c.eval_tgt_len : c.tgt_len, c.eval_mem_len >= 0 ? c.eval_mem_len : c.mem_len,
-          "eval_tgt_len");
+  check_xl_segment_fits(c, 1, c.tgt_len, c.mem_len, "tgt_len");
+  check_xl_segment_fits(c, 1, c.eval_tgt_len > 0 ? c.eval_tgt_len : c.tgt_len,
+                        c.eval_mem_len >= 0 ? c.eval_mem_len : c.mem_len, "eval_tgt_len");
+}
+
+void check_xl_segment_fits(const XlModelConfig& c, double batch, int64_t tgt, int64_t mem, const std::string& names) {
+  // A segment of `batch` sequences: a layer's scores over the segment and its memory, every block's
+  // states (the next memories), the logits.
+  const double t = static_cast<double>(tgt), m = static_cast<double>(mem), H = static_cast<double>(c.d_model);
+  check_working_memory_fits(batch * t * (static_cast<double>(c.n_head) * (t + m) + static_cast<double>(c.nb_blocks()) * H +
+                                         static_cast<double>(c.vocab_size)),
+                            batch == 1 ? fmt::format("a segment of {} {} tokens with {} of memory", names, tgt, mem)
+                                       : fmt::format("a segment of {:.0f} sequences of {} {} tokens with {} of memory",
+                                                     batch, names, tgt, mem));
 }
 
 }  // namespace spanformer

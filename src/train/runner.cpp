@@ -137,6 +137,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
   if (tc.data.empty()) fail("no data: set train.data in the config or pass --data DIR");
   auto batches = run::open_batches(family, tc);
   family.validate();
+  family.check_training_step();
   set_threads(static_cast<int>(tc.threads));
   dist::Group* group = options.group.get();
   const run::Shard shard = make_shard(group, tc);

@@ -65,5 +65,7 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides);
 // Throws Error naming the first invalid value (sizes, divisibility, ranges, names).
 void validate(const ModelConfig& config);
 void validate(const Config& config);
+// A training step's working memory, batch included, against the machine's (train, bench --mode train).
+void check_training_step_fits(const Config& config);
 
 }  // namespace spanformer

@@ -95,6 +95,8 @@ std::vector<ConfigKey> gpt_config_keys();
 // Throws Error naming the first invalid value.
 void validate(const GptModelConfig& config);
 void validate(const GptConfig& config);
+// A training step's working memory, batch included, against the machine's (train, bench --mode train).
+void check_training_step_fits(const GptConfig& config);
 
 // The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
 // config fits the other). Run and train keys may differ.

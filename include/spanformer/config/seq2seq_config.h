@@ -71,6 +71,8 @@ void apply_overrides(Seq2SeqConfig& config, const std::vector<std::string>& over
 std::vector<ConfigKey> seq2seq_config_keys();
 void validate(const Seq2SeqModelConfig& config);
 void validate(const Seq2SeqConfig& config);
+// A training step's working memory, batch included, against the machine's (train, bench --mode train).
+void check_training_step_fits(const Seq2SeqConfig& config);
 // The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
 // config fits the other). Run and train keys may differ.
 std::string model_difference(const Seq2SeqConfig& a, const Seq2SeqConfig& b);

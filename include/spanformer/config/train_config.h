@@ -73,6 +73,17 @@ void check_model_fits(double parameters);
 // naming `what` before anything is allocated (a context of 10^8 tokens used to allocate until the
 // machine ran out).
 void check_working_memory_fits(double floats, const std::string& what);
+// The sequences one forward and backward holds at once: batch_size / batch_split, rounded up.
+double micro_batch(const TrainConfig& train);
+// A training step's working memory against the machine's, where the step runs in it: on a CUDA device the
+// activations live in the GPU's memory, whose allocator refuses what does not fit.
+bool step_in_host_memory(const TrainConfig& train);
+// Floats a token keeps for the backward through one layer of width H and feed-forward width I: the
+// projections and attention output (4 H), the two norms and residuals (4 H), the feed-forward hidden
+// and its activation (2 I), rounded up to 10 H + 2 I. A step's estimate is this times the layers and
+// tokens of a micro-batch, plus its logits and their gradient (2 V a token): a lower bound (no
+// attention scores, no allocator slack), so that no run that fits is refused.
+inline double kept_per_token(double H, double I) { return 10 * H + 2 * I; }
 
 // A config file as JSON: one-line errors for missing, unreadable and invalid files, and for a key
 // given twice in one object (JSON parsers would keep the last silently).

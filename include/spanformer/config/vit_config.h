@@ -52,6 +52,8 @@ void apply_overrides(VitConfig& config, const std::vector<std::string>& override
 std::vector<ConfigKey> vit_config_keys();
 void validate(const VitModelConfig& config);
 void validate(const VitConfig& config);
+// A training step's working memory, batch included, against the machine's (train, bench --mode train).
+void check_training_step_fits(const VitConfig& config);
 // The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
 // config fits the other). Run and train keys may differ.
 std::string model_difference(const VitConfig& a, const VitConfig& b);

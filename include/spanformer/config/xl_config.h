@@ -114,7 +114,13 @@ void apply_overrides(XlConfig& config, const std::vector<std::string>& overrides
 
 // Throws Error naming the first invalid value.
 void validate(const XlModelConfig& config);
+// The working memory of one segment of `batch` sequences (tgt tokens over mem of memory), refused in one
+// line when it exceeds the machine's; validate(XlConfig) checks training's and evaluation's batches,
+// bench its own lengths.
+void check_xl_segment_fits(const XlModelConfig& config, double batch, int64_t tgt, int64_t mem, const std::string& names);
 void validate(const XlConfig& config);
+// A training step's working memory, batch included, against the machine's (train, bench --mode train).
+void check_training_step_fits(const XlConfig& config);
 
 // The first key of the model section that differs ("n_layer 4 vs 2"; "" when a checkpoint made under one
 // config fits the other). Run and train keys may differ.

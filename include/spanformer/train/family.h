@@ -163,6 +163,8 @@ class Family {
   // The data's vocabulary size (the class count of example sets): fills a 0, refuses another.
   virtual void set_vocab_size(int64_t V, const std::string& origin) = 0;
   virtual void validate() const = 0;
+  // A training step's working memory against the machine's, refused in one line (train, bench's train mode).
+  virtual void check_training_step() const = 0;
   // The vocabulary of the checkpoint the family is read from (families that map text themselves keep it).
   virtual void set_vocabulary(const data::Vocab& vocab) { (void)vocab; }
   // Names the first model difference with a checkpoint's config ("" when the weights fit).

@@ -19,6 +19,8 @@ std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const TrainC
 namespace detail {
 template <typename C>
 void validate_config(const C& config) { validate(config); }  // spanformer::validate, found through C
+template <typename C>
+void check_step(const C& config) { check_training_step_fits(config); }
 }  // namespace detail
 
 // What every family does with its config C: holds it, writes it (to_json), validates it, and hands the
@@ -31,6 +33,7 @@ class ConfiguredFamily : public Family {
   nlohmann::json config_json() const override { return to_json(config_); }
   TrainConfig& train() override { return config_.train; }
   void validate() const override { detail::validate_config(config_); }
+  void check_training_step() const override { detail::check_step(config_); }
   void make_optimizers() override { optimizer_ = make_optimizer(module(), config_.train); }
   void save_optimizers(CheckpointWriter& out) const override { optimizer_->save(out, "optim."); }
   void load_optimizers(const Checkpoint& in) override { optimizer_->load(in, "optim."); }

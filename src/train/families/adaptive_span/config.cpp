@@ -84,4 +84,16 @@ void validate(const Config& config) {
     fail("config: eval_blocks must be positive (got {})", config.train.eval_blocks);
 }
 
+void check_training_step_fits(const Config& config) {
+  // A training step: the block's tokens through every layer, the logits, and the cache of attn_span
+  // hidden states a layer carries per stream.
+  const auto& m = config.model;
+  const double B = micro_batch(config.train), M = static_cast<double>(m.block_size), H = static_cast<double>(m.hidden_size);
+  const double layers = static_cast<double>(m.nb_layers), V = static_cast<double>(m.vocab_size);
+  if (step_in_host_memory(config.train))
+    check_working_memory_fits(B * (M * (layers * kept_per_token(H, static_cast<double>(m.inner_hidden_size)) + 2 * V) +
+                                 layers * static_cast<double>(m.attn_span) * H),
+                            fmt::format("a training step of {:.0f} streams of block_size {}", B, m.block_size));
+}
+
 }  // namespace spanformer

@@ -110,6 +110,17 @@ void validate(const GptConfig& config) {
   validate(config.train);
 }
 
+void check_training_step_fits(const GptConfig& config) {
+  // A training step, batch included (config.h's check counts one window of one sequence).
+  const auto& m = config.model;
+  const double B = micro_batch(config.train), T = static_cast<double>(m.context);
+  if (step_in_host_memory(config.train))
+    check_working_memory_fits(
+      B * T * (static_cast<double>(m.n_layer) * kept_per_token(static_cast<double>(m.d_model), static_cast<double>(m.inner_dim())) +
+               2 * static_cast<double>(m.vocab_size)),
+      fmt::format("a training step of {:.0f} sequences of {} tokens", B, m.context));
+}
+
 std::string model_difference(const GptConfig& a, const GptConfig& b) { return gpt_schema().model_difference(a, b); }
 
 }  // namespace spanformer

@@ -126,6 +126,18 @@ void validate(const Seq2SeqConfig& config) {
          config.model.max_positions);
 }
 
+void check_training_step_fits(const Seq2SeqConfig& config) {
+  // A training step: both sides of every pair through every layer (the decoder's cross-attention twice
+  // over), the target side's logits.
+  const auto& m = config.model;
+  const double B = micro_batch(config.train), N = static_cast<double>(config.data.max_length + 2);
+  const double H = static_cast<double>(m.d_model);
+  if (step_in_host_memory(config.train))
+    check_working_memory_fits(B * N * (3 * static_cast<double>(m.n_layer) * kept_per_token(H, static_cast<double>(m.inner_dim())) +
+                                     2 * static_cast<double>(m.target_vocab)),
+                            fmt::format("a training step of {:.0f} pairs of up to {:.0f} tokens a side", B, N));
+}
+
 std::string model_difference(const Seq2SeqConfig& a, const Seq2SeqConfig& b) {
   return seq2seq_schema().model_difference(a, b);
 }

@@ -84,6 +84,17 @@ void validate(const VitConfig& config) {
   validate(config.train);
 }
 
+void check_training_step_fits(const VitConfig& config) {
+  // A training step: every token of every image through every layer, with each head's (N, N) weights.
+  const auto& m = config.model;
+  const double B = micro_batch(config.train), N = static_cast<double>(m.tokens());
+  if (step_in_host_memory(config.train))
+    check_working_memory_fits(B * N * static_cast<double>(m.n_layer) *
+                                (kept_per_token(static_cast<double>(m.d_model), static_cast<double>(m.inner_dim())) +
+                                 2 * static_cast<double>(m.n_head) * N),
+                            fmt::format("a training step of {:.0f} images of {:.0f} tokens", B, N));
+}
+
 std::string model_difference(const VitConfig& a, const VitConfig& b) { return vit_schema().model_difference(a, b); }
 
 }  // namespace spanformer

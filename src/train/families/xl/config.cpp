@@ -131,6 +131,15 @@ void validate(const XlConfig& config) {
   validate(config.train);
 }
 
+void check_training_step_fits(const XlConfig& config) {
+  // The training segment and the validation's, at their batches.
+  const auto& m = config.model;
+  if (!step_in_host_memory(config.train)) return;
+  check_xl_segment_fits(m, micro_batch(config.train), m.tgt_len, m.mem_len, "tgt_len");
+  check_xl_segment_fits(m, static_cast<double>(config.train.eval_batch_size), m.eval_tgt_len > 0 ? m.eval_tgt_len : m.tgt_len,
+                        m.eval_mem_len >= 0 ? m.eval_mem_len : m.mem_len, "eval_tgt_len");
+}
+
 std::string model_difference(const XlConfig& a, const XlConfig& b) { return xl_schema().model_difference(a, b); }
 
 }  // namespace spanformer

@@ -294,6 +294,7 @@ void XlFamily::bench(const BenchRequest& r) {
   options.lengths.mem_len = r.integer("mem-len", options.lengths.mem_len);
   options.tgt_len = r.integer("tgt-len", options.tgt_len);
   if (options.lengths.mem_len < 0 || options.tgt_len < 1) fail("bench: --mem-len must be >= 0 and --tgt-len >= 1");
+  check_xl_segment_fits(c, static_cast<double>(options.batch), options.tgt_len, options.lengths.mem_len, "--tgt-len");
   const int64_t B = options.batch, M = options.tgt_len;
   torch::NoGradGuard no_grad;
   model_->eval();
