@@ -92,6 +92,14 @@ cuda_layout() {
   echo "install-deps: CUDA toolkit $("$root/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') from PyPI laid out in $root"
 }
 
+# 4. In a developer's checkout (not under CI), the repository's hooks: a commit that changes a command-line
+#    test script runs its mutants (scripts/hooks/pre-commit). An existing hooksPath is left alone.
+if [ -z "${CI:-}" ] && command -v git > /dev/null && git -C "$PWD" rev-parse --git-dir > /dev/null 2>&1 \
+   && [ -z "$(git -C "$PWD" config core.hooksPath)" ]; then
+  git -C "$PWD" config core.hooksPath scripts/hooks
+  echo "install-deps: git hooks from scripts/hooks (a commit changing tests/cli_*.sh runs its mutants)"
+fi
+
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "install-deps: $venv already holds $requirements"
   [ -x "$venv/cuda/bin/nvcc" ] || cuda_layout

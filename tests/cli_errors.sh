@@ -18,7 +18,8 @@ expect_error() {  # expect_error "what is expected in the message" command...
   lines=$(grep -c . "$tmp/err")
   if [ "$rc" -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -q "^spanformer: error: .*$want" "$tmp/err" \
       || grep -qiE "terminate|backtrace|frame #|Exception raised" "$tmp/err"; then
-    echo "FAIL: $* (rc $rc) -> $(cat "$tmp/err")"
+    if [ "$rc" -eq 0 ]; then echo "FAIL: a refused input must exit non-zero: $* -> $(cat "$tmp/err")"
+    else echo "FAIL: one error line naming the mistake: $* (rc $rc) -> $(cat "$tmp/err")"; fi
     failures=$((failures + 1))
   else
     passed=$((passed + 1))
@@ -90,7 +91,8 @@ expect_exit2() {  # expect_exit2 "message part" command...
   "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   if [ "$rc" -ne 2 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: .*$want" "$tmp/err"; then
-    echo "FAIL: $* (rc $rc) -> $(cat "$tmp/err")"; failures=$((failures + 1))
+    if [ "$rc" -eq 0 ]; then echo "FAIL: a refused input must exit non-zero: $* -> $(cat "$tmp/err")"
+    else echo "FAIL: one error line naming the mistake: $* (rc $rc) -> $(cat "$tmp/err")"; fi; failures=$((failures + 1))
   else passed=$((passed + 1)); fi
 }
 expect_exit2 "--tokens: Value 1e12 not in range" "$bin" generate "$tmp/run" --tokens 1e12
@@ -106,6 +108,12 @@ if [ -e "$tmp/pictures.txt" ]; then echo "FAIL: a refused picture name was writt
 else passed=$((passed + 1)); fi
 # Global flags after the command mean what they mean before it; "--key value" overrides as "--key=value".
 expect_error "no CUDA device is available" "$bin" generate "$tmp/run" --tokens 2 --device cuda
+# --device where a command runs on the CPU only, and a device that does not exist, are refused.
+expect_error "--device cuda: \`spans\` runs on the CPU (--device is for train, eval, bench, generate and translate)" \
+  "$bin" --device cuda spans "$tmp/run" -o "$tmp/spans_dev.png"
+expect_error "--device cuda:7: \`attention\` runs on the CPU" "$bin" attention "$tmp/run" --text "In the" --device cuda:7 -o "$tmp/att_dev.png"
+expect_error "unknown device 'tpu' (cpu, cuda or cuda:N)" "$bin" eval "$tmp/run" --device tpu
+expect_error "unknown device 'tpu'" "$bin" spans "$tmp/run" --device tpu -o "$tmp/spans_dev.png"
 if "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/spaced" --nb_steps 3 --eval_interval 3 --lr 0.002 \
      --threads 1 --quiet > "$tmp/out" 2>&1 && grep -q "trained 3 steps" "$tmp/out" \
    && grep -qE '"lr": ?0.002' "$tmp/spaced/config.json" && grep -qE '"threads": ?1\b' "$tmp/spaced/config.json"; then
@@ -245,10 +253,24 @@ expect_error "config: one window of context 100000000 tokens needs about .* GB o
   "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/ctx" --context=100000000 --d_model=16 --n_head=2
 expect_error "config: a segment of eval_tgt_len 100000000 tokens with .* of memory needs about .* GB of working memory" \
   "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode eval --vocab_size=9334 --eval_tgt_len=100000000
+# ... and from a whole training step, batch included (a GPT context of 200,000 at batch 16 used to pass
+# as one window and allocate 8 GB in 25 s), in every family and in bench's own lengths.
+expect_error "config: a training step of 16 sequences of 200000 tokens needs about" \
+  "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/ctx" --context=200000 --batch_size=16
+expect_error "config: a training step of 2 streams of block_size 100000000 needs about" \
+  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/ctx" --block_size=100000000
+expect_error "config: a segment of 10 sequences of --tgt-len 100000 tokens with 100000 of memory needs about" \
+  "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode eval --vocab_size=9334 --tgt-len 100000 --mem-len 100000 --steps 1
+expect_error "config: a training step of 10000000 images of 50 tokens needs about" \
+  "$bin" bench -c "$src/configs/vit/fashion_mnist.json" --batch_size=10000000 --steps 1
+expect_error "config: a training step of 100000000 pairs of up to 18 tokens a side needs about" \
+  "$bin" bench -c "$src/configs/seq2seq/transformer.json" --batch_size=100000000 --steps 1
+expect_error "config: the position table of max_positions 1000000000 needs about" \
+  "$bin" bench -c "$src/configs/seq2seq/transformer.json" --max_positions=1000000000 --steps 1
 [ ! -e "$tmp/ctx" ] || { echo "FAIL: a refused train made its run directory"; failures=$((failures + 1)); }
 
 # A file where a directory is expected, and the reverse, or another family's data: one line naming what
-# the path is and what the command wanted (issue 38's sweep).
+# the path is and what the command wanted (the bad-input sweep of docs/reliability.md).
 expect_error "$src/configs/demo.json is a JSON file (a config or a log), not a checkpoint: give a run directory or its checkpoint.pt" \
   "$bin" generate "$src/configs/demo.json"
 expect_error "$tmp/run is a directory, not a file (a run directory: its config is $tmp/run/config.json)" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Faults the engine must survive (issue 16): the --nproc-per-node launcher under SIGTERM, kill -9 and
+# Faults the engine must survive: the --nproc-per-node launcher under SIGTERM, kill -9 and
 # a hung worker; full disks while writing; a sweep of damaged checkpoints and token files through
 # every reading command (each case: a one-line error or a bit-identical result, never a signal).
 set -u
@@ -81,12 +81,33 @@ if mount -t tmpfs -o size=64k tmpfs "$tmp/small" 2> /dev/null; then
     rc=$?
     if [ "$rc" -ne 0 ] && [ "$(grep -c . "$tmp/err")" -eq 1 ] && grep -q "^spanformer: error: cannot write" "$tmp/err" \
         && [ "$(find "$tmp/small" -name '*.tmp.*' | wc -l)" -eq 0 ]; then ok; else bad "full disk ($cmd): rc $rc, $(cat "$tmp/err")"; fi
+    if [ $cmd = train ]; then
+      # The failed first session left records but no checkpoint: the same command says so (not "continue
+      # it with --resume", which has nothing to continue), and with room again --overwrite starts it.
+      mount -o remount,size=16m "$tmp/small"
+      small_run=(train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/small/run" --nb_steps=2 --eval_interval=2
+                 --hidden_size=64 --inner_hidden_size=256 --quiet)
+      "$bin" "${small_run[@]}" > /dev/null 2> "$tmp/err"; rc=$?
+      if [ "$rc" -ne 0 ] && grep -q "holds the log of a run that saved no checkpoint (its first save failed?): start again with --overwrite" "$tmp/err" \
+          && "$bin" "${small_run[@]}" --overwrite > /dev/null 2> "$tmp/err"; then ok
+      else bad "train after a full disk's failed first session: rc $rc, $(cat "$tmp/err")"; fi
+      rm -rf "${tmp:?}/small/"*
+      mount -o remount,size=64k "$tmp/small" || bad "the small disk back to 64k"
+    fi
     rm -rf "${tmp:?}/small/"*
   done
   umount "$tmp/small"
 else
   echo "full-disk cases skipped: this machine does not allow mounting a tmpfs"
 fi
+
+# ---- records that cannot be written ------------------------------------------------------------
+# A file size limit of 64 KB: the checkpoints (47 KB) fit, log.jsonl (430 bytes a record) outgrows it
+# after about 150 records, and the run says once that its records are lost instead of losing them silently.
+( trap '' XFSZ; ulimit -f 64; exec "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/limited" \
+    --nb_steps=200 --eval_interval=1 --quiet ) > /dev/null 2> "$tmp/err"
+if [ "$(grep -c "^spanformer: warning: cannot write to $tmp/limited/log.jsonl (File too large): the records from step" "$tmp/err")" -eq 1 ]; then ok
+else bad "a log record that cannot be written: $(cat "$tmp/err")"; fi
 
 # ---- damaged files ------------------------------------------------------------------------------
 # The undamaged baseline must work, or every damaged case below would pass as a one-line error.

@@ -8,6 +8,7 @@ bin="$1"; src="$2"
 st="$src/tests/python/safetensors_io.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/cli_checks.sh"
 
 "$bin" --version | tee "$tmp/version"
 grep -qE "^spanformer [0-9]+\.[0-9]+\.[0-9]+ \(commit ([0-9a-f]{12}(-dirty)?|unknown)\), LibTorch [0-9.]+.*, CUDA: " "$tmp/version"
@@ -51,6 +52,13 @@ r[0]['command'][1]=='train' and r[0]['host'] and r[0]['start'].endswith('Z') and
   if "$bin" import safetensors "$tmp/stale.safetensors" -o "$tmp/stale.pt" > /dev/null 2> "$tmp/err"; then
     echo "FAIL: a stale spanformer.sha256 accepted"; exit 1; fi
   grep -q "do not match the spanformer.sha256 in its metadata" "$tmp/err"
+  # Weights that overflow: a warning at import; eval refuses the non-finite result instead of printing it.
+  $py "$st" huge "$tmp/$family.safetensors" "$tmp/huge.safetensors"
+  "$bin" import safetensors "$tmp/huge.safetensors" -o "$tmp/huge.pt" > /dev/null 2> "$tmp/note" \
+    || fail "import of finite, overflowing weights: $(cat "$tmp/note")"
+  grep -q "^spanformer: warning: .*holds values up to 3e+38, beyond float16's range" "$tmp/note" \
+    || fail "import warns of overflowing weights: $(cat "$tmp/note")"
+  expect_error "(not finite): the model's weights overflow" "$bin" eval "$tmp/huge.pt" --data "$tmp/$data" --split test
   "$bin" export safetensors "$tmp/py.pt" -o "$tmp/again.safetensors" > /dev/null
   $py "$st" same "$tmp/py.safetensors" "$tmp/again.safetensors"
   # The exported config trains the same model.

@@ -8,6 +8,7 @@ py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/cli_checks.sh"
 head -c 200000 "$src/../shared/data/dickens.txt" > "$tmp/text.txt"
 "$bin" data prepare "$tmp/text.txt" --out "$tmp/data" > /dev/null 2>&1
 "$bin" config keys --arch gpt | grep "model.attention" > /dev/null
@@ -23,40 +24,49 @@ for attention in dense flash window adaptive_span sparse_strided sparse_fixed ls
   grep -q "trained 20 steps" "$tmp/train.out"
   test "$(wc -l < "$run/log.jsonl")" -eq 2
   "$bin" eval "$run" --split test --json > "$tmp/eval.json"
+  eval_consistent "$tmp/eval.json"
   "$py" - "$tmp/eval.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert 0 < r["bpc"] < 8 and r["tokens"] > 0 and "stride 32" in r["protocol"], r
+assert 0 < r["bpc"] < 8 and r["tokens"] > 0 and "stride 32" in r["protocol"], ("bpc of a trained byte model", r)
 PY
   # Every target scored once: the dump has one log-probability per token and sums to the NLL.
   "$bin" eval "$run" --split test --eval_stride=7 --dump-logprobs "$tmp/lp.txt" --json > "$tmp/eval7.json"
   "$py" - "$tmp/eval7.json" "$tmp/lp.txt" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); lp = [float(l) for l in open(sys.argv[2])]
-assert len(lp) == r["tokens"], (len(lp), r["tokens"])
-assert abs(-sum(lp) / len(lp) - r["nll"]) < 1e-6, (sum(lp), r)
+assert len(lp) == r["tokens"], ("one log-probability per token", len(lp), r["tokens"])
+assert abs(-sum(lp) / len(lp) - r["nll"]) < 1e-6, ("the dump sums to the NLL", sum(lp), r)
 PY
   "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 4 > "$tmp/gen.out"
-  test "$(wc -c < "$tmp/gen.out")" -ge 140
-  "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 4 | cmp -s - "$tmp/gen.out"
+  test "$(wc -c < "$tmp/gen.out")" -ge 140 || fail "150 tokens generated: $(wc -c < "$tmp/gen.out") bytes"
+  "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 4 | cmp -s - "$tmp/gen.out" \
+    || fail "the same seed gives the same sample ($attention)"
+  "$bin" generate "$run" --prompt "It was the" --tokens 150 --seed 5 > "$tmp/gen5.out"
+  differ "$tmp/gen.out" "$tmp/gen5.out" "--seed changes the sample ($attention)"
 done
 # dense and flash are one function of the same weights: a dense run evaluates identically under flash
 # (to float rounding: the figures agree to the printed 4 decimals), and LSH evaluates with more rounds.
 diff <("$bin" eval "$tmp/dense" | sed 's/; [0-9.]* s)//') <("$bin" eval "$tmp/dense" --attention=flash | sed 's/; [0-9.]* s)//')
-"$bin" eval "$tmp/lsh" --split test --lsh_hashes=4 | grep "^test bpc" > /dev/null
+# More hash rounds score the same text differently (each round its own random rotations).
+"$bin" eval "$tmp/lsh" --split test --json > "$tmp/lsh1.json"
+"$bin" eval "$tmp/lsh" --split test --lsh_hashes=4 --json > "$tmp/lsh4.json"
+eval_consistent "$tmp/lsh4.json"
+if [ "$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["nll"] == json.load(open(sys.argv[2]))["nll"])' "$tmp/lsh1.json" "$tmp/lsh4.json")" = True ]; then
+  fail "--lsh_hashes changes the figure: $(cat "$tmp/lsh4.json")"
+fi
 "$bin" spans "$tmp/adaptive_span" -o "$tmp/spans.png" | grep "layer  1" > /dev/null
 # Attention pictures of a text: the window model weighs distances 0 .. 15 only; lsh has no one matrix.
 "$bin" attention "$tmp/window" --text "It was the best of times, it was the worst of times, it was the age" \
   -o "$tmp/att.png" | grep "over distances 0 .. 15 in" > /dev/null
 "$bin" attention "$tmp/dense" --text "It was the best of times" --layer 0 -o "$tmp/att_heads.png" > /dev/null
-test -s "$tmp/att.png"
-test -s "$tmp/att_heads.png"
+picture_drawn "$tmp/att.png" "$tmp/att_heads.png"
 if "$bin" attention "$tmp/lsh" --text "It was" -o "$tmp/x.png" 2> "$tmp/err"; then echo "FAIL: lsh picture"; exit 1; fi
 test "$(grep -c . "$tmp/err")" -eq 1
 grep -q "lsh attention has no one weight matrix" "$tmp/err"
 if "$bin" attention "$tmp/dense" --text "It was" --layer 9 -o "$tmp/x.png" 2> "$tmp/err"; then echo "FAIL: --layer 9"; exit 1; fi
 grep -q "layer must be in" "$tmp/err"
-test -s "$tmp/spans.png"
+picture_drawn "$tmp/spans.png"
 "$bin" spans "$tmp/dense" -o "$tmp/none.png" 2> "$tmp/err" && exit 1
 grep -q "^spanformer: error: " "$tmp/err"
 
@@ -65,11 +75,18 @@ grep -q "^spanformer: error: " "$tmp/err"
 "$bin" import safetensors "$tmp/w.safetensors" -o "$tmp/w.pt" > /dev/null
 diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin" eval "$tmp/w.pt" | sed 's/; [0-9.]* s)//')
 
-# Benchmarks print their figures.
+# Benchmarks print figures that hold together (throughput = the step's tokens over its time).
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --steps 1 --warmup 0 | grep "ms/step" > /dev/null
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --steps 1 --warmup 0 --json 2> /dev/null > "$tmp/bench.json"
+bench_plausible "$tmp/bench.json"
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode eval --attention=adaptive_span --span-dist bimodal \
-  --steps 1 --warmup 0 | grep "adaptive_span" > /dev/null
+  --steps 1 --warmup 0 --json 2> /dev/null > "$tmp/bench.json"
+"$py" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["attention"] != "adaptive_span")' "$tmp/bench.json" \
+  || fail "bench runs the asked attention: $(cat "$tmp/bench.json")"
+bench_plausible "$tmp/bench.json"
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --steps 1 --warmup 0 | grep "with the KV cache" > /dev/null
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --steps 1 --warmup 0 --json 2> /dev/null > "$tmp/bench.json"
+bench_plausible "$tmp/bench.json"
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 5 --steps 1 --warmup 0 2> /dev/null \
   | grep "tokens 60 .. 64 after a prompt of 59" > /dev/null
 
@@ -77,7 +94,7 @@ diff <("$bin" eval "$tmp/window/checkpoint.pt" | sed 's/; [0-9.]* s)//') <("$bin
 BUILD="$(dirname "$bin")" ATTENTIONS="window adaptive_span" OVERRIDES="${small[*]}" bash "$src/bench/attention_race.sh" "$tmp/data" 0.001 "$tmp/race" \
   > "$tmp/race.out" 2>&1
 grep -q "^| adaptive_span | " "$tmp/race.out"
-test -s "$tmp/race/adaptive_span/spans.png"
+picture_drawn "$tmp/race/adaptive_span/spans.png"
 "$py" - "$tmp/race/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -93,15 +110,10 @@ head -n 400 "$wt2/wiki.valid.tokens" > "$tmp/w.train"; head -n 100 "$wt2/wiki.te
 "$bin" data words --train "$tmp/w.train" --valid "$tmp/w.test" --test "$tmp/w.test" --out "$tmp/words" > /dev/null
 "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/words" --out "$tmp/wrun" "${small[@]}" --quiet | grep "ppl" > /dev/null
 "$bin" eval "$tmp/wrun" --split test | grep "^test ppl" > /dev/null
+"$bin" eval "$tmp/wrun" --split test --json > "$tmp/weval.json"
+eval_consistent "$tmp/weval.json"
 
 # Mistakes: one line, non-zero exit.
-expect_error() {  # expect_error "part of the message" command...: one error line with that text, non-zero exit
-  local want="$1"; shift
-  if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
-  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err" || ! grep -qF -- "$want" "$tmp/err"; then
-    echo "FAIL: $* -> $(cat "$tmp/err") (expected: $want)"; exit 1
-  fi
-}
 expect_error "attention must be dense, flash, window, adaptive_span, sparse_strided, sparse_fixed or lsh (got 'flashy')" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=flashy
 expect_error "more than this machine's" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --context=100000000
 expect_error "d_model (30) must be a multiple of n_head (4)" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --d_model=30

@@ -13,7 +13,7 @@ check() {  # check SPLIT EXPECTED
   local got
   got=$("$bin" eval "$tmp/tiny.pt" --ids "$ref/$1.ids.u8" --vocab "$ref/vocab.txt" --batch 8 | awk '{print $3}')
   awk -v g="$got" -v w="$2" -v s="$1" 'BEGIN { d = g - w; if (d < 0) d = -d;
-    if (d > 1e-4) { print "FAIL: " s " bpc " g " expected " w; exit 1 } print s " bpc " g " (reference " w ")" }'
+    if (d > 1e-4) { print "FAIL: " s " bpc " g ", the reference gives " w; exit 1 } print s " bpc " g " (reference " w ")" }'
 }
 check valid 3.5158603457646094
 check test 3.5793226628927504

@@ -25,7 +25,7 @@ grep -q '<meta http-equiv="refresh" content="1">' "$tmp/run/report.html"
 "$bin" train -c "$tmp/c.json" --data "$tmp/data" --out "$tmp/run" --resume --quiet > /dev/null
 wait "$live"
 grep -q "is final" "$tmp/live.out"
-if grep -q 'http-equiv="refresh"' "$tmp/run/report.html"; then echo "the final page still reloads"; exit 1; fi
+if grep -q 'http-equiv="refresh"' "$tmp/run/report.html"; then echo "FAIL: the final page still reloads"; exit 1; fi
 
 # Self-contained: no script, style or picture is fetched from anywhere.
 "$bin" report "$tmp/run" --out "$tmp/report.html" | grep -q "report: $tmp/report.html"

@@ -8,13 +8,7 @@ py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-expect_error() {  # expect_error "part of the message" command...: one error line with that text, non-zero exit
-  local want="$1"; shift
-  if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
-  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err" || ! grep -qF -- "$want" "$tmp/err"; then
-    echo "FAIL: $* -> $(cat "$tmp/err") (expected: $want)"; exit 1
-  fi
-}
+source "$(dirname "$0")/cli_checks.sh"
 
 "$py" - "$tmp/pairs.txt" <<'PY'
 import random, sys
@@ -38,45 +32,55 @@ grep "trained 300 steps" "$tmp/train.out" > /dev/null
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["step"] for r in rows] == [150, 300], rows
-assert rows[-1]["valid_loss"] < rows[0]["valid_loss"] and rows[-1]["valid_bleu"] > 50, rows
+assert rows[-1]["valid_loss"] < rows[0]["valid_loss"] and rows[-1]["valid_bleu"] > 50, ("BLEU of a learnt language", rows)
 assert all(r["target_tokens_per_s"] > 0 and r["pairs_per_s"] > 0 for r in rows), rows
 PY
 "$bin" eval "$tmp/tf" --json > "$tmp/eval.json"
 "$bin" eval "$tmp/tf" --split valid --beam=1 --json > "$tmp/valid.json"
 "$py" - "$tmp/eval.json" "$tmp/valid.json" "$tmp/tf/log.jsonl" <<'PY'
-import json, sys
+import json, math, re, sys
 test, valid = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 last = [json.loads(l) for l in open(sys.argv[3])][-1]
-assert test["split"] == "test" and test["target_tokens"] > 200 and test["bleu"] > 50, test
-assert test["bleu_text"].startswith("BLEU "), test
+assert test["split"] == "test" and test["target_tokens"] > 200 and test["bleu"] > 50, ("BLEU of a learnt language", test)
+# the BLEU line carries the same score, and the score is BP x the geometric mean of its four precisions
+# (printed to 0.1, so to 0.5%)
+m = re.match(r"BLEU ([0-9.]+) ([0-9.]+)/([0-9.]+)/([0-9.]+)/([0-9.]+) \(BP ([0-9.]+)", test["bleu_text"])
+assert m and m.group(1) == f"{test['bleu']:.2f}", ("the BLEU line and the figure agree", test)
+p = [float(m.group(i)) for i in range(2, 6)]
+assert abs(float(m.group(6)) * math.exp(sum(map(math.log, p)) / 4) - test["bleu"]) < 5e-3 * test["bleu"], ("BLEU = BP x geometric mean of the precisions", test)
 # greedy on the valid split: the command and the training run's validation agree
 assert abs(valid["bleu"] - last["valid_bleu"]) < 1e-9 and abs(valid["nll"] - last["valid_loss"]) < 1e-9, (valid, last)
 PY
 "$bin" translate "$tmp/tf" --text "Je vois le chat ." --text "Nous aimons" > "$tmp/out.txt"
-test "$(wc -l < "$tmp/out.txt")" -eq 2
-grep "^i see the cat\.$" "$tmp/out.txt" > /dev/null
+test "$(wc -l < "$tmp/out.txt")" -eq 2 || fail "two lines translated: $(cat "$tmp/out.txt")"
+test "$(grep -c . "$tmp/out.txt")" -eq 2 || fail "translations non-empty: $(cat "$tmp/out.txt")"
+grep -q "^i see the cat\.$" "$tmp/out.txt" || fail "the learnt translation: $(cat "$tmp/out.txt")"
 printf 'Tu vois un chien rouge .\n\nLe chat .\n' > "$tmp/in.txt"
 "$bin" translate "$tmp/tf" --file "$tmp/in.txt" --beam 1 --out "$tmp/translated.txt" 2> /dev/null
-test "$(wc -l < "$tmp/translated.txt")" -eq 3
-test -z "$(sed -n 2p "$tmp/translated.txt")"
-grep "^you see a red dog\.$" "$tmp/translated.txt" > /dev/null
+test "$(wc -l < "$tmp/translated.txt")" -eq 3 || fail "three lines translated: $(cat "$tmp/translated.txt")"
+test -z "$(sed -n 2p "$tmp/translated.txt")" || fail "an empty line stays empty"
+grep -q "^you see a red dog\.$" "$tmp/translated.txt" || fail "the learnt translation: $(cat "$tmp/translated.txt")"
 "$bin" attention "$tmp/tf" --text "Je vois le chat ." --out "$tmp/align.png" | grep "i see the cat" > /dev/null
 "$bin" attention "$tmp/tf" --pair 0 3 --layer 0 --head 1 --out "$tmp/head.png" | grep "reference:" > /dev/null
-test -s "$tmp/align.png"
-test -s "$tmp/head.png"
+picture_drawn "$tmp/align.png" "$tmp/head.png"
 "$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 | grep "target tokens/s" > /dev/null
+"$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 --json 2> /dev/null > "$tmp/bench.json"
+bench_plausible "$tmp/bench.json"
 
 # The recurrent kinds run through the same commands.
 for kind in gru bahdanau luong; do
   "$bin" train -c "$src/configs/seq2seq/$kind.json" --out "$tmp/$kind" "${small[@]}" --nb_steps=20 --eval_interval=20 --quiet > /dev/null
-  "$bin" translate "$tmp/$kind" --text "Le chat ." > /dev/null
+  "$bin" translate "$tmp/$kind" --text "Le chat ." > "$tmp/$kind.txt"
+  test "$(grep -c . "$tmp/$kind.txt")" -eq 1 || fail "translations non-empty ($kind): $(cat "$tmp/$kind.txt")"
 done
 "$bin" attention "$tmp/luong" --text "Le chat ." --out "$tmp/luong.png" > /dev/null
+picture_drawn "$tmp/luong.png"
 expect_error "the gru model has no attention (kind gru)" "$bin" attention "$tmp/gru" --text "Le chat ." --out "$tmp/gru.png"
 expect_error "luong attention scores with dot or general (got additive)" "$bin" train -c "$src/configs/seq2seq/luong.json" --out "$tmp/bad" "${small[@]}" --score=additive
 expect_error "bidirectional is for the recurrent kinds" "$bin" train -c "$cfg" --out "$tmp/bad" "${small[@]}" --bidirectional=true   # the Transformer
 # bahdanau.json's encoder is bidirectional: its weights (the "_reverse" directions) survive safetensors.
 "$bin" attention "$tmp/bahdanau" --text "Le chat ." --out "$tmp/bahdanau.png" > /dev/null
+picture_drawn "$tmp/bahdanau.png"
 "$bin" export safetensors "$tmp/bahdanau" -o "$tmp/bahdanau.safetensors" > /dev/null
 "$bin" import safetensors "$tmp/bahdanau.safetensors" -o "$tmp/bahdanau_again.pt" > /dev/null
 "$bin" translate "$tmp/bahdanau_again.pt" --text "Le chat ." --beam 1 | cmp - <("$bin" translate "$tmp/bahdanau" --text "Le chat ." --beam 1)
@@ -88,9 +92,15 @@ cp "$tmp/pairs.txt" "$tmp/sp_pairs.txt"
 sp_small=("${small[@]/pairs.txt/sp_pairs.txt}")  # --data names the copy
 "$bin" train -c "$cfg" --out "$tmp/sp" "${sp_small[@]}" "${sp[@]}" --stop-after 10 --quiet > /dev/null
 "$bin" train -c "$cfg" --out "$tmp/sp" "${sp_small[@]}" "${sp[@]}" --resume --quiet | grep "trained 20 steps" > /dev/null
-"$bin" eval "$tmp/sp" --beam=1 --json | grep '"bleu"' > /dev/null
+"$bin" eval "$tmp/sp" --beam=1 --json > "$tmp/sp_eval.json"
+"$py" - "$tmp/sp_eval.json" <<'PY'
+import json, math, sys
+r = json.load(open(sys.argv[1]))
+assert 0 <= r["bleu"] <= 100 and math.isfinite(r["nll"]) and r["target_tokens"] > 0, ("subword BLEU and NLL", r)
+PY
 rm "$tmp/sp_pairs.txt"
 "$bin" translate "$tmp/sp" --text "Je vois le chat ." --beam 1 > "$tmp/sp.txt"
+test "$(grep -c . "$tmp/sp.txt")" -eq 1 || fail "translations non-empty (subwords): $(cat "$tmp/sp.txt")"
 "$bin" export safetensors "$tmp/sp" -o "$tmp/sp.safetensors" > /dev/null
 "$bin" import safetensors "$tmp/sp.safetensors" -o "$tmp/sp_again.pt" > /dev/null
 "$bin" translate "$tmp/sp_again.pt" --text "Je vois le chat ." --beam 1 | cmp - "$tmp/sp.txt"
@@ -103,6 +113,7 @@ expect_error "--beam must be positive (got 0)" "$bin" translate "$tmp/tf" --text
 expect_error "file not found: $tmp/missing.txt" "$bin" translate "$tmp/tf" --file "$tmp/missing.txt"
 expect_error "--beam must be positive (got -3)" "$bin" translate "$tmp/tf" --text "   ."  --beam -3
 expect_error "--beam must be positive (got -1)" "$bin" translate "$tmp/tf" --text "Le chat ." --beam -1   # not "the config's"
+expect_error "beam 1000000 is wider than the target vocabulary" "$bin" translate "$tmp/tf" --text "Le chat ." --beam 1000000
 expect_error "--length-penalty must be a finite number >= 0 (got nan)" "$bin" translate "$tmp/tf" --text "Le chat ." --length-penalty nan
 # A sentence longer than model.max_positions (256 here) is refused before any work, by every kind (a
 # 100,000-word line took a recurrent model 8 GB and half a minute), the line shown by its first words.

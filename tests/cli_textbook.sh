@@ -7,27 +7,30 @@ py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-expect_error() {  # expect_error "part of the message" command...: one error line with that text, non-zero exit
-  local want="$1"; shift
-  if "$@" > /dev/null 2> "$tmp/err"; then echo "FAIL (exit 0): $*"; exit 1; fi
-  if [ "$(grep -c . "$tmp/err")" -ne 1 ] || ! grep -q "^spanformer: error: " "$tmp/err" || ! grep -qF -- "$want" "$tmp/err"; then
-    echo "FAIL: $* -> $(cat "$tmp/err") (expected: $want)"; exit 1
-  fi
-}
+source "$(dirname "$0")/cli_checks.sh"
 
 # Attention pooling: kernel regression beats the average; the learned kernel is sharper than w = 1.
 "$bin" example pooling --out "$tmp/pool" > "$tmp/pool.out"
 grep "nadaraya" "$tmp/pool.out" > /dev/null
-test -s "$tmp/pool/fits.png"
-test -s "$tmp/pool/weights.png"
-"$py" - "$tmp/pool/pooling.json" <<'PY'
+picture_drawn "$tmp/pool/fits.png" "$tmp/pool/weights.png"
+"$py" - "$tmp/pool/pooling.json" "$tmp/pool.out" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert r["nadaraya_mse"] < r["average_mse"] and r["parametric_mse"] < r["average_mse"], r
-assert r["leave_one_out_loss"][-1] < r["leave_one_out_loss"][0], r
+assert r["nadaraya_mse"] < r["average_mse"] and r["parametric_mse"] < r["average_mse"], ("pooling beats the average", r)
+assert r["leave_one_out_loss"][-1] < r["leave_one_out_loss"][0], ("the kernel's width is learnt", r)
+# the printed errors are the recorded ones
+text = open(sys.argv[2]).read()
+for key in ("average_mse", "nadaraya_mse", "parametric_mse"):
+    assert f"{r[key]:.4f}" in text, ("printed figures equal the recorded ones", key, r[key], text)
 PY
 expect_error "already holds a pooling example: pass --overwrite to replace it" "$bin" example pooling --out "$tmp/pool"              # would overwrite
+cp "$tmp/pool/pooling.json" "$tmp/pooling_seed_default.json"
 "$bin" example pooling --out "$tmp/pool" --overwrite --seed 3 > /dev/null
+"$py" - "$tmp/pooling_seed_default.json" "$tmp/pool/pooling.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert a["average_mse"] != b["average_mse"] and a["parametric_w"] != b["parametric_w"], ("--seed changes the example's draw", a, b)
+PY
 expect_error "--n must be at least 2 (got 1)" "$bin" example pooling --out "$tmp/pool2" --n 1
 expect_error "--sigma must be positive (got 0)" "$bin" example pooling --out "$tmp/pool2" --sigma 0
 
@@ -69,9 +72,10 @@ assert abs(valid["accuracy"] - last["valid_acc"]) < 1e-12 and abs(valid["nll"] -
 PY
 "$bin" attention "$tmp/vit" --image 0 5 17 --out "$tmp/rollout.png" | grep "test image 5" > /dev/null
 "$bin" attention "$tmp/vit" --image 3 --layer 1 --head 0 --out "$tmp/head.png" > /dev/null
-test -s "$tmp/rollout.png"
-test -s "$tmp/head.png"
+picture_drawn "$tmp/rollout.png" "$tmp/head.png"
 "$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 | grep "images/s" > /dev/null
+"$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 --json 2> /dev/null > "$tmp/bench.json"
+bench_plausible "$tmp/bench.json"
 
 expect_error "image 300 is outside the test split (0 .. 299)" "$bin" attention "$tmp/vit" --image 300
 expect_error "--layer must be in [0, 2) (got 2)" "$bin" attention "$tmp/vit" --image 0 --layer 2

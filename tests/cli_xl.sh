@@ -6,6 +6,7 @@ py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # a Python with torch (CTest passes
 bin="$1"; src="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/cli_checks.sh"
 wt2="$src/../shared/data/wikitext-2"
 head -n 600 "$wt2/wiki.valid.tokens" > "$tmp/train.tokens"
 head -n 150 "$wt2/wiki.test.tokens" > "$tmp/test.tokens"
@@ -30,8 +31,14 @@ test "$(wc -l < "$tmp/txl/log.jsonl")" -eq 2
 "$bin" eval "$tmp/txl" --split test | tee "$tmp/eval.out"
 grep -qE "^test ppl [0-9]+\.[0-9]+ .*mem_len 24, clamp_len 0, same_length true" "$tmp/eval.out"
 "$bin" eval "$tmp/txl" --split test --eval_mem_len=8 | grep "mem_len 8" > /dev/null
+"$bin" eval "$tmp/txl" --split test --json > "$tmp/eval.json"
+eval_consistent "$tmp/eval.json"
 "$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --steps 1 --warmup 1 | grep "ms/step" > /dev/null
+"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --steps 1 --warmup 1 --json 2> /dev/null > "$tmp/bench.json"
+bench_plausible "$tmp/bench.json"
 "$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --mode eval --mem-len 32 --steps 1 --warmup 0 | grep "ms/token" > /dev/null
+"$bin" bench -c "$tmp/xl.json" --vocab_size=5000 --mode eval --mem-len 32 --steps 1 --warmup 0 --json 2> /dev/null > "$tmp/bench.json"
+bench_plausible "$tmp/bench.json"
 
 # The engine's commands serve this family too: sampling with memories (words out), the log-probability
 # dump (one per scored token, summing to the reported NLL), the best-validation checkpoint, --init.
@@ -62,11 +69,12 @@ done
 grep -q '"span_mean"' "$tmp/span/log.jsonl"
 "$bin" spans "$tmp/span" -o "$tmp/span.png" | tee "$tmp/spans.out"
 test "$(grep -c '^layer' "$tmp/spans.out")" -eq 2
-head -c 8 "$tmp/span.png" | od -An -c | grep "P   N   G" > /dev/null
+picture_drawn "$tmp/span.png"
 "$bin" eval "$tmp/span" --split test | grep "^test ppl" > /dev/null
 "$bin" generate "$tmp/span" --prompt "the" --tokens 5 --seed 1 > /dev/null
 "$bin" attention "$tmp/span" --text "the game 's first season was played in the" -o "$tmp/att.png" | grep "drawn over" > /dev/null
 "$bin" attention "$tmp/txl" --text "the game 's first season" --layer 1 --head 0 -o "$tmp/att1.png" | grep "drawn over" > /dev/null
+picture_drawn "$tmp/att.png" "$tmp/att1.png"
 if "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/e10" --adapt_span=true --ext_len=4 2> "$tmp/err"; then
   echo "FAIL: ext_len with adapt_span accepted"; exit 1; fi
 grep -q "ext_len > 0 with adapt_span is not supported" "$tmp/err"
@@ -106,14 +114,16 @@ roundtrip untied "$tmp/untied" "{\"n_layer\": 2, \"d_model\": 32, \"n_head\": 2,
 "$bin" train -c "$tmp/xl.json" --data "$tmp/wt" --out "$tmp/par" --search=true --quiet | grep "trained 20 steps" > /dev/null
 grep -q '"probs"' "$tmp/par/log.jsonl"
 "$bin" par plot "$tmp/par" --out "$tmp/search.png" | grep "2 records, 4 blocks" > /dev/null
-head -c 8 "$tmp/search.png" | od -An -c | grep "P   N   G" > /dev/null
+picture_drawn "$tmp/search.png"
 "$py" -c 'import json, sys; d = json.load(open(sys.argv[1]))
 assert len(d["steps"]) == 2 and len(d["probs"]) == 2 and len(d["probs"][0]) == 4, d
 assert all(abs(sum(p) - 1) < 1e-5 for rec in d["probs"] for p in rec), d["probs"]' "$tmp/search.json"
 "$bin" par derive "$tmp/par" --rule argmax --out "$tmp/derived_argmax.json" > "$tmp/argmax.out" 2> "$tmp/argmax.err"
 grep -q "derived layers" "$tmp/argmax.out"
 # A derived model without attention is announced (it cannot look back); one with attention is not.
-if grep -q ", 0 attention)" "$tmp/argmax.out"; then grep -q "warning: the derived model has no attention block" "$tmp/argmax.err"
+if grep -q ", 0 attention)" "$tmp/argmax.out"; then
+  grep -q "warning: the derived model has no attention block" "$tmp/argmax.err" \
+    || { echo "FAIL: the warning of a derived model without attention"; exit 1; }
 elif grep -q "warning" "$tmp/argmax.err"; then echo "FAIL: warning for a model with attention"; exit 1; fi
 "$bin" par derive "$tmp/par" --ratio 2 --out "$tmp/derived.json" 2> "$tmp/ratio.err" | tee "$tmp/derive.out"
 # The ratio rule keeps attention blocks (one in three here), so it must derive silently.

@@ -1,6 +1,11 @@
 """Reads a PNG (8-bit RGB or RGBA, not interlaced) with the standard library and prints how much of it
 is drawn: the share of pixels that are not the page background (the most common colour) and the number
-of distinct colours. Used by tests/cli_report.sh on Chromium's screenshot of the report."""
+of distinct colours. With --min-drawn and --min-colours it is the command-line scripts' one picture
+check (tests/cli_checks.sh `picture_drawn`): a blank or one-colour picture fails with one line naming it.
+
+    python tests/png_check.py picture.png [--min-drawn PERCENT] [--min-colours N]
+"""
+import argparse
 import struct
 import sys
 import zlib
@@ -47,8 +52,18 @@ def read_png(path):
     return width, height, bpp, rows
 
 
-width, height, bpp, rows = read_png(sys.argv[1])
-pixels = Counter(row[i:i + 3] for row in rows[::2] for i in range(0, len(row), bpp * 2))
+parser = argparse.ArgumentParser()
+parser.add_argument("png")
+parser.add_argument("--min-drawn", type=float, default=0.0, help="least share of non-background pixels, percent")
+parser.add_argument("--min-colours", type=int, default=0, help="least number of distinct colours")
+args = parser.parse_args()
+width, height, bpp, rows = read_png(args.png)
+pixels = Counter(row[i:i + 3] for row in rows[::2] for i in range(0, len(row), bpp * 2))  # every 4th pixel
 total = sum(pixels.values())
 background, count = pixels.most_common(1)[0]
-print(f"{width}x{height}: {100 * (1 - count / total):.1f}% drawn, {len(pixels)} colours")
+drawn = 100 * (1 - count / total)
+line = f"{width}x{height}: {drawn:.1f}% drawn, {len(pixels)} colours"
+if drawn < args.min_drawn or len(pixels) < args.min_colours:
+    sys.exit(f"FAIL: picture drawn: {args.png}: {line} (want at least {args.min_drawn}% drawn and "
+             f"{args.min_colours} colours)")
+print(line)

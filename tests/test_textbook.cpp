@@ -89,11 +89,11 @@ TEST(MaskedSoftmax, GradientIsFiniteAndZeroOnEmptyRows) {
 
 TEST(MaskedSoftmax, RefusesBadLengths) {
   auto s = torch::randn({2, 3, 4});
-  EXPECT_THROW(ops::masked_softmax(s, torch::tensor({1, 5}, torch::kLong)), Error);   // > C
-  EXPECT_THROW(ops::masked_softmax(s, torch::tensor({-1, 2}, torch::kLong)), Error);  // < 0
-  EXPECT_THROW(ops::masked_softmax(s, torch::tensor({1.0, 2.0})), Error);              // not integers
-  EXPECT_THROW(ops::masked_softmax(s, torch::tensor({1, 2, 3}, torch::kLong)), Error);  // not (B)
-  EXPECT_THROW(ops::masked_softmax(torch::randn({4, 5}), torch::tensor({1}, torch::kLong)), Error);
+  EXPECT_ERROR_WITH(ops::masked_softmax(s, torch::tensor({1, 5}, torch::kLong)), "valid lengths must lie in [0, 4] (got 1 .. 5)");   // > C
+  EXPECT_ERROR_WITH(ops::masked_softmax(s, torch::tensor({-1, 2}, torch::kLong)), "valid lengths must lie in [0, 4] (got -1 .. 2)");  // < 0
+  EXPECT_ERROR_WITH(ops::masked_softmax(s, torch::tensor({1.0, 2.0})), "valid lengths must be integers");              // not integers
+  EXPECT_ERROR_WITH(ops::masked_softmax(s, torch::tensor({1, 2, 3}, torch::kLong)), "valid lengths must be (B) = (2) or (B, N) = (2, 3) (got 3)");  // not (B)
+  EXPECT_ERROR_WITH(ops::masked_softmax(torch::randn({4, 5}), torch::tensor({1}, torch::kLong)), "scores must be (B, N, C) or (B, K, N, C) (got 2 dims)");
 }
 
 TEST(AttentionScoring, EveryScoreMatchesItsFormula) {
@@ -141,8 +141,8 @@ TEST(AttentionScoring, EveryScoreMatchesItsFormula) {
         for (int64_t j = 0; j < C; ++j) expected_out[b][i] += expected_a[b][i][j] * v[b][j];
     EXPECT_LT(max_diff(out, expected_out), 1e-12);
   }
-  EXPECT_THROW(attention::AttentionScoring(attention::ScoringOptions{attention::ScoreKind::kDot, 4, 5}), Error);
-  EXPECT_THROW(attention::parse_score_kind("cosine"), Error);
+  EXPECT_ERROR_WITH(attention::AttentionScoring(attention::ScoringOptions{attention::ScoreKind::kDot, 4, 5}), "the dot score needs queries and keys of one width (got 4 and 5)");
+  EXPECT_ERROR_WITH(attention::parse_score_kind("cosine"), "score must be additive, dot, scaled_dot or general (got 'cosine')");
 }
 
 // Multi-head attention: loops over heads, queries and keys from the header's formula, with the
@@ -185,11 +185,11 @@ TEST(MultiHeadAttention, MatchesLoopsWithEveryMaskAndCrossWidths) {
   // Self-attention without masks is the plain softmax; bad shapes are one-line errors.
   attention::MultiHeadAttention self(attention::MultiHeadOptions{H, K});
   EXPECT_EQ(self->forward(torch::randn({B, N, H}), torch::randn({B, N, H})).sizes(), (torch::IntArrayRef{B, N, H}));
-  EXPECT_THROW(self->forward(torch::randn({B, N, H + 1}), torch::randn({B, N, H})), Error);
-  EXPECT_THROW(attention::MultiHeadAttention(attention::MultiHeadOptions{H, 3}), Error);
+  EXPECT_ERROR_WITH(self->forward(torch::randn({B, N, H + 1}), torch::randn({B, N, H})), "queries must be (B, N, 8)");
+  EXPECT_ERROR_WITH(attention::MultiHeadAttention(attention::MultiHeadOptions{H, 3}), "d_model (8) must be a positive multiple of heads (3)");
   attention::AttentionMask bad;
   bad.key_padding = torch::zeros({B, C + 1}, torch::kBool);
-  EXPECT_THROW(self->forward(torch::randn({B, N, H}), torch::randn({B, C, H}), bad), Error);
+  EXPECT_ERROR_WITH(self->forward(torch::randn({B, N, H}), torch::randn({B, C, H}), bad), "key_padding must be a bool (B, C) = (2, 5) mask");
 }
 
 TEST(AttentionPooling, ClosedFormsAndLimits) {
@@ -215,7 +215,7 @@ TEST(AttentionPooling, ClosedFormsAndLimits) {
   EXPECT_LT(max_diff(at_keys, y), 1e-12);
   auto wide = torch::mv(nn::pooling_weights(nn::Pooling::kNadaraya, queries, x, torch::full({1}, 1e-6, torch::kDouble)), y);
   EXPECT_LT(max_diff(wide, y.mean().expand({3})), 1e-9);
-  EXPECT_THROW(nn::pooling_weights(nn::Pooling::kNadaraya, x.view({11, 1}), x, w), Error);
+  EXPECT_ERROR_WITH(nn::pooling_weights(nn::Pooling::kNadaraya, x.view({11, 1}), x, w), "queries must be (Q) (got 11x1)");
 }
 
 TEST(AttentionPooling, ParametricGradientAndLeaveOneOutFit) {

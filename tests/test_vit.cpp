@@ -110,8 +110,8 @@ TEST(Idx, ReadsWhatItWritesAndRefusesMalformedFiles) {
   expect_error("\x01" + bytes.substr(1), "not an IDX file");
   expect_error(bytes.substr(0, 2) + "\x0d" + bytes.substr(3), "not supported");
   expect_error(std::string("\x1f\x8b\x08\x00garbage", 11), "");  // gzip magic, corrupt stream
-  EXPECT_THROW(data::read_idx(tmp.file("missing")), Error);
-  EXPECT_THROW(data::load_image_set(tmp.path()), Error);  // no image files
+  EXPECT_ERROR_WITH(data::read_idx(tmp.file("missing")), "missing: no such file");
+  EXPECT_ERROR_WITH(data::load_image_set(tmp.path()), "no train-images-idx3-ubyte or train-images-idx3-ubyte.gz");  // no image files
 }
 
 TEST(Idx, ReadsDebiansFashionMnist) {
@@ -146,7 +146,7 @@ TEST(VitModel, MatchesThePapersEquationsInDouble) {
   EXPECT_LT((logits - reference_vit(*m, images)).abs().max().item<double>(), 1e-10);
   ASSERT_EQ(weights.size(), 2u);
   EXPECT_EQ(weights[0].sizes(), (torch::IntArrayRef{3, 2, 17, 17}));
-  EXPECT_THROW(m->forward(torch::zeros({3, 27, 27}, torch::kUInt8)), Error);
+  EXPECT_ERROR_WITH(m->forward(torch::zeros({3, 27, 27}, torch::kUInt8)), "images must be (B, 1, 28, 28) (got 3x27x27)");
 }
 
 TEST(VitModel, AttentionRolloutMatchesItsClosedForm) {
@@ -189,5 +189,5 @@ TEST(VitTraining, LearnsFashionMnistAndResumesBitForBit) {
   // Another image set under the same run is refused on resume.
   write_fashion_slice(tmp.path(), 1100, 200);
   c.train.nb_steps = 120;
-  EXPECT_THROW(tu::run_family(to_json(c), tmp.file("b"), true), Error);
+  EXPECT_ERROR_WITH(tu::run_family(to_json(c), tmp.file("b"), true), "was trained on other data than");
 }

@@ -77,6 +77,14 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// The statement throws spanformer's Error with `part` in its message (the message is what a user reads).
+#define EXPECT_ERROR_WITH(statement, part)                                                             \
+  do {                                                                                                 \
+    const std::string spanformer_message_ = ::spanformer::tu::error_of([&] { (void)(statement); }); \
+    EXPECT_NE(spanformer_message_.find(part), std::string::npos)                                       \
+        << #statement << " threw \"" << spanformer_message_ << "\", expected a message with \"" << (part) << "\""; \
+  } while (0)
+
 // Checks autograd gradients of the scalar f() against central differences in double precision, at about
 // seven elements of each input. Truncation O(eps^2) + rounding O(1e-16 / eps) ~ 1e-9 with eps = 1e-6,
 // so 1e-6 relative (or absolute below 1) is a safe bound that still catches a wrong formula.
