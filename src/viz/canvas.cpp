@@ -90,6 +90,19 @@ void text(cairo_t* cr, double x, double y, const std::string& s, double size, do
   cairo_restore(cr);
 }
 
+void label(cairo_t* cr, double x, double y, const std::string& s, double size, double align) {
+  cairo_set_font_size(cr, size);
+  cairo_text_extents_t ext;
+  cairo_text_extents(cr, s.c_str(), &ext);
+  const double left = x - align * (ext.width + ext.x_bearing) + ext.x_bearing, pad = 2;
+  cairo_save(cr);
+  cairo_set_source_rgba(cr, 1, 1, 1, 0.9);
+  cairo_rectangle(cr, left - pad, y + ext.y_bearing - pad, ext.width + 2 * pad, ext.height + 2 * pad);
+  cairo_fill(cr);
+  cairo_restore(cr);
+  text(cr, x, y, s, size, align);
+}
+
 std::array<double, 3> viridis(double t) {
   t = std::clamp(t, 0.0, 1.0);
   static const double stops[5][3] = {{0.27, 0.00, 0.33}, {0.23, 0.32, 0.55}, {0.13, 0.57, 0.55}, {0.37, 0.79, 0.38},

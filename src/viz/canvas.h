@@ -47,6 +47,8 @@ class Canvas {
 // 1 right-aligned); `vertical` turns it a quarter anticlockwise about (x, y), for y-axis labels.
 constexpr double kLeft = 0.0, kCenter = 0.5, kRight = 1.0;
 void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = kLeft, bool vertical = false);
+// The same text in the current colour on a white box (a label drawn over data stays readable).
+void label(cairo_t* cr, double x, double y, const std::string& s, double size, double align = kLeft);
 
 // The colour ramp of every heat map (viridis-like: dark blue, teal, green, yellow), t clamped to [0, 1].
 std::array<double, 3> viridis(double t);

@@ -158,7 +158,7 @@ void write_span_plot(const std::string& path, const std::vector<std::vector<doub
       cairo_close_path(cr);
       cairo_fill(cr);
       cairo_set_source_rgb(cr, 0, 0, 0);
-      text(cr, x0 + w - 4, y0 + 14, fmt::format("z = {:.1f}", z), 11, kRight);
+      label(cr, x0 + w - 4, y0 + 14, fmt::format("z = {:.1f}", z), 11, kRight);
       cairo_set_source_rgb(cr, 0.4, 0.4, 0.4);
       if (k == 0) {  // m axis: 1 at the top, 0 at the bottom
         text(cr, x0 - 3, y0 + 7, "1", 8, kRight);
