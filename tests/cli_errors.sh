@@ -332,7 +332,16 @@ expect_error "import gpt2: the directory's config.json describes the model; --co
 expect_error "dump-outputs is for the example families (seq2seq, vit); language models have --dump-logprobs" \
   "$bin" eval "$tmp/run" --dump-outputs "$tmp/outputs.tsv"
 [ ! -e "$tmp/outputs.tsv" ] || { echo "FAIL: a refused eval wrote outputs.tsv"; failures=$((failures + 1)); }
-for f in g1 g2 g3 g4 g5 g6; do [ ! -e "$tmp/$f.pt" ] || { echo "FAIL: a refused import wrote $f.pt"; failures=$((failures + 1)); }; done
+# What export wrote is what import reads: two vocab.txt lines swapped, a key given twice, a fractional
+# size are refused (they used to import silently as another model or a truncated one).
+cp -r "$tmp/hf" "$tmp/hf_swapped" && sed -i '2{h;d};3{G}' "$tmp/hf_swapped/vocab.txt"
+expect_error "import gpt2: $tmp/hf_swapped/vocab.txt does not match the spanformer_vocab_sha256 in config.json" \
+  "$bin" import gpt2 "$tmp/hf_swapped" --out "$tmp/g7.pt"
+cp -r "$tmp/hf" "$tmp/hf_twice" && sed -i 's/"n_layer": \([0-9]*\),/"n_layer": \1, "n_layer": 7,/' "$tmp/hf_twice/config.json"
+expect_error "hf_twice/config.json: key 'n_layer' is given twice in one object" "$bin" import gpt2 "$tmp/hf_twice" --out "$tmp/g8.pt"
+cp -r "$tmp/hf" "$tmp/hf_half" && sed -i 's/"n_layer": \([0-9]*\),/"n_layer": \1.5,/' "$tmp/hf_half/config.json"
+expect_error "hf_half/config.json: 'n_layer' is 1.5, not an integer" "$bin" import gpt2 "$tmp/hf_half" --out "$tmp/g9.pt"
+for f in g1 g2 g3 g4 g5 g6 g7 g8 g9; do [ ! -e "$tmp/$f.pt" ] || { echo "FAIL: a refused import wrote $f.pt"; failures=$((failures + 1)); }; done
 
 # A mistake every worker of --nproc-per-node makes is one line (it was one per worker plus the launcher's).
 expect_error "batch_size 3 must divide by the number of processes (2)" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r24" \

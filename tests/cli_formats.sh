@@ -84,13 +84,17 @@ r['span_limit']==32 and r['family']=='adaptive-span', r" "$tmp/spans.json"
 test -s "$tmp/s.png"
 
 # Damaged files: one line, non-zero exit, no checkpoint written.
-for kind in hole overlap dtype header short flip; do
+for kind in hole overlap dtype header short flip vocab swap; do
   $py "$st" damage "$tmp/span.safetensors" "$tmp/bad.safetensors" $kind
   if "$bin" import safetensors "$tmp/bad.safetensors" -o "$tmp/bad.pt" > /dev/null 2> "$tmp/err"; then
     echo "FAIL: damaged safetensors ($kind) accepted"; exit 1; fi
   [ "$(grep -c . "$tmp/err")" -eq 1 ] && grep -q "^spanformer: error: .*bad.safetensors" "$tmp/err" && [ ! -e "$tmp/bad.pt" ] \
     || { echo "FAIL: damaged safetensors ($kind): $(cat "$tmp/err")"; exit 1; }
   echo "$kind: $(cat "$tmp/err")"
+  case $kind in  # the header's own checksum catches what the data's cannot
+    vocab|swap) grep -q "do not match the spanformer.header_sha256" "$tmp/err" \
+                  || fail "an edited header refused by its checksum ($kind): $(cat "$tmp/err")" ;;
+  esac
 done
 if "$bin" import safetensors "$tmp/span.safetensors" -o "$tmp/x.pt" --vocab "$tmp/bytes/vocab.txt" 2> "$tmp/err"; then
   echo "FAIL: --vocab accepted with safetensors"; exit 1; fi

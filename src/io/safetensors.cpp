@@ -50,6 +50,18 @@ const DType& dtype_of(at::ScalarType type, const std::string& path, const std::s
   fail("cannot write {}: tensor '{}' has type {}, which safetensors has no dtype for", path, tensor, at::toString(type));
 }
 
+// The SHA-256 of a header's meaning (io/safetensors.h): the tensors' entries and the metadata without
+// the two checksums, as JSON with sorted keys (nlohmann::json objects keep them sorted).
+std::string header_hash(const nlohmann::json& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::json meta = nlohmann::json::object();
+  for (const auto& [key, value] : metadata)
+    if (key != kSafetensorsChecksumKey && key != kSafetensorsHeaderChecksumKey) meta[key] = value;
+  const std::string text = nlohmann::json{{"metadata", meta}, {"tensors", tensors}}.dump();
+  Sha256 hash;
+  hash.add(text.data(), text.size());
+  return hash.hex();
+}
+
 }  // namespace
 
 SafeTensors read_safetensors(const std::string& path) {
@@ -71,6 +83,7 @@ SafeTensors read_safetensors(const std::string& path) {
   const char* data = bytes.data() + 8 + n;
 
   SafeTensors out;
+  nlohmann::json entries = nlohmann::json::object();  // name -> [dtype, shape, offsets], for the header hash
   struct Span {
     uint64_t begin, end;
     std::string name;
@@ -112,6 +125,7 @@ SafeTensors read_safetensors(const std::string& path) {
     auto t = at::empty(shape, at::TensorOptions().dtype(d.type));
     if (end > begin) std::memcpy(t.data_ptr(), data + begin, end - begin);
     spans.push_back({begin, end, name});
+    entries[name] = nlohmann::json::array({d.name, shape, nlohmann::json::array({begin, end})});
     out.tensors.emplace_back(name, std::move(t));
   }
   // The tensors tile the buffer: sorted by offset, each starts where the previous one ends.
@@ -134,6 +148,12 @@ SafeTensors read_safetensors(const std::string& path) {
                       "that changes tensors on purpose must drop that key)", kSafetensorsChecksumKey));
     out.checksummed = true;
   }
+  if (auto it = out.metadata.find(kSafetensorsHeaderChecksumKey); it != out.metadata.end()) {
+    if (header_hash(entries, out.metadata) != it->second)
+      bad(fmt::format("its tensors' names, dtypes, shapes or offsets, or its metadata (config, vocabulary), do not "
+                      "match the {} in its metadata (edited after it was written; a tool that changes the header "
+                      "on purpose must drop that key)", kSafetensorsHeaderChecksumKey));
+  }
   std::vector<std::pair<std::string, at::Tensor>> sorted;
   for (size_t i : order) sorted.push_back(std::move(out.tensors[i]));
   out.tensors = std::move(sorted);
@@ -144,6 +164,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                        const std::map<std::string, std::string>& metadata) {
   require_little_endian();
   nlohmann::json header = nlohmann::json::object();
+  nlohmann::json entries = nlohmann::json::object();  // for the header hash
   std::vector<at::Tensor> contiguous;
   Sha256 hash;  // of the data buffer: the tensors' bytes in the order written
   uint64_t offset = 0;
@@ -155,12 +176,14 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     auto t = tensor.detach().to(at::kCPU).contiguous();
     const uint64_t size = static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(d.size);
     header[name] = {{"dtype", d.name}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + size}}};
+    entries[name] = nlohmann::json::array({d.name, t.sizes().vec(), nlohmann::json::array({offset, offset + size})});
     offset += size;
     if (size > 0) hash.add(t.data_ptr(), static_cast<size_t>(size));
     contiguous.push_back(std::move(t));
   }
   auto with_checksum = metadata;
   with_checksum[kSafetensorsChecksumKey] = hash.hex();
+  with_checksum[kSafetensorsHeaderChecksumKey] = header_hash(entries, metadata);
   header["__metadata__"] = with_checksum;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned

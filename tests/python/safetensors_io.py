@@ -80,6 +80,7 @@ def main():
         g = torch.Generator().manual_seed(int(sys.argv[4]))
         # Small values: the span parameters stay inside [0, 1] and the model stays well behaved.
         new = {k: torch.rand(v.shape, generator=g, dtype=torch.float32) * 0.1 for k, v in tensors.items()}
+        meta.pop("spanformer.header_sha256", None)  # the order (offsets) changes: the header hash no longer holds
         if "--keep-sum" not in sys.argv:
             meta.pop("spanformer.sha256", None)
         write(sys.argv[3], new, meta, sorted(new, reverse=True))
@@ -89,6 +90,7 @@ def main():
         t = tensors[name].double()
         tensors[name] = (t * (3e38 / t.abs().max())).to(tensors[name].dtype)  # in double: 3e38 / max overflows float32
         meta.pop("spanformer.sha256", None)
+        meta.pop("spanformer.header_sha256", None)
         write(sys.argv[3], tensors, meta, sorted(tensors))
     elif cmd == "same":
         a, _, _ = read(sys.argv[2])
@@ -122,6 +124,13 @@ def main():
             header[first]["shape"] = [header[first]["data_offsets"][1] - header[first]["data_offsets"][0] >> 2]
         elif kind == "dtype":
             header[first]["dtype"] = "U32"
+        elif kind == "vocab":  # one bit of the vocabulary in __metadata__ flipped, both checksums kept
+            v = header["__metadata__"]["spanformer.vocab"]
+            header["__metadata__"]["spanformer.vocab"] = v[:10] + chr(ord(v[10]) ^ 1) + v[11:]
+        elif kind == "swap":  # the names of two tensors of one shape exchanged, both checksums kept
+            a, b = next((a, b) for a in names for b in names
+                        if a < b and header[a]["shape"] == header[b]["shape"] and header[a]["dtype"] == header[b]["dtype"])
+            header[a], header[b] = header[b], header[a]
         text = json.dumps(header).encode()
         open(out, "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
 

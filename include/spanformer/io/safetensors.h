@@ -14,9 +14,13 @@
 // .vocab, .vocab_level), so `import safetensors` rebuilds a checkpoint from the file alone.
 //
 // The format has no checksum, and a flipped exponent bit reads as a valid (wildly wrong) weight. So
-// spanformer writes the SHA-256 of the whole data buffer into __metadata__ as "spanformer.sha256" and
-// a reader checks it where present; files from elsewhere have none and are read as they are
-// (SafeTensors::checksummed says which). A tool that changes the tensors on purpose drops that key.
+// spanformer writes the SHA-256 of the whole data buffer into __metadata__ as "spanformer.sha256", and
+// the SHA-256 of the header's meaning as "spanformer.header_sha256": every tensor's name, dtype, shape
+// and offsets and every other metadata entry (the config, the vocabulary), as the canonical JSON
+// {"metadata": {...}, "tensors": {name: [dtype, shape, [begin, end]]}} with sorted keys. A reader checks
+// each where present (the data first); files from elsewhere have none and are read as they are
+// (SafeTensors::checksummed says which), and files written before the header hash carry the data's only.
+// A tool that changes the tensors or the header on purpose drops the key it invalidates.
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -28,6 +32,7 @@
 namespace spanformer::io {
 
 inline constexpr const char* kSafetensorsChecksumKey = "spanformer.sha256";
+inline constexpr const char* kSafetensorsHeaderChecksumKey = "spanformer.header_sha256";
 
 struct SafeTensors {
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // in file order of their data

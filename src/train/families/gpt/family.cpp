@@ -16,6 +16,7 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <type_traits>
 #include <filesystem>
 #include <map>
 
@@ -341,11 +342,21 @@ int64_t eos_id(const data::Vocab& vocab) {
 template <typename T>
 T hf_field(const nlohmann::json& config, const char* key, const std::string& origin) {
   if (!config.contains(key)) fail("{}: no '{}' (a GPT2Config has it)", origin, key);
+  if constexpr (std::is_integral_v<T>) {  // nlohmann would truncate 2.5 to 2 without a word
+    if (!config[key].is_number_integer()) fail("{}: '{}' is {}, not an integer", origin, key, config[key].dump());
+  }
   try {
     return config[key].get<T>();
   } catch (const nlohmann::json::exception&) {
     fail("{}: '{}' is {}, of the wrong type", origin, key, config[key].dump());
   }
+}
+
+// The SHA-256 of a text, as hex digits.
+std::string text_sha256(const std::string& text) {
+  Sha256 hash;
+  hash.add(text.data(), text.size());
+  return hash.hex();
 }
 
 }  // namespace
@@ -382,7 +393,8 @@ void export_gpt2(const Checkpoint& checkpoint, const std::string& dir) {
       {"tie_word_embeddings", c.tie_weights},
       {"bos_token_id", eos >= 0 ? nlohmann::json(eos) : nlohmann::json()},
       {"eos_token_id", eos >= 0 ? nlohmann::json(eos) : nlohmann::json()},
-      {"spanformer_vocab_level", data::vocab_level(vocab)}, {"spanformer_config", config}};
+      {"spanformer_vocab_level", data::vocab_level(vocab)}, {"spanformer_config", config},
+      {"spanformer_vocab_sha256", text_sha256(data::vocab_to_text(vocab))}};
   io::write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   write_file_atomic(dir + "/vocab.txt", data::vocab_to_text(vocab));
   write_file_atomic(dir + "/config.json", hf.dump(2) + "\n");
@@ -402,12 +414,8 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
       fail("import gpt2: {} holds a sharded checkpoint, which is not read (save it with a larger max_shard_size)", dir);
     fail("import gpt2: {} has no model.safetensors (save_pretrained writes it by default; pytorch_model.bin is not read)", dir);
   }
-  nlohmann::json hf;
-  try {
-    hf = parse_json(read_file(config_path), config_path);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not JSON ({})", config_path, one_line_message(e));
-  }
+  // Read as our own configs are: a key given twice in one object is refused, not the last one taken.
+  const nlohmann::json hf = read_config_file(config_path);
   if (!hf.is_object()) fail("{}: not a JSON object", config_path);
   if (hf.value("model_type", std::string("gpt2")) != "gpt2")
     fail("{}: a '{}' model, not gpt2", config_path, hf["model_type"].is_string() ? hf["model_type"].get<std::string>() : hf["model_type"].dump());
@@ -449,7 +457,18 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
   } else if (file_exists(dir + "/vocab.txt")) {
     const std::string level = hf.value("spanformer_vocab_level", std::string("byte"));
     if (level != "byte" && level != "word") fail("{}: spanformer_vocab_level '{}' is not byte or word", config_path, level);
-    vocab = data::vocab_from_parts(read_file(dir + "/vocab.txt"), level, "", dir + "/vocab.txt");
+    const std::string text = read_file(dir + "/vocab.txt");
+    // export gpt2 records the vocabulary's checksum in config.json: two lines swapped would map ids to
+    // other tokens without a word. A directory without one (written elsewhere) is taken as it is, said once.
+    if (hf.contains("spanformer_vocab_sha256")) {
+      if (!hf["spanformer_vocab_sha256"].is_string() || hf["spanformer_vocab_sha256"].get<std::string>() != text_sha256(text))
+        fail("import gpt2: {}/vocab.txt does not match the spanformer_vocab_sha256 in config.json (edited after export: "
+             "ids would map to other tokens)", dir);
+    } else {
+      fmt::print(stderr, "spanformer: note: {}/vocab.txt carries no checksum (config.json has no spanformer_vocab_sha256): "
+                 "its tokens are taken as they are\n", dir);
+    }
+    vocab = data::vocab_from_parts(text, level, "", dir + "/vocab.txt");
   } else {
     fail("import gpt2: {} has no vocab.txt: give --vocab (the token of every id, a byte value or <eos> per line)", dir);
   }
