@@ -3,6 +3,7 @@
 // Every failure is one line on stderr ("spanformer: error: ...") and a non-zero exit status.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <unistd.h>
 
@@ -155,6 +156,21 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "spanformer: error: unknown command '{}'{} (--help lists the commands)\n", typed,
                  spanformer::did_you_mean(typed, names));
       return 2;
+    }
+    // A command with commands of its own (config, data, par): the word after it, named with a guess.
+    if (CLI::App* top = typed.empty() ? nullptr : app.get_subcommand(typed)) {
+      std::vector<std::string> subs;
+      for (const CLI::App* sub : top->get_subcommands([](CLI::App*) { return true; })) subs.push_back(sub->get_name());
+      const auto at = std::find(args.begin(), args.end(), typed);
+      const std::string next = at != args.end() && at + 1 != args.end() ? *(at + 1) : "";
+      if (!subs.empty() && std::find(subs.begin(), subs.end(), next) == subs.end() && next.rfind('-', 0) != 0) {
+        if (next.empty())
+          fmt::print(stderr, "spanformer: error: {} needs one of its commands: {}\n", typed, fmt::join(subs, ", "));
+        else
+          fmt::print(stderr, "spanformer: error: unknown {} command '{}'{} ({}: {})\n", typed, next,
+                     spanformer::did_you_mean(next, subs), typed, fmt::join(subs, ", "));
+        return 2;
+      }
     }
     fmt::print(stderr, "spanformer: error: {} (--help lists the options)\n", spanformer::one_line_message(e));
     return 2;

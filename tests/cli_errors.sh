@@ -99,6 +99,9 @@ expect_exit2 "--tokens: Value 1e12 not in range" "$bin" generate "$tmp/run" --to
 expect_exit2 "--tokens: Value 99999999999999999999 not in range" "$bin" generate "$tmp/run" --tokens 99999999999999999999
 expect_exit2 "unknown command 'frobnicate' (--help lists the commands)" "$bin" frobnicate
 expect_exit2 "unknown command 'trian' (did you mean 'train'?)" "$bin" --threads 1 trian -c "$tmp/tiny.json"
+expect_exit2 "unknown config command 'kyes' (did you mean 'keys'?) (config: keys, families)" "$bin" config kyes
+expect_exit2 "unknown data command 'prepar' (did you mean 'prepare'?)" "$bin" data prepar "$tmp/text.txt"
+expect_exit2 "par needs one of its commands: derive, plot" "$bin" par
 expect_exit2 "unknown config key 'nb_layer' in override 'nb_layer=2' (did you mean 'nb_layers'?)" \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r4b" --nb_layer=2
 expect_exit2 "override 'lr' must look like --key=value or --key value" \
