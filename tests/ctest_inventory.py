@@ -1,4 +1,5 @@
-"""Every GoogleTest test is run by some CTest test: none is dropped by a filter or a hand-made list.
+"""Every GoogleTest test and every command-line script is run by some CTest test: none is dropped by a
+filter, a hand-made list or a forgotten add_test.
 
   python3 tests/ctest_inventory.py GTEST_BINARY BUILD_DIR
 
@@ -7,10 +8,13 @@ The suite is one GoogleTest binary; CTest runs it through discovered tests (one 
 whose name falls between them would never run and never fail: three emulator tests once were, until
 renamed. This lists the binary's tests (--gtest_list_tests), collects every CTest test's positive
 --gtest_filter patterns (ctest --show-only=json-v1), and fails naming each test no pattern matches.
-GoogleTest's patterns are shell wildcards ('*', '?') over "Suite.Test", as fnmatch's are.
+GoogleTest's patterns are shell wildcards ('*', '?') over "Suite.Test", as fnmatch's are. It also fails
+naming each tests/cli_*.sh that no CTest test's command runs.
 """
 import fnmatch
+import glob
 import json
+import os
 import subprocess
 import sys
 
@@ -29,27 +33,35 @@ def gtest_names(binary):
 
 
 def ctest_patterns(build_dir):
+    """The positive --gtest_filter patterns of every CTest test, and every argument of their commands."""
     shown = subprocess.run(["ctest", "--show-only=json-v1"], cwd=build_dir, capture_output=True, text=True,
                            check=True).stdout
-    patterns = []
+    patterns, arguments = [], set()
     for test in json.loads(shown)["tests"]:
         for arg in test.get("command", []):
+            arguments.add(os.path.realpath(arg) if os.path.isabs(arg) else arg)
             if arg.startswith("--gtest_filter="):
                 positive = arg.split("=", 1)[1].split("-", 1)[0]   # before '-': what the test runs
                 patterns += [p for p in positive.split(":") if p]
-    return patterns
+    return patterns, arguments
 
 
 def main():
     binary, build_dir = sys.argv[1:3]
-    names, patterns = gtest_names(binary), ctest_patterns(build_dir)
+    names, (patterns, arguments) = gtest_names(binary), ctest_patterns(build_dir)
     if not patterns:
         sys.exit(f"ctest_inventory: no --gtest_filter in {build_dir}'s CTest tests")
     missing = [n for n in names if not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
     for name in missing:
         print(f"ctest_inventory: {name} is in {binary} but no CTest test runs it", file=sys.stderr)
-    print(f"ctest_inventory: {len(names)} GoogleTest tests, {len(patterns)} CTest filters, {len(missing)} not run")
-    sys.exit(1 if missing else 0)
+    scripts = sorted(glob.glob(os.path.join(os.path.dirname(os.path.realpath(__file__)), "cli_*.sh")))
+    scripts = [s for s in scripts if os.path.basename(s) != "cli_checks.sh"]  # sourced by the others
+    unrun = [s for s in scripts if os.path.realpath(s) not in arguments]
+    for script in unrun:
+        print(f"ctest_inventory: {os.path.basename(script)} is in tests/ but no CTest test runs it", file=sys.stderr)
+    print(f"ctest_inventory: {len(names)} GoogleTest tests, {len(patterns)} CTest filters, {len(missing)} not run; "
+          f"{len(scripts)} command-line scripts, {len(unrun)} not run")
+    sys.exit(1 if missing or unrun else 0)
 
 
 if __name__ == "__main__":
