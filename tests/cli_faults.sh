@@ -82,7 +82,7 @@ if mount -t tmpfs -o size=64k tmpfs "$tmp/small" 2> /dev/null; then
     if [ "$rc" -ne 0 ] && [ "$(grep -c . "$tmp/err")" -eq 1 ] && grep -q "^spanformer: error: cannot write" "$tmp/err" \
         && [ "$(find "$tmp/small" -name '*.tmp.*' | wc -l)" -eq 0 ]; then ok; else bad "full disk ($cmd): rc $rc, $(cat "$tmp/err")"; fi
     if [ $cmd = train ]; then
-      # The failed first session left records but no checkpoint: the same command says so (not "continue
+      # The failed first run left records but no checkpoint: the same command says so (not "continue
       # it with --resume", which has nothing to continue), and with room again --overwrite starts it.
       mount -o remount,size=16m "$tmp/small"
       small_run=(train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/small/run" --nb_steps=2 --eval_interval=2
@@ -90,7 +90,7 @@ if mount -t tmpfs -o size=64k tmpfs "$tmp/small" 2> /dev/null; then
       "$bin" "${small_run[@]}" > /dev/null 2> "$tmp/err"; rc=$?
       if [ "$rc" -ne 0 ] && grep -q "holds the log of a run that saved no checkpoint (its first save failed?): start again with --overwrite" "$tmp/err" \
           && "$bin" "${small_run[@]}" --overwrite > /dev/null 2> "$tmp/err"; then ok
-      else bad "train after a full disk's failed first session: rc $rc, $(cat "$tmp/err")"; fi
+      else bad "train after a full disk's failed first run: rc $rc, $(cat "$tmp/err")"; fi
       rm -rf "${tmp:?}/small/"*
       mount -o remount,size=64k "$tmp/small" || bad "the small disk back to 64k"
     fi

@@ -204,9 +204,9 @@ RunDirectory::RunDirectory(const std::string& dir, bool main_rank, bool resume, 
   check_regular_or_absent(paths_.best(), "the run's best checkpoint");
   check_regular_or_absent(paths_.log(), "the run's log");
   check_regular_or_absent(paths_.sessions(), "the run's session records");
-  // A run is a checkpoint, or a log with records. A first session that failed before its first save (a
-  // full disk) leaves an empty log, which a new run may replace, or records without a checkpoint, which
-  // cannot be continued: said as such rather than "continue it with --resume".
+  // A run is a checkpoint, or a log with records. A run whose first `train` failed before its first save
+  // (a full disk) leaves an empty log, which a new run may replace, or records without a checkpoint,
+  // which cannot be continued: said as such rather than "continue it with --resume".
   std::error_code ec;
   const bool has_records = file_exists(paths_.log()) && std::filesystem::file_size(paths_.log(), ec) > 0 && !ec;
   if (!resume && !overwrite && file_exists(paths_.checkpoint()))

@@ -24,6 +24,7 @@
 
 #include "spanformer/util/precision.h"
 #include "spanformer/config/gpt_config.h"
+#include "spanformer/data/corpus.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/models/gpt.h"
 #include "spanformer/train/evaluate.h"
@@ -352,13 +353,6 @@ T hf_field(const nlohmann::json& config, const char* key, const std::string& ori
   }
 }
 
-// The SHA-256 of a text, as hex digits.
-std::string text_sha256(const std::string& text) {
-  Sha256 hash;
-  hash.add(text.data(), text.size());
-  return hash.hex();
-}
-
 }  // namespace
 
 void export_gpt2(const Checkpoint& checkpoint, const std::string& dir) {
@@ -394,7 +388,7 @@ void export_gpt2(const Checkpoint& checkpoint, const std::string& dir) {
       {"bos_token_id", eos >= 0 ? nlohmann::json(eos) : nlohmann::json()},
       {"eos_token_id", eos >= 0 ? nlohmann::json(eos) : nlohmann::json()},
       {"spanformer_vocab_level", data::vocab_level(vocab)}, {"spanformer_config", config},
-      {"spanformer_vocab_sha256", text_sha256(data::vocab_to_text(vocab))}};
+      {"spanformer_vocab_sha256", data::vocab_checksum(data::vocab_to_text(vocab))}};
   io::write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   write_file_atomic(dir + "/vocab.txt", data::vocab_to_text(vocab));
   write_file_atomic(dir + "/config.json", hf.dump(2) + "\n");
@@ -461,7 +455,7 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
     // export gpt2 records the vocabulary's checksum in config.json: two lines swapped would map ids to
     // other tokens without a word. A directory without one (written elsewhere) is taken as it is, said once.
     if (hf.contains("spanformer_vocab_sha256")) {
-      if (!hf["spanformer_vocab_sha256"].is_string() || hf["spanformer_vocab_sha256"].get<std::string>() != text_sha256(text))
+      if (!hf["spanformer_vocab_sha256"].is_string() || hf["spanformer_vocab_sha256"].get<std::string>() != data::vocab_checksum(text))
         fail("import gpt2: {}/vocab.txt does not match the spanformer_vocab_sha256 in config.json (edited after export: "
              "ids would map to other tokens)", dir);
     } else {
