@@ -117,11 +117,7 @@ void check_device_flag(CLI::App& app, const std::string& device) {
     spanformer::train::parse_device(device);  // the name, and the device present
     return;
   }
-  try {
-    if (c10::Device(device).is_cpu()) return;
-  } catch (const c10::Error&) {
-    spanformer::fail("unknown device '{}' (cpu, cuda or cuda:N)", device);
-  }
+  if (spanformer::train::device_named(device).is_cpu()) return;
   spanformer::fail("--device {}: `{}` runs on the CPU (--device is for train, eval, bench, generate and translate)",
                    device, command);
 }

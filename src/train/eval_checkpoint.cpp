@@ -22,7 +22,6 @@ void refuse_non_finite(const Checkpoint& ck, const std::string& split, double nl
          ck.path(), split, nll);
 }
 
-
 CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, ExampleSets& sets, const CheckpointEval& r) {
   if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || r.unit)
     fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());

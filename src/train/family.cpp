@@ -112,18 +112,22 @@ void Family::fill_vocab_size(int64_t& vocab_size, int64_t V, const std::string& 
 
 void Family::unsupported(const std::string& what) const { fail("the {} family has no {}", name(), what); }
 
-torch::Device parse_device(const std::string& name) {
+torch::Device device_named(const std::string& name) {
   try {
-    torch::Device device(name);
-    if (device.is_cuda() && !torch::cuda::is_available())
-      fail("device '{}' asked for, but no CUDA device is available to this LibTorch build", name);
-    if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
-      fail("device '{}' asked for, but this machine has {} CUDA device(s) (cuda:0 .. cuda:{})", name,
-           torch::cuda::device_count(), torch::cuda::device_count() - 1);
-    return device;
+    return torch::Device(name);
   } catch (const c10::Error&) {
     fail("unknown device '{}' (cpu, cuda or cuda:N)", name);
   }
+}
+
+torch::Device parse_device(const std::string& name) {
+  const torch::Device device = device_named(name);
+  if (device.is_cuda() && !torch::cuda::is_available())
+    fail("device '{}' asked for, but no CUDA device is available to this LibTorch build", name);
+  if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
+    fail("device '{}' asked for, but this machine has {} CUDA device(s) (cuda:0 .. cuda:{})", name,
+         torch::cuda::device_count(), torch::cuda::device_count() - 1);
+  return device;
 }
 
 }  // namespace spanformer::train

@@ -341,5 +341,7 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
 
 // "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.
 torch::Device parse_device(const std::string& name);
+// The device a name means, without asking whether it is present ("tpu": refused in one line).
+torch::Device device_named(const std::string& name);
 
 }  // namespace spanformer::train
