@@ -127,6 +127,12 @@ void check_device_flag(CLI::App& app, const std::string& device) {
 int main(int argc, char** argv) {
   use_short_openmp_spin(argv);
   spanformer::keep_freed_memory();
+  try {  // SPANFORMER_CPU_HALF_PRODUCTS, read before any command so that a bad value is a usage error
+    spanformer::check_environment();
+  } catch (const std::exception& e) {
+    report_error(spanformer::one_line_message(e));
+    return 2;
+  }
   CLI::App app{"spanformer: adaptive-span and long-context attention models on LibTorch"};
   app.require_subcommand(1);
   spanformer::cli::Run run;

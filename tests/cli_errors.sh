@@ -63,6 +63,8 @@ expect_error "unknown dataset" "$bin" data get enwik9 --out "$tmp/d3"
 expect_error "nccl backend needs a CUDA build" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11" --dist_backend=nccl
 expect_error "dist_backend must be auto, gloo or nccl (got 'mpi')" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11b" --dist_backend=mpi
+expect_error "SPANFORMER_CPU_HALF_PRODUCTS is 'fast': expected auto, widened or native" \
+  env SPANFORMER_CPU_HALF_PRODUCTS=fast "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r_env"
 expect_error "MASTER_ADDR is not set" env RANK=0 WORLD_SIZE=2 MASTER_ADDR= \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r12"
 

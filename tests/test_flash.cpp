@@ -21,6 +21,7 @@
 #include "spanformer/util/torch_compat.h"
 #include "op_cases.h"
 #include "ops/cpu/row_math.h"
+#include "ops/cpu/tile_gemm.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -121,19 +122,55 @@ TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
   }
 }
 
-// bfloat16 and float16 on the fused kernel: computed in float32 and rounded once, so within the 16-bit
-// composition's own error (which rounds every intermediate) with room to spare.
-TEST(FlashAttention, BFloat16AndFloat16WithinTheirReferenceError) {
+// bfloat16 and float16 on the fused kernel, with both kinds of products (ops/cpu/tile_gemm.h), whichever
+// the CPU would pick. Widened: computed in float32 and rounded once, so within the 16-bit composition's
+// own error (which rounds every intermediate) with room to spare. Native: q, k, v and dO enter the
+// products as they are and P and dS are rounded to 16 bits before theirs, as the composition rounds
+// them, with float32 sums: within 1.5 times the composition's error (measured at most 1.15 times, fp16
+// v gradient at D 32, 2-core AMD EPYC, in ATen's portable 16-bit brgemm).
+TEST(FlashAttention, BFloat16AndFloat16WithinTheirReferenceErrorWithBothProducts) {
   const ops::FlashBackendOverride forced("cpu");
-  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+  for (auto mode : {ops::cpu::HalfProducts::widened, ops::cpu::HalfProducts::native}) {
+    if (mode == ops::cpu::HalfProducts::native && !ops::cpu::half_products_available()) continue;  // LibTorch 1.13
+    const ops::cpu::HalfProductsOverride products(mode);
+    for (auto dtype : {at::kBFloat16, at::kHalf}) {
 #if !SPANFORMER_HAS_CPU_HALF_MATMUL
-    if (dtype == at::kHalf) continue;  // the float16 composition needs half matmuls (LibTorch 2.1+)
+      if (dtype == at::kHalf) continue;  // the float16 composition needs half matmuls (LibTorch 2.1+)
 #endif
-    for (const auto& c : tu::flash_test_cases())
-      tu::expect_flash_within_reference_error(c, dtype, 1.0, at::kCPU, [](const tu::Inputs& in, const ops::FlashOptions& o) {
-        return ops::flash_attention(in[0], in[1], in[2], o);
-      });
+      SCOPED_TRACE(mode == ops::cpu::HalfProducts::native ? "native 16-bit products" : "widened to float32");
+      const double factor = mode == ops::cpu::HalfProducts::native ? 1.5 : 1.0;
+      for (const auto& c : tu::flash_test_cases())
+        tu::expect_flash_within_reference_error(c, dtype, factor, at::kCPU,
+                                                [](const tu::Inputs& in, const ops::FlashOptions& o) {
+                                                  return ops::flash_attention(in[0], in[1], in[2], o);
+                                                });
+    }
   }
+}
+
+// The two kinds of 16-bit products are different computations (a test of the switch itself: were
+// `native` to widen, the results would be equal), and `auto` is native exactly where the CPU multiplies
+// 16-bit operands in hardware (AMX).
+TEST(FlashAttention, SixteenBitProductsSwitchBetweenTwoComputations) {
+  if (!ops::cpu::half_products_available()) GTEST_SKIP() << "this LibTorch has no 16-bit brgemm";
+  torch::manual_seed(12);
+  const auto q = torch::randn({1, 2, 300, 64}).to(torch::kBFloat16), k = torch::randn({1, 2, 300, 64}).to(torch::kBFloat16);
+  const auto v = torch::randn({1, 2, 300, 64}).to(torch::kBFloat16);
+  const ops::FlashBackendOverride forced("cpu");
+  at::Tensor widened, native;
+  {
+    const ops::cpu::HalfProductsOverride products(ops::cpu::HalfProducts::widened);
+    widened = ops::flash_attention(q, k, v).to(torch::kFloat);
+  }
+  {
+    const ops::cpu::HalfProductsOverride products(ops::cpu::HalfProducts::native);
+    native = ops::flash_attention(q, k, v).to(torch::kFloat);
+  }
+  EXPECT_GT(max_diff(widened, native), 0.0);
+  EXPECT_LT(max_diff(widened, native), 0.05);  // both within bf16 rounding of the same attention
+  const ops::cpu::HalfProductsOverride products(ops::cpu::HalfProducts::automatic);
+  EXPECT_EQ(ops::cpu::half_products_native(at::kBFloat16), ops::cpu::half_products_in_hardware(at::kBFloat16));
+  EXPECT_FALSE(ops::cpu::half_products_native(at::kFloat));
 }
 
 // The fused kernel's float32 exponential (ops/cpu/row_math.h), one at a time and through the vectorised

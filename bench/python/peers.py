@@ -28,7 +28,9 @@ drift falls on all of them alike; a row prints the median of each over the round
                       (FlexAttention has no backward on the CPU); ours forward beside it
   flash   causal attention, B 1, K 8, D 64, T 1k / 4k / 16k, forward + backward, float32 and bfloat16
           inputs (--flash-lengths, --flash-dtypes):
-            ours      spanformer.flash_attention (the fused CPU kernel, no T x T tensor)
+            ours      spanformer.flash_attention (the fused CPU kernel, no T x T tensor); bf16 rows also
+                      with the kind of 16-bit products `auto` does not pick on this CPU (native bf16
+                      operands where it lacks AMX, widened to float32 where it has it)
             sdpa      scaled_dot_product_attention(is_causal=True): PyTorch's CPU flash kernel
   gpt     a GPT training step (forward, backward, global clipping at 1, AdamW), 4 layers x 4 heads, H 256, bytes, T 1k (batch
           8) and 4k (batch 2), dense, window 128 and adaptive span attention (bimodal spans):
@@ -251,8 +253,19 @@ def flash_impls(T, dtype=torch.float32):
             torch.autograd.grad(f(q, k, v), (q, k, v), grad)
         return run
 
-    return {"ours": fwd_bwd(lambda q, k, v: spanformer.flash_attention(q, k, v)),
-            "sdpa": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
+    impls = {"ours": fwd_bwd(lambda q, k, v: spanformer.flash_attention(q, k, v)),
+             "sdpa": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
+    if dtype != torch.float32:  # ours with the other kind of 16-bit products than `auto` picks on this CPU
+        other = "widened" if spanformer.cpu_half_products() == "native" else "native"
+
+        def run_other():
+            spanformer.cpu_half_products(other)
+            try:
+                impls["ours"]()
+            finally:
+                spanformer.cpu_half_products("auto")
+        impls[f"ours {other}"] = run_other
+    return impls
 
 
 def flash_row(T, rounds, dtype=torch.float32):
@@ -261,8 +274,8 @@ def flash_row(T, rounds, dtype=torch.float32):
 
 
 def cpu_line():
-    """The CPU's model name, the vector ISA ATen's kernels use, and its bf16 hardware (AMX, AVX512-BF16 or
-    none: bf16 products without it are widened to float32), from /proc/cpuinfo and torch."""
+    """The CPU's model name, the vector ISA ATen's kernels use, its bf16 hardware (AMX, AVX512-BF16 or
+    none), from /proc/cpuinfo and torch, and how our attention kernels multiply bf16 inputs on it."""
     name, flags = "unknown CPU", set()
     try:
         for line in open("/proc/cpuinfo"):
@@ -274,7 +287,8 @@ def cpu_line():
     except OSError:
         pass
     bf16 = "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "none"
-    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, bf16 products: {bf16}"
+    return (f"{name}, {torch.backends.cpu.get_cpu_capability()}, bf16 products: {bf16} "
+            f"(spanformer's attention kernels: {spanformer.cpu_half_products()} bf16 products)")
 
 
 # ---- a GPT training step ---------------------------------------------------------------------------
@@ -515,8 +529,11 @@ def main():
         for dtype in args.flash_dtypes.split(","):
             for T in (int(t) for t in args.flash_lengths.split(",")):
                 med = flash_row(T, args.rounds, getattr(torch, dtype))
-                print(f"| flash causal B 1 K 8 D 64 T {T} {dtype}, fwd+bwd | {med['ours']:.0f} | SDPA (CPU flash) | "
-                      f"{med['sdpa']:.0f} | {med['sdpa'] / med['ours']:.2f} |", flush=True)
+                what = f"flash causal B 1 K 8 D 64 T {T} {dtype}, fwd+bwd"
+                print(f"| {what} | {med['ours']:.0f} | SDPA (CPU flash) | {med['sdpa']:.0f} | {med['sdpa'] / med['ours']:.2f} |", flush=True)
+                for name in (n for n in med if n.startswith("ours ")):  # the products auto does not pick here
+                    print(f"| {what}, {name[5:]} 16-bit products | {med[name]:.0f} | SDPA (CPU flash) | {med['sdpa']:.0f} | "
+                          f"{med['sdpa'] / med[name]:.2f} |", flush=True)
     if "gpt" in rows:
         for spec in args.gpt_lengths.split(","):
             T, batch = (int(s) for s in spec.split(":"))

@@ -56,6 +56,16 @@ def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_
     return torch.ops.spanformer.flash_attention(q, k, v, band, dropout, training, seed, cuda_kernel=cuda_kernel)
 
 
+def cpu_half_products(mode=None):
+    """How the CPU attention kernels multiply bfloat16 / float16 inputs, for the whole process:
+    "native" (16-bit operands, float32 accumulation; what "auto" picks where the CPU has AMX) or
+    "widened" (converted to float32 first). mode: "auto", "widened" or "native" sets it; None only asks.
+    Returns what bfloat16 inputs get now. SPANFORMER_CPU_HALF_PRODUCTS sets the starting mode."""
+    if mode is not None and mode not in ("auto", "widened", "native"):
+        raise ValueError(f"cpu_half_products: mode {mode!r}: expected 'auto', 'widened' or 'native'")
+    return torch.ops.spanformer.cpu_half_products("" if mode is None else mode)
+
+
 def _arg(where, name, value, kind):
     """`value` as `kind` (int, float, str or bool), or a TypeError that names the argument and the type it
     takes (rather than TorchScript's multi-line error about argument `_2`)."""

@@ -30,6 +30,7 @@
 #include "spanformer/models/gpt.h"
 #include "spanformer/train/eval_checkpoint.h"
 #include "spanformer/train/family.h"
+#include "spanformer/ops/flash_attention.h"
 #include "spanformer/util/error.h"
 #include "spanformer/viz/report.h"
 
@@ -179,6 +180,11 @@ TORCH_LIBRARY_FRAGMENT(spanformer, m) {
           for (auto t : b.stats.total) out.push_back(static_cast<double>(t));
           return out;
         });
+  // How the CPU attention kernels multiply bf16 / fp16 inputs (ops/cpu/tile_gemm.h): sets the mode when
+  // given ("auto", "widened", "native"); returns what bf16 inputs get now ("native" or "widened").
+  m.def("cpu_half_products(str mode=\"\") -> str", [](std::string mode) -> std::string {
+    return spanformer::ops::cpu_half_products(mode);
+  });
   m.def("tokenize_13a(str line) -> str", [](std::string line) { return spanformer::metrics::tokenize_13a(line); });
   // `spanformer report` from Python: the run's page written to out (atomic); returns out.
   m.def("report(str run_dir, str out, int refresh_seconds=0) -> str",

@@ -23,6 +23,7 @@
 #include "spanformer/util/error.h"
 #include "autograd_function.h"
 #include "backends.h"
+#include "cpu/tile_gemm.h"
 #include "dropout_hash.h"
 #include "op_autocast.h"
 
@@ -336,6 +337,11 @@ std::vector<std::string> flash_attention_backends() {
   std::vector<std::string> names;
   for (const auto& row : kFlashBackends) names.emplace_back(row.name);
   return names;
+}
+
+std::string cpu_half_products(const std::string& mode) {
+  if (!mode.empty()) cpu::set_half_products(mode);
+  return cpu::half_products_native(at::kBFloat16) ? "native" : "widened";
 }
 
 FlashBackendOverride::FlashBackendOverride(const std::string& row) : previous_(forced_row.load()) {

@@ -10,6 +10,7 @@
 #include "spanformer/git_commit.h"
 #include "spanformer/util/torch_compat.h"
 #include "spanformer/version.h"
+#include "ops/cpu/tile_gemm.h"
 
 namespace spanformer {
 namespace {
@@ -28,8 +29,13 @@ std::string cuda_text() {
 
 std::string cpu_text() {
   const auto cpu = compat::cpu_info();
-  return fmt::format("{}, {}, bf16 products: {}", cpu.name, cpu.vector_isa, cpu.bf16_hardware());
+  // The attention kernels' bf16 products: native where the CPU has AMX (ops/cpu/tile_gemm.h).
+  const bool native = ops::cpu::half_products_native(at::kBFloat16);
+  return fmt::format("{}, {}, bf16 products: {} (attention kernels: {})", cpu.name, cpu.vector_isa,
+                     cpu.bf16_hardware(), native ? "bf16 operands" : "widened to float32");
 }
+
+void check_environment() { ops::cpu::half_products_native(at::kBFloat16); }
 
 std::string version_line() {
   return fmt::format("spanformer {} (commit {}), LibTorch {}, CUDA: {}, CPU: {}", kVersion, kGitCommit,

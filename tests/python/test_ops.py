@@ -22,6 +22,7 @@ softmax normalisation), so double-precision results differ by rounding only (~1e
 leaves room for accumulation over a few hundred terms and would still catch any formula error.
 """
 import math
+import os
 
 import pytest
 import torch
@@ -249,3 +250,21 @@ def test_compile_inductor():
     want_grads = torch.autograd.grad(want, x)
     for a, b in zip(got_grads, want_grads):
         assert (a - b).abs().max().item() < 1e-4 * max(1.0, b.abs().max().item())
+
+
+def test_cpu_half_products_switch_and_refuse_unknown_modes():
+    """spanformer.cpu_half_products sets what the CPU kernels do with bf16 inputs and says it; `auto`
+    comes back to where the process started (native exactly where the CPU has AMX); a wrong mode is a
+    ValueError naming the modes, and changes nothing."""
+    start = spanformer.cpu_half_products()
+    amx = "amx_bf16" in open("/proc/cpuinfo").read()
+    if "SPANFORMER_CPU_HALF_PRODUCTS" not in os.environ:
+        assert start == ("native" if amx else "widened")
+    try:
+        assert spanformer.cpu_half_products("native") == "native"
+        with pytest.raises(ValueError, match="expected 'auto', 'widened' or 'native'"):
+            spanformer.cpu_half_products("fast")
+        assert spanformer.cpu_half_products() == "native"
+        assert spanformer.cpu_half_products("widened") == "widened"
+    finally:
+        assert spanformer.cpu_half_products("auto") == start

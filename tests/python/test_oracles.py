@@ -192,14 +192,25 @@ def test_flash_and_window_attention_are_sdpas(band):
             assert torch.allclose(a, b, atol=1e-11, rtol=0), (op, name, (a - b).abs().max())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype,products", [(torch.float32, "auto"), (torch.bfloat16, "widened"),
+                                            (torch.bfloat16, "native")], ids=["float32", "bfloat16-widened", "bfloat16-native"])
 @pytest.mark.parametrize("band", [0, 33])
-def test_flash_attention_in_32_and_16_bits_is_as_close_to_sdpa_as_sdpa_itself(dtype, band):
-    """The op in float32 and bfloat16 (the fused CPU kernel: bfloat16 widened to float32, rounded once)
+def test_flash_attention_in_32_and_16_bits_is_as_close_to_sdpa_as_sdpa_itself(dtype, products, band):
+    """The op in float32 and bfloat16 (the fused CPU kernel, bfloat16 with either kind of products:
+    widened to float32 and rounded once, or bf16 operands with float32 sums, spanformer.cpu_half_products)
     against SDPA in float64 with the same mask, over tiles that split (T 300): each output and gradient
     within twice SDPA's own error in that dtype (relative to the largest float64 magnitude), SDPA's
     error floored where it happens to be near exact as tests/op_cases.h floors the composition's (fp32
     1e-6, bf16 1e-2)."""
+    got = spanformer.cpu_half_products(products)
+    assert products == "auto" or got == products, (products, got)
+    try:
+        flash_against_sdpa(dtype, band)
+    finally:
+        spanformer.cpu_half_products("auto")
+
+
+def flash_against_sdpa(dtype, band):
     B, K, N, D = 2, 3, 300, 64
     q, k, v = leaves((B, K, N, D), (B, K, N, D), (B, K, N, D), seed=20 + band)
     grad_out = torch.randn(B, K, N, D, dtype=torch.float64)

@@ -12,9 +12,13 @@ namespace spanformer {
 // bf16 products: AVX512-BF16"
 std::string version_line();
 
-// The CPU part of that line: name, the vector ISA ATen's kernels use, and the bf16 hardware (AMX,
-// AVX512-BF16 or none).
+// The CPU part of that line: name, the vector ISA ATen's kernels use, the bf16 hardware (AMX,
+// AVX512-BF16 or none) and how the attention kernels multiply bf16 (bf16 operands, or widened to float32).
 std::string cpu_text();
+
+// Throws, with a one-line message, where an environment setting the library reads is malformed
+// (SPANFORMER_CPU_HALF_PRODUCTS: auto, widened or native). The command line calls it first.
+void check_environment();
 
 // {"version", "commit", "torch", "cuda", "cpu"} as above, plus "host", "start" (UTC, ISO 8601) and "command"
 // (the argument vector) when given.

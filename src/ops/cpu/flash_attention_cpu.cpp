@@ -24,9 +24,15 @@
 // Qs^T, dO^T and K^T are made once per head, each in blocks of one tile (transpose_blocks), so that a
 // product reads a tile's transpose from contiguous memory.
 //
-// Dtypes: float32 and float64 are computed in their own precision; bfloat16 and float16 inputs are
-// widened to float32 once per head (row-blocks of q, k, v, dO), computed in float32 and each result
-// rounded once, as the CUDA kernels do. The logsumexp is float32 for them.
+// Dtypes: float32 and float64 are computed in their own precision. bfloat16 and float16 inputs meet the
+// products in one of two ways (tile_gemm.h, half_products_native: native where the CPU has AMX):
+//   widened  q, k, v and dO widened to float32 once per head, every product in float32, each result
+//            rounded once, as the CUDA kernels do;
+//   native   the products take 16-bit operands with float32 accumulation: q, k, v, dO as they are, P
+//            (and P Z) and dS rounded to 16 bits before the products that read them (FlashAttention's
+//            own choice on GPUs), 1/sqrt(D) applied to the float32 scores and to dK instead of to Q.
+// Either way the row statistics, the softmax, dropout's Z and every sum stay float32; the logsumexp is
+// float32.
 //
 // Tiles: `tile` keys per key tile, min(tile, 64) queries per query tile (FlashOptions::tile; the tests
 // use tiles of 6 to 128 to reach every edge), both starting at multiples of their size. Key tiles of 64 to
@@ -88,24 +94,32 @@ struct FlashDropout {
   }
 };
 
-// rows x cols of src (row stride ld_src) into dst (rows, cols) in acc_t, times `mul`.
-template <typename scalar_t, typename acc_t>
-void widen_rows(const scalar_t* src, int64_t ld_src, int64_t rows, int64_t cols, acc_t mul, acc_t* dst) {
+// rows x cols of src (row stride ld_src) into dst (rows, cols) in dst_t, times `mul` (1: a plain copy).
+template <typename scalar_t, typename dst_t, typename mul_t>
+void widen_rows(const scalar_t* src, int64_t ld_src, int64_t rows, int64_t cols, mul_t mul, dst_t* dst) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = static_cast<acc_t>(src[r * ld_src + c]) * mul;
+    for (int64_t c = 0; c < cols; ++c)
+      dst[r * cols + c] = static_cast<dst_t>(static_cast<mul_t>(src[r * ld_src + c]) * mul);
+}
+
+// n values of a float32 tile row as product operands (16-bit: rounded to nearest even).
+template <typename op_t, typename acc_t>
+inline void to_operands(const acc_t* src, int64_t n, op_t* dst) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<op_t>(src[c]);
 }
 
 // The transpose of src (rows, D) in blocks of b rows: block t = rows [t b, t b + b) as a (D, b) matrix
-// (row stride b) at dst + t D b, in acc_t, times `mul`. A product then reads a tile's transpose from one
+// (row stride b) at dst + t D b, in dst_t, times `mul`. A product then reads a tile's transpose from one
 // contiguous 4-64 KB block: with the whole (D, rows) transpose its rows would lie N floats apart, a
 // multiple of 4 KB for the usual lengths, all in the same L1 cache sets.
-template <typename scalar_t, typename acc_t>
-void transpose_blocks(const scalar_t* src, int64_t rows, int64_t D, int64_t b, acc_t mul, acc_t* dst) {
+template <typename scalar_t, typename dst_t, typename mul_t>
+void transpose_blocks(const scalar_t* src, int64_t rows, int64_t D, int64_t b, mul_t mul, dst_t* dst) {
   for (int64_t r0 = 0; r0 < rows; r0 += b) {
-    acc_t* block = dst + (r0 / b) * D * b;
+    dst_t* block = dst + (r0 / b) * D * b;
     const int64_t n = std::min(b, rows - r0);
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t d = 0; d < D; ++d) block[d * b + r] = static_cast<acc_t>(src[(r0 + r) * D + d]) * mul;
+      for (int64_t d = 0; d < D; ++d)
+        block[d * b + r] = static_cast<dst_t>(static_cast<mul_t>(src[(r0 + r) * D + d]) * mul);
   }
 }
 
@@ -114,21 +128,26 @@ inline int64_t blocked_size(int64_t rows, int64_t D, int64_t b) { return (rows +
 
 // ---- forward -----------------------------------------------------------------------------------------
 
-template <typename acc_t>
+// op_t: the products' operand type (acc_t, or the 16-bit input type when the products are native).
+template <typename acc_t, typename op_t>
 struct ForwardScratch {
-  std::vector<acc_t> qs, s, acc, m, l;  // (n, D), (n, c), (n, D), (n), (n)
+  std::vector<op_t> qs, p;               // (n, D) Q_t (scaled when widened), (n, c) P Z as operands (native)
+  std::vector<acc_t> s, acc, m, l;       // (n, c), (n, D), (n), (n)
   explicit ForwardScratch(const FlashShape& sh)
-      : qs(sh.q_tile * sh.D), s(sh.q_tile * sh.k_tile), acc(sh.q_tile * sh.D), m(sh.q_tile), l(sh.q_tile) {}
+      : qs(sh.q_tile * sh.D), p(std::is_same_v<op_t, acc_t> ? 0 : sh.q_tile * sh.k_tile), s(sh.q_tile * sh.k_tile),
+        acc(sh.q_tile * sh.D), m(sh.q_tile), l(sh.q_tile) {}
 };
 
 // One query tile [i0, i0 + n) of head x. kT holds the head's K^T in blocks of k_tile keys
-// (transpose_blocks), vrows (C, D) its values in acc_t. Key tiles start at multiples of k_tile.
-template <typename scalar_t, typename acc_t>
+// (transpose_blocks), vrows (C, D) its values, both as operands. Key tiles start at multiples of k_tile.
+template <typename scalar_t, typename acc_t, typename op_t>
 void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int64_t i0, int64_t n, const scalar_t* q,
-                  const acc_t* kT, const acc_t* vrows, scalar_t* out, acc_t* lse, ForwardScratch<acc_t>& w) {
+                  const op_t* kT, const op_t* vrows, scalar_t* out, acc_t* lse, ForwardScratch<acc_t, op_t>& w) {
+  constexpr bool native = !std::is_same_v<op_t, acc_t>;
   const int64_t D = sh.D;
   const acc_t scale = acc_t(1) / std::sqrt(acc_t(D));
-  widen_rows(q + i0 * D, D, n, D, scale, w.qs.data());                                  // (n, D) = Q_t / sqrt(D)
+  const acc_t pre = native ? acc_t(1) : scale, post = native ? scale : acc_t(1);  // where 1/sqrt(D) goes
+  widen_rows(q + i0 * D, D, n, D, pre, w.qs.data());                               // (n, D) = Q_t pre
   std::fill(w.acc.begin(), w.acc.begin() + n * D, acc_t(0));
   std::fill(w.m.begin(), w.m.begin() + n, -std::numeric_limits<acc_t>::infinity());
   std::fill(w.l.begin(), w.l.begin() + n, acc_t(0));
@@ -136,7 +155,7 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int
   for (int64_t j0 = lo / sh.k_tile * sh.k_tile; j0 < hi; j0 += sh.k_tile) {
     const int64_t c = std::min(sh.k_tile, hi - j0);
     acc_t* S = w.s.data();                                                         // (n, c), ld k_tile
-    const acc_t* kT_u = kT + (j0 / sh.k_tile) * D * sh.k_tile;                     // (D, c), ld k_tile
+    const op_t* kT_u = kT + (j0 / sh.k_tile) * D * sh.k_tile;                      // (D, c), ld k_tile
     tile_gemm(n, c, D, w.qs.data(), D, kT_u, sh.k_tile, S, sh.k_tile, /*accumulate=*/false);
     for (int64_t r = 0; r < n; ++r) {
       acc_t* row = S + r * sh.k_tile;
@@ -144,8 +163,10 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int
       const int64_t a = std::max(sh.first_key(i), j0) - j0, b = std::min(sh.offset + i + 1, j0 + c) - j0;  // [a, b)
       if (a >= b) {  // none of this row's keys in the tile
         std::fill(row, row + c, acc_t(0));
+        if constexpr (native) to_operands(row, c, w.p.data() + r * sh.k_tile);
         continue;
       }
+      if (post != acc_t(1)) rows::scale(row + a, b - a, post);
       const acc_t m_new = std::max(w.m[r], rows::max_of(row + a, b - a));
       const acc_t alpha = std::exp(w.m[r] - m_new);                                // 0 on the row's first tile
       std::fill(row, row + a, acc_t(0));
@@ -155,8 +176,11 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int
       if (drop.on())
         for (int64_t col = a; col < b; ++col) row[col] *= drop.factor<acc_t>(x, sh, i, j0 + col);
       if (alpha != acc_t(1)) rows::scale(w.acc.data() + r * D, D, alpha);
+      if constexpr (native) to_operands(row, c, w.p.data() + r * sh.k_tile);      // P Z rounded to 16 bits
     }
-    tile_gemm(n, D, c, S, sh.k_tile, vrows + j0 * D, D, w.acc.data(), D, /*accumulate=*/true);  // (n, D) += (P Z) V_u
+    const op_t* P;                                                                 // (n, c), ld k_tile
+    if constexpr (native) P = w.p.data(); else P = S;
+    tile_gemm(n, D, c, P, sh.k_tile, vrows + j0 * D, D, w.acc.data(), D, /*accumulate=*/true);  // (n, D) += (P Z) V_u
   }
   for (int64_t r = 0; r < n; ++r) {
     const acc_t inv = acc_t(1) / w.l[r];
@@ -165,26 +189,26 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int
   }
 }
 
-template <typename scalar_t>
+template <typename scalar_t, typename op_t>
 Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const FlashOptions& o) {
   using acc_t = acc_type<scalar_t>;
+  constexpr bool copy_v = !std::is_same_v<scalar_t, op_t>;  // widened 16-bit values
   const FlashShape sh = flash_shape_of(q_in, k_in, o);
   const int64_t X = sh.X(), N = sh.N, C = sh.C, D = sh.D;
   const auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
+  const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value, op_dtype = c10::CppTypeToScalarType<op_t>::value;
   auto out = at::empty_like(q);                                                    // (B, K, N, D)
   auto lse = at::empty({sh.B, sh.K, N}, q.options().dtype(acc_dtype));             // (B, K, N)
-  // Per head: K^T in blocks of k_tile keys, and the values in acc_t where the inputs are 16-bit.
+  // Per head: K^T in blocks of k_tile keys, and the values as operands (a float32 copy when widened).
   const int64_t kT_size = blocked_size(C, D, sh.k_tile);
-  auto kT = at::empty({X, kT_size}, q.options().dtype(acc_dtype));                 // (X, C / k_tile, D, k_tile)
-  const bool widen_v = !std::is_same_v<scalar_t, acc_t>;
-  auto vw = widen_v ? at::empty({X, C, D}, q.options().dtype(acc_dtype)) : v;       // (X, C, D)
+  auto kT = at::empty({X, kT_size}, q.options().dtype(op_dtype));                  // (X, C / k_tile, D, k_tile)
+  auto vw = copy_v ? at::empty({X, C, D}, q.options().dtype(op_dtype)) : v;        // (X, C, D)
   const scalar_t* kp = k.template data_ptr<scalar_t>();
   const scalar_t* vp = v.template data_ptr<scalar_t>();
-  acc_t* kTp = kT.template data_ptr<acc_t>();
+  op_t* kTp = kT.template data_ptr<op_t>();
   for_each_item(X, [&](int64_t x) {
     transpose_blocks(kp + x * C * D, C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
-    if (widen_v) widen_rows(vp + x * C * D, D, C, D, acc_t(1), vw.template data_ptr<acc_t>() + x * C * D);
+    if (copy_v) widen_rows(vp + x * C * D, D, C, D, acc_t(1), vw.template data_ptr<op_t>() + x * C * D);
   });
   // Items (head, query tile), the tiles with the most keys first.
   const int64_t tiles = (N + sh.q_tile - 1) / sh.q_tile;
@@ -199,50 +223,60 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   const scalar_t* qp = q.template data_ptr<scalar_t>();
   scalar_t* op = out.template data_ptr<scalar_t>();
   acc_t* lp = lse.template data_ptr<acc_t>();
-  const acc_t* vwp = vw.template data_ptr<acc_t>();
+  const op_t* vwp = vw.template data_ptr<op_t>();
   for_each_item(
-      X * tiles, [&] { return ForwardScratch<acc_t>(sh); },
-      [&](int64_t j, ForwardScratch<acc_t>& w) {
+      X * tiles, [&] { return ForwardScratch<acc_t, op_t>(sh); },
+      [&](int64_t j, ForwardScratch<acc_t, op_t>& w) {
         const int64_t x = items[j] / tiles, t = items[j] % tiles, i0 = t * sh.q_tile;
-        forward_tile<scalar_t, acc_t>(sh, drop, x, i0, std::min(sh.q_tile, N - i0), qp + x * N * D, kTp + x * kT_size,
-                                      vwp + x * C * D, op + x * N * D, lp + x * N, w);
+        forward_tile<scalar_t, acc_t, op_t>(sh, drop, x, i0, std::min(sh.q_tile, N - i0), qp + x * N * D,
+                                            kTp + x * kT_size, vwp + x * C * D, op + x * N * D, lp + x * N, w);
+        if constexpr (!std::is_same_v<op_t, acc_t>) release_half_products(op_dtype);
       });
   return {out, lse};
 }
 
 // ---- backward ----------------------------------------------------------------------------------------
 
-template <typename acc_t>
+template <typename acc_t, typename op_t>
 struct BackwardScratch {
-  std::vector<acc_t> qs, qsT, dO, dOT, kr, kT, vr, dQT, lse, delta;  // per head; the ...T in blocks
-  std::vector<acc_t> pT, dpT, pz, dK, dV;                            // per tile
+  std::vector<op_t> qs, qsT, dO, dOT, kr, kT, vr;  // per head, as operands; the ...T in blocks
+  std::vector<acc_t> dQT, lse, delta;              // per head
+  std::vector<acc_t> pT, dpT, pz, dK, dV;          // per tile
+  std::vector<op_t> pz_op, ds_op;                  // per tile: P^T Z and dS^T as 16-bit operands (native)
   explicit BackwardScratch(const FlashShape& sh)
       : qs(sh.N * sh.D), qsT(blocked_size(sh.N, sh.D, sh.q_tile)), dO(sh.N * sh.D),
         dOT(blocked_size(sh.N, sh.D, sh.q_tile)), kr(sh.C * sh.D), kT(blocked_size(sh.C, sh.D, sh.k_tile)),
         vr(sh.C * sh.D), dQT(blocked_size(sh.N, sh.D, sh.q_tile)), lse(sh.N), delta(sh.N), pT(sh.k_tile * sh.q_tile),
-        dpT(sh.k_tile * sh.q_tile), pz(sh.k_tile * sh.q_tile), dK(sh.k_tile * sh.D), dV(sh.k_tile * sh.D) {}
+        dpT(sh.k_tile * sh.q_tile), pz(sh.k_tile * sh.q_tile), dK(sh.k_tile * sh.D), dV(sh.k_tile * sh.D),
+        pz_op(std::is_same_v<op_t, acc_t> ? 0 : sh.k_tile * sh.q_tile),
+        ds_op(std::is_same_v<op_t, acc_t> ? 0 : sh.k_tile * sh.q_tile) {}
 };
 
-template <typename scalar_t, typename acc_t>
+template <typename scalar_t, typename acc_t, typename op_t>
 void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, const scalar_t* dout, const scalar_t* q,
                    const scalar_t* k, const scalar_t* v, const scalar_t* out, const acc_t* lse, scalar_t* dq,
-                   scalar_t* dk, scalar_t* dv, BackwardScratch<acc_t>& w) {
+                   scalar_t* dk, scalar_t* dv, BackwardScratch<acc_t, op_t>& w) {
+  constexpr bool native = !std::is_same_v<op_t, acc_t>;
   const int64_t N = sh.N, C = sh.C, D = sh.D, bq = sh.q_tile, bk = sh.k_tile;
   const acc_t scale = acc_t(1) / std::sqrt(acc_t(D));
-  widen_rows(q, D, N, D, scale, w.qs.data());                                           // (N, D) = Q / sqrt(D)
-  transpose_blocks(q, N, D, bq, scale, w.qsT.data());                              // (N / bq, D, bq)
-  widen_rows(dout, D, N, D, acc_t(1), w.dO.data());                                     // (N, D)
+  const acc_t pre = native ? acc_t(1) : scale, post = native ? scale : acc_t(1);  // where 1/sqrt(D) goes
+  widen_rows(q, D, N, D, pre, w.qs.data());                                        // (N, D) = Q pre
+  transpose_blocks(q, N, D, bq, pre, w.qsT.data());                                // (N / bq, D, bq)
+  widen_rows(dout, D, N, D, acc_t(1), w.dO.data());                                // (N, D)
   transpose_blocks(dout, N, D, bq, acc_t(1), w.dOT.data());                        // (N / bq, D, bq)
-  widen_rows(k, D, C, D, acc_t(1), w.kr.data());                                        // (C, D)
+  widen_rows(k, D, C, D, acc_t(1), w.kr.data());                                   // (C, D)
   transpose_blocks(k, C, D, bk, acc_t(1), w.kT.data());                            // (C / bk, D, bk)
-  widen_rows(v, D, C, D, acc_t(1), w.vr.data());                                        // (C, D)
+  widen_rows(v, D, C, D, acc_t(1), w.vr.data());                                   // (C, D)
   for (int64_t i = 0; i < N; ++i) {                                                // Dv_i = dO_i . out_i
-    acc_t o_row[512];
+    acc_t o_row[256], g_row[256];
     acc_t total = 0;
-    for (int64_t d0 = 0; d0 < D; d0 += 512) {
-      const int64_t m = std::min<int64_t>(512, D - d0);
-      for (int64_t d = 0; d < m; ++d) o_row[d] = static_cast<acc_t>(out[i * D + d0 + d]);
-      total += rows::dot(w.dO.data() + i * D + d0, o_row, m);
+    for (int64_t d0 = 0; d0 < D; d0 += 256) {
+      const int64_t m = std::min<int64_t>(256, D - d0);
+      for (int64_t d = 0; d < m; ++d) {
+        o_row[d] = static_cast<acc_t>(out[i * D + d0 + d]);
+        g_row[d] = static_cast<acc_t>(dout[i * D + d0 + d]);
+      }
+      total += rows::dot(g_row, o_row, m);
     }
     w.delta[i] = total;
     w.lse[i] = lse[i];
@@ -257,8 +291,8 @@ void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, co
     std::fill(w.dV.begin(), w.dV.begin() + c * D, acc_t(0));
     for (int64_t i0 = i_lo / bq * bq; i0 < i_hi; i0 += bq) {  // query tiles at multiples of bq
       const int64_t n = std::min(bq, i_hi - i0);
-      const acc_t* qsT_t = w.qsT.data() + (i0 / bq) * D * bq;                      // (D, n), ld bq
-      const acc_t* dOT_t = w.dOT.data() + (i0 / bq) * D * bq;                      // (D, n), ld bq
+      const op_t* qsT_t = w.qsT.data() + (i0 / bq) * D * bq;                       // (D, n), ld bq
+      const op_t* dOT_t = w.dOT.data() + (i0 / bq) * D * bq;                       // (D, n), ld bq
       acc_t* dQT_t = w.dQT.data() + (i0 / bq) * D * bq;                            // (D, n), ld bq
       acc_t* pT = w.pT.data();                                                     // (c, n), ld bq
       acc_t* dpT = w.dpT.data();                                                   // (c, n), ld bq
@@ -272,6 +306,7 @@ void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, co
         acc_t* prow = pT + cc * bq;
         std::fill(prow, prow + a, acc_t(0));
         std::fill(prow + std::max(a, b), prow + n, acc_t(0));
+        if (a < b && post != acc_t(1)) rows::scale(prow + a, b - a, post);
         if (a < b) rows::exp_minus(prow + a, w.lse.data() + i0 + a, b - a);
       }
       const acc_t* p_for_v = pT;
@@ -284,14 +319,23 @@ void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, co
           }
         p_for_v = w.pz.data();
       }
-      tile_gemm(c, D, n, p_for_v, bq, w.dO.data() + i0 * D, D, w.dV.data(), D, true);  // dV_u += (P Z)^T dO_t
-      for (int64_t cc = 0; cc < c; ++cc)                                           // dS^T = P^T (dP^T - Dv)
+      if constexpr (native) {  // (P Z)^T rounded to 16 bits, before pT turns into dS^T
+        for (int64_t cc = 0; cc < c; ++cc) to_operands(p_for_v + cc * bq, n, w.pz_op.data() + cc * bq);
+        tile_gemm(c, D, n, w.pz_op.data(), bq, w.dO.data() + i0 * D, D, w.dV.data(), D, true);  // dV_u += (P Z)^T dO_t
+      } else {
+        tile_gemm(c, D, n, p_for_v, bq, w.dO.data() + i0 * D, D, w.dV.data(), D, true);          // dV_u += (P Z)^T dO_t
+      }
+      for (int64_t cc = 0; cc < c; ++cc) {                                         // dS^T = P^T (dP^T - Dv)
         rows::times_difference(pT + cc * bq, dpT + cc * bq, w.delta.data() + i0, n);
-      tile_gemm(c, D, n, pT, bq, w.qs.data() + i0 * D, D, w.dK.data(), D, true);       // dK_u += dS^T Qs_t
-      tile_gemm(D, n, c, w.kT.data() + (j0 / bk) * D * bk, bk, pT, bq, dQT_t, bq, true);  // dQ^T += K_u^T dS^T
+        if constexpr (native) to_operands(pT + cc * bq, n, w.ds_op.data() + cc * bq);  // dS^T rounded to 16 bits
+      }
+      const op_t* dsT;                                                             // (c, n), ld bq
+      if constexpr (native) dsT = w.ds_op.data(); else dsT = pT;
+      tile_gemm(c, D, n, dsT, bq, w.qs.data() + i0 * D, D, w.dK.data(), D, true);        // dK_u += dS^T Qs_t
+      tile_gemm(D, n, c, w.kT.data() + (j0 / bk) * D * bk, bk, dsT, bq, dQT_t, bq, true);  // dQ^T += K_u^T dS^T
     }
     for (int64_t e = 0; e < c * D; ++e) {
-      dk[j0 * D + e] = static_cast<scalar_t>(w.dK[e]);
+      dk[j0 * D + e] = static_cast<scalar_t>(w.dK[e] * post);
       dv[j0 * D + e] = static_cast<scalar_t>(w.dV[e]);
     }
   }
@@ -301,7 +345,7 @@ void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, co
   }
 }
 
-template <typename scalar_t>
+template <typename scalar_t, typename op_t>
 FlashGrads backward_impl(const at::Tensor& grad_out, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                     const at::Tensor& out_in, const at::Tensor& lse_in, const FlashOptions& o) {
   using acc_t = acc_type<scalar_t>;
@@ -317,13 +361,27 @@ FlashGrads backward_impl(const at::Tensor& grad_out, const at::Tensor& q_in, con
   const acc_t* lp = lse.template data_ptr<acc_t>();
   scalar_t *dqp = dq.template data_ptr<scalar_t>(), *dkp = dk.template data_ptr<scalar_t>(), *dvp = dv.template data_ptr<scalar_t>();
   for_each_item(
-      sh.X(), [&] { return BackwardScratch<acc_t>(sh); },
-      [&](int64_t x, BackwardScratch<acc_t>& w) {
-        backward_head<scalar_t, acc_t>(sh, drop, x, gp + x * N * D, qp + x * N * D, kp + x * C * D, vp + x * C * D,
-                                       op + x * N * D, lp + x * N, dqp + x * N * D, dkp + x * C * D,
-                                       dvp + x * C * D, w);
+      sh.X(), [&] { return BackwardScratch<acc_t, op_t>(sh); },
+      [&](int64_t x, BackwardScratch<acc_t, op_t>& w) {
+        backward_head<scalar_t, acc_t, op_t>(sh, drop, x, gp + x * N * D, qp + x * N * D, kp + x * C * D,
+                                             vp + x * C * D, op + x * N * D, lp + x * N, dqp + x * N * D,
+                                             dkp + x * C * D, dvp + x * C * D, w);
+        if constexpr (!std::is_same_v<op_t, acc_t>) release_half_products(c10::CppTypeToScalarType<op_t>::value);
       });
   return {dq, dk, dv};
+}
+
+// The operand type of the products for scalar_t: the input type itself when 16-bit products are native
+// (tile_gemm.h), acc_type otherwise.
+template <typename scalar_t, typename F>
+void with_operands(F&& f) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, c10::Half>) {
+    if (half_products_native(c10::CppTypeToScalarType<scalar_t>::value)) {
+      f(scalar_t{});
+      return;
+    }
+  }
+  f(acc_type<scalar_t>{});
 }
 
 }  // namespace
@@ -335,16 +393,18 @@ bool flash_supported(const at::Tensor& q) {
 
 Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o) {
   Forward f;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flash_forward_cpu",
-                                  [&] { f = forward_impl<scalar_t>(q, k, v, o); });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flash_forward_cpu", [&] {
+    with_operands<scalar_t>([&](auto op) { f = forward_impl<scalar_t, decltype(op)>(q, k, v, o); });
+  });
   return f;
 }
 
 FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& out, const at::Tensor& lse, const FlashOptions& o) {
   FlashGrads g;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flash_backward_cpu",
-                                  [&] { g = backward_impl<scalar_t>(grad_out, q, k, v, out, lse, o); });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "flash_backward_cpu", [&] {
+    with_operands<scalar_t>([&](auto op) { g = backward_impl<scalar_t, decltype(op)>(grad_out, q, k, v, out, lse, o); });
+  });
   return g;
 }
 
