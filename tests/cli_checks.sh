@@ -40,6 +40,10 @@ def need(ok, what):
     if not ok:
         sys.exit(f"FAIL: bench figures plausible: {what}: {r}")
 need(0 < r["peak_rss_mb"] < 1e6, "peak RSS between 0 and 1 TB")
+if "params" in r:  # the model's size, and the first step's mean NLL at initialisation: about ln V
+    need(isinstance(r["params"], int) and r["params"] > 0, "a positive whole number of parameters")
+    if r.get("first_loss") is not None:  # nats; V from 2 (2 bytes) to 16000 (seq2seq's words): 0.7 .. 9.7
+        need(0.3 < r["first_loss"] < 12, "a first-step NLL near ln V")
 if r["mode"] == "generate":
     for key in ("cached_tokens_per_s", "recomputed_tokens_per_s"):
         need(0.1 < r[key] < 1e7, f"{key} between 0.1 and 1e7")

@@ -133,27 +133,97 @@ def interleave(impls, rounds, warmup):
 
 def bench_ms(cli, threads, *args):
     """`spanformer bench ... --json` (one timed step after one warm-up step; on CUDA ten after three, in
-    bf16): its ms per step."""
+    bf16): its record (ms_per_step, params, first_loss, peak_rss_mb, ...)."""
     where = ["--steps", "1", "--warmup", "1"] + (["--amp=bf16"] if AMP else [])
     if DEVICE.type == "cuda":
         where = ["--steps", "10", "--warmup", "3", "--amp=bf16"]
     out = subprocess.run([cli, "--threads", str(threads), "--device", str(DEVICE), "bench", *args, *where, "--json"],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def beside_ours(ours, impls, rounds):
+MEMORY = False  # --memory: each training row's twins also run alone in a process of their own (peak RSS)
+
+
+def beside_ours(ours, recipe, rounds, what, span_params=0):
     """Our step (a fresh `spanformer bench` process each round, its own timer) and the PyTorch twins
-    (compiled and warmed up by two steps first), each once per round; medians in ms."""
+    (compiled and warmed up by two steps first), each once per round; medians in ms. Ours runs once
+    first (untimed): the twins are made from its record (our spans) by recipe = (maker, arguments) and
+    checked against it (check_twin). With --memory, also peak RSS in MB as "<name> MB"."""
+    first = ours()
+    impls, facts = TWIN_MAKERS[recipe[0]](*recipe[1], first)
+    if MEMORY:
+        memory = {f"{name} MB": twin_peak_rss(recipe, first, name) for name in impls}
+    check_twin(what, first, facts, span_params)
+    records = []
     for fn in impls.values():
         fn()
         fn()
     times = {"ours": [], **{name: [] for name in impls}}
     for _ in range(rounds):
-        times["ours"].append(ours())
+        records.append(ours())
+        times["ours"].append(records[-1]["ms_per_step"])
         for name, fn in impls.items():
             times[name].append(timed(fn, warmup=0))
-    return {name: statistics.median(t) for name, t in times.items()}
+    med = {name: statistics.median(t) for name, t in times.items()}
+    if MEMORY:
+        med.update(memory, **{"ours MB": max(r["peak_rss_mb"] for r in records)})
+    return med
+
+
+def memory_rows(what, med):
+    """With --memory: peak RSS rows (MB; ratio = twin / ours, above 1: ours needs less)."""
+    for peer in ("eager", "compiled"):
+        if f"{peer} MB" in med:
+            print(f"| {what}, peak RSS MB | {med['ours MB']:.0f} | {peer} | {med[f'{peer} MB']:.0f} | "
+                  f"{med[f'{peer} MB'] / med['ours MB']:.2f} |", flush=True)
+
+
+def twin_peak_rss(recipe, record, name):
+    """The peak RSS (MB) of a fresh Python process that builds the twin `name` of recipe and runs three
+    of its steps (ours: two steps, `spanformer bench --steps 1 --warmup 1`), torch and compilation in it."""
+    spec = json.dumps({"recipe": recipe, "record": record, "name": name, "amp": AMP, "device": str(DEVICE),
+                       "threads": torch.get_num_threads()})
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--twin-memory", spec], capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+
+
+def run_twin_alone(spec):
+    """--twin-memory: the child of twin_peak_rss."""
+    global AMP, DEVICE
+    s = json.loads(spec)
+    AMP, DEVICE = s["amp"], torch.device(s["device"])
+    torch.set_num_threads(s["threads"])
+    impls, _ = TWIN_MAKERS[s["recipe"][0]](*s["recipe"][1], s["record"])
+    for _ in range(3):
+        impls[s["name"]]()
+    # VmHWM, this process's own peak: getrusage's maximum includes the parent's size at fork (Linux).
+    hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({"peak_rss_mb": int(hwm.split()[1]) * 1024 / 1e6}))
+
+
+MISMATCHES = []  # the twins that are not our model: main() exits non-zero after the table
+
+
+def check_twin(what, ours, twin, span_params):
+    """That the twin is our model: the same number of parameters (ours may hold span_params more: the
+    spans, which the twin keeps fixed in its mask) and the same mean NLL on its first batch, before any
+    update (in nats; both initialised by the same rule with different draws, on different random
+    batches: within 2%, where a wrong initialisation, vocabulary or loss is off by far more)."""
+    extra = ours["params"] - twin["params"]
+    loss_gap = abs(ours["first_loss"] - twin["first_loss"]) / twin["first_loss"]
+    ok = 0 <= extra <= span_params and loss_gap <= 0.02
+    print(f"# twin check, {what}: parameters ours {ours['params']:,}, twin {twin['params']:,}"
+          f"{f' (ours: +{extra} span parameters)' if extra and extra <= span_params else ''}; first-step NLL ours "
+          f"{ours['first_loss']:.4f}, twin {twin['first_loss']:.4f} ({100 * loss_gap:.2f}%): {'ok' if ok else 'MISMATCH'}",
+          flush=True)
+    if not ok:
+        MISMATCHES.append(what)
+
+
+def twin_facts(model, first_loss):
+    return {"params": sum(p.numel() for p in model.parameters()), "first_loss": float(first_loss)}
 
 
 # ---- the GEMM ceiling ----------------------------------------------------------------------------
@@ -316,40 +386,52 @@ class Block(nn.Module):
 
 class Gpt(nn.Module):
     """window 0: dense (SDPA's causal kernel); window > 0: SDPA with the band as a boolean mask;
-    spans (one z per head): adaptive span, SDPA with the float mask log m_z(d) (-inf beyond the span):
-    softmax(s + log m) is the GPT family's formula (attention/causal_attention.h), the soft mask inside
-    the softmax."""
+    spans (per layer, one z per head: ours, from `spanformer bench --json`): adaptive span, SDPA with the
+    float mask log m_z(d) (-inf beyond the span), one (K, T, T) mask per layer: softmax(s + log m) is the
+    GPT family's formula (attention/causal_attention.h), the soft mask inside the softmax."""
 
-    def __init__(self, V, T, H, K, layers, window, spans=None, ramp=32.0):
+    def __init__(self, V, T, H, K, layers, window, spans=None, ramp=32.0, init_std=0.02):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(V, H), nn.Embedding(T, H)
         self.blocks = nn.ModuleList(Block(H, K, window) for _ in range(layers))
         self.ln_f = nn.LayerNorm(H)
+        with torch.no_grad():  # models/gpt.h's initialisation (GPT-2's)
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    m.weight.normal_(0, init_std)
+                if isinstance(m, nn.Linear):
+                    m.bias.zero_()
+            for b in self.blocks:
+                b.proj.weight.normal_(0, init_std / math.sqrt(2 * layers))
+                b.fc2.weight.normal_(0, init_std / math.sqrt(2 * layers))
         i = torch.arange(T)
         d = i.unsqueeze(1) - i.unsqueeze(0) + 1  # (T, T): distance, 1 = the query itself
         if spans is not None:
-            z = torch.tensor(spans).view(-1, 1, 1)
-            mask = ((ramp + z - (d - 1)) / ramp).clamp(0, 1).log().masked_fill(d < 1, float("-inf"))  # (K, T, T)
+            z = torch.tensor(spans).view(layers, -1, 1, 1)
+            mask = ((ramp + z - (d - 1)) / ramp).clamp(0, 1).log().masked_fill(d < 1, float("-inf"))  # (layers, K, T, T)
         else:
-            mask = None if window == 0 else (d >= 1) & (d <= window)
+            mask = None if window == 0 else ((d >= 1) & (d <= window)).expand(layers, 1, T, T)  # (layers, 1, T, T)
         self.register_buffer("mask", mask)
 
     def forward(self, x, y):
         h = self.wte(x) + self.wpe.weight[: x.shape[1]]
-        for b in self.blocks:
-            h = b(h, self.mask)
+        for i, b in enumerate(self.blocks):
+            h = b(h, None if self.mask is None else self.mask[i])
         logits = self.ln_f(h) @ self.wte.weight.t()
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
 
 
-def gpt_twins(attention, T, batch):
-    """{eager, compiled}: the PyTorch GPT's training step (the same sizes, optimizer and loss)."""
+def gpt_twins(attention, T, batch, ours):
+    """{eager, compiled}: the PyTorch GPT's training step (the same sizes, optimizer and loss; our spans,
+    from our record `ours`), and its facts for check_twin."""
     V, H, K, layers, window = 256, 256, 4, 4, 128
-    spans = bimodal_spans(K, T) if attention == "adaptive_span" else None  # the bimodal rule (Python's draws)
+    spans = ours["spans"] if attention == "adaptive_span" else None
     model = Gpt(V, T, H, K, layers, window if attention == "window" else 0, spans).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, betas=(0.9, 0.95), weight_decay=0.1)  # the gpt defaults
     x = torch.randint(V, (batch, T), device=DEVICE)
     y = torch.randint(V, (batch, T), device=DEVICE)
+    with torch.no_grad(), autocast():
+        facts = twin_facts(model, model(x, y).item())
 
     def step(loss_fn):
         def run():
@@ -361,7 +443,7 @@ def gpt_twins(attention, T, batch):
             opt.step()
         return run
 
-    return {"eager": step(model), "compiled": step(torch.compile(model))}
+    return {"eager": step(model), "compiled": step(torch.compile(model))}, facts
 
 
 def gpt_row(attention, T, batch, rounds, cli, threads):
@@ -372,14 +454,15 @@ def gpt_row(attention, T, batch, rounds, cli, threads):
         return bench_ms(cli, threads, "-c", config, f"--attention={attention}", f"--context={T}",
                         f"--batch_size={batch}", *span_args)
 
-    return beside_ours(ours, gpt_twins(attention, T, batch), rounds)
+    return beside_ours(ours, ("gpt", [attention, T, batch]), rounds, f"GPT T {T} {attention}",
+                       span_params=16 if attention == "adaptive_span" else 0)
 
 
 # ---- the adaptive-span language model -------------------------------------------------------------
 
-def lm_twins(config_name, spans):
-    """{eager, compiled}: reference_semantics.py's model, its training step; spans: a number (every
-    head) or "bimodal"."""
+def lm_twins(config_name, ours):
+    """{eager, compiled}: reference_semantics.py's model, its training step, with our spans (from our
+    record `ours`), and its facts for check_twin."""
     whole = json.load(open(os.path.join(ROOT, "configs", config_name)))
     c, B = {**whole["model"], **whole.get("run", {})}, whole["train"]["batch_size"]
     V, H, K, I, L, M, layers = 256, c["hidden_size"], c["nb_heads"], c["inner_hidden_size"], c["attn_span"], c["block_size"], c["nb_layers"]
@@ -387,13 +470,16 @@ def lm_twins(config_name, spans):
     model = ReferenceLm(V, H, K, I, L, layers, 32, 0.0)
     with torch.no_grad():
         for index, layer in enumerate(model.layers):
-            z = bimodal_spans(K, L, seed=index) if spans == "bimodal" else [float(spans)] * K
-            layer.ratio.copy_(torch.tensor(z).view(K, 1, 1) / L)
+            layer.ratio.copy_(torch.tensor(ours["spans"][index]).view(K, 1, 1) / L)
     model.to(DEVICE)
     params = list(model.parameters())
     sums = [torch.zeros_like(q) for q in params]
     state = {"caches": [torch.zeros(B, layer.cache_size(), H, device=DEVICE) for layer in model.layers]}
     compiled = torch.compile(model)
+    with torch.no_grad(), autocast():
+        x, y = torch.randint(V, (B, M), device=DEVICE), torch.randint(V, (B, M), device=DEVICE)
+        out, _ = model(x, state["caches"])
+        facts = twin_facts(model, F.nll_loss(out.view(-1, V).float(), y.view(-1)).item())
 
     def step(net):
         def run():
@@ -413,7 +499,7 @@ def lm_twins(config_name, spans):
             loss.item()
         return run
 
-    return {"eager": step(model), "compiled": step(compiled)}
+    return {"eager": step(model), "compiled": step(compiled)}, facts
 
 
 def lm_row(config_name, spans, rounds, cli, threads):
@@ -422,33 +508,46 @@ def lm_row(config_name, spans, rounds, cli, threads):
     def ours():
         return bench_ms(cli, threads, "-c", os.path.join(ROOT, "configs", config_name), *span_args)
 
-    return beside_ours(ours, lm_twins(config_name, spans), rounds)
+    return beside_ours(ours, ("lm", [config_name]), rounds, f"LM {config_name[:-5]} span {spans}")
 
 
 # ---- the encoder-decoder Transformer ----------------------------------------------------------------
 
 class Seq2seq(nn.Module):
     """models/seq2seq.h's Transformer: shared embedding table scaled by sqrt(H), sinusoidal positions,
-    post-norm encoder and decoder, output = the table's first Vt rows."""
+    post-norm encoder and decoder (no final LayerNorm), output = the table's first Vt rows plus a bias."""
 
     def __init__(self, V, Vt, H, K, I, layers, dropout):
         super().__init__()
         self.H, self.Vt = H, Vt
         self.emb = nn.Embedding(V, H)
-        self.core = nn.Transformer(H, K, layers, layers, I, dropout, batch_first=True)
+        # Post-norm blocks and no final LayerNorm after either stack (nn.Transformer adds one by default).
+        encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(H, K, I, dropout, batch_first=True), layers,
+                                        enable_nested_tensor=False)
+        decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(H, K, I, dropout, batch_first=True), layers)
+        self.core = nn.Transformer(H, K, custom_encoder=encoder, custom_decoder=decoder, batch_first=True)
+        self.out_bias = nn.Parameter(torch.zeros(Vt))
         pos = torch.arange(512).unsqueeze(1) * torch.exp(torch.arange(0, H, 2) * (-math.log(10000.0) / H))
         self.register_buffer("pe", torch.stack([pos.sin(), pos.cos()], -1).view(512, H))
         self.drop = nn.Dropout(dropout)
+        with torch.no_grad():  # models/seq2seq.h's initialisation: the table N(0, H^-1/2), matrices
+            for name, w in self.named_parameters():  # Xavier-uniform, biases 0, norms as they are
+                if name.startswith("emb"):
+                    w.normal_(0, H ** -0.5)
+                elif w.dim() >= 2:
+                    nn.init.xavier_uniform_(w)
+                elif "norm" not in name:
+                    w.zero_()
 
     def embed(self, x):
         return self.drop(self.emb(x) * math.sqrt(self.H) + self.pe[: x.shape[1]])
 
-    def forward(self, x, y_in, y_out):
+    def forward(self, x, y_in, y_out, label_smoothing=0.1):
         T = y_in.shape[1]
         causal = torch.triu(torch.full((T, T), float("-inf"), device=x.device), 1)
         h = self.core(self.embed(x), self.embed(y_in), tgt_mask=causal)
-        logits = h @ self.emb.weight[: self.Vt].t()
-        return F.cross_entropy(logits.reshape(-1, self.Vt), y_out.reshape(-1), label_smoothing=0.1)
+        logits = h @ self.emb.weight[: self.Vt].t() + self.out_bias
+        return F.cross_entropy(logits.reshape(-1, self.Vt), y_out.reshape(-1), label_smoothing=label_smoothing)
 
 
 def seq2seq_twins():
@@ -460,6 +559,9 @@ def seq2seq_twins():
     model = Seq2seq(V, Vt, m["d_model"], m["n_head"], m["d_inner"], m["n_layer"], m["dropout"]).to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-9, betas=(0.9, 0.98))
     compiled = torch.compile(model)
+    with torch.no_grad(), autocast():  # in training mode: dropout on, as in our first step
+        x, y = torch.randint(4, V, (B, N), device=DEVICE), torch.randint(4, Vt, (B, N + 2), device=DEVICE)
+        facts = twin_facts(model, model(x, y[:, :-1], y[:, 1:], label_smoothing=0.0).item())
 
     def step(net):
         def run():
@@ -473,7 +575,7 @@ def seq2seq_twins():
             opt.step()
         return run
 
-    return {"eager": step(model), "compiled": step(compiled)}
+    return {"eager": step(model), "compiled": step(compiled)}, facts
 
 
 def seq2seq_row(rounds, cli, threads):
@@ -482,7 +584,13 @@ def seq2seq_row(rounds, cli, threads):
     def ours():
         return bench_ms(cli, threads, "-c", config)
 
-    return beside_ours(ours, seq2seq_twins(), rounds)
+    return beside_ours(ours, ("seq2seq", []), rounds, "seq2seq Transformer")
+
+
+# How beside_ours (and a --twin-memory child) makes each row's twins: (arguments..., our record).
+TWIN_MAKERS = {"gpt": lambda attention, T, batch, record: gpt_twins(attention, T, batch, record),
+               "lm": lambda config_name, record: lm_twins(config_name, record),
+               "seq2seq": lambda record: seq2seq_twins()}
 
 
 def main():
@@ -497,8 +605,14 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
     parser.add_argument("--amp", default="off", choices=["off", "bf16"],
                         help="bf16: the CPU training rows under bf16 autocast, ours with train.amp=bf16")
+    parser.add_argument("--memory", action="store_true",
+                        help="also the training rows' peak RSS: ours from `spanformer bench`, each twin alone in a fresh process")
+    parser.add_argument("--twin-memory", help=argparse.SUPPRESS)  # the child process of --memory
     args = parser.parse_args()
-    global DEVICE, AMP
+    if args.twin_memory:
+        return run_twin_alone(args.twin_memory)
+    global DEVICE, AMP, MEMORY
+    MEMORY = args.memory
     DEVICE = torch.device(args.device)
     AMP = args.amp == "bf16"
     if DEVICE.type == "cuda" and set(args.rows.split(",")) - {"gpt", "lm", "seq2seq"}:
@@ -542,17 +656,22 @@ def main():
                 what = f"GPT 4x4 H 256 T {T} B {batch} {attention}{' 128' if attention == 'window' else ''}, train step"
                 for peer in ("eager", "compiled"):
                     print(f"| {what} | {med['ours']:.0f} | PyTorch {peer} (SDPA) | {med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+                memory_rows(what, med)
     if "lm" in rows:
         for config_name, spans in (("bench_small.json", 40), ("bench_small.json", 540), ("bench_span8k.json", "bimodal")):
             med = lm_row(config_name, spans, args.rounds, cli, args.threads)
             what = f"adaptive-span LM {config_name[:-5]} span {spans}, train step"
             for peer in ("eager", "compiled"):
                 print(f"| {what} | {med['ours']:.0f} | PyTorch {peer} | {med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+            memory_rows(what, med)
     if "seq2seq" in rows:
         med = seq2seq_row(args.rounds, cli, args.threads)
         for peer in ("eager", "compiled"):
             print(f"| seq2seq Transformer 3+3 H 256 B 128, train step | {med['ours']:.0f} | nn.Transformer {peer} | "
                   f"{med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+        memory_rows("seq2seq Transformer 3+3 H 256 B 128, train step", med)
+    if MISMATCHES:
+        sys.exit(f"peers: the twins of these rows are not our models (the '# twin check' lines): {', '.join(MISMATCHES)}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,13 @@ host reads of each norm), used only as the Python baseline of docs/benchmarks.md
 
 Run with Debian's python3-torch (same LibTorch 1.13 and OpenBLAS as spanformer):
     /usr/bin/python3 bench/python/reference_semantics.py --span 40 --steps 3
+
+First it checks that this model is ours (configs/bench_small.json): the same number of parameters, the
+same spans and the same mean NLL on the first batch before any update (within 2%: the same
+initialisation rule, other draws and batches), against `spanformer bench ... --json` (--spanformer, or
+$SPANFORMER_CLI, or build/spanformer; --no-check skips it). A mismatch exits non-zero.
 """
-import argparse, math, resource, time
+import argparse, json, math, os, resource, subprocess, sys, time
 
 import torch
 import torch.nn as nn
@@ -87,12 +92,32 @@ class Model(nn.Module):
         return F.log_softmax(self.out(h), -1), nxt
 
 
+def check_against_ours(cli, config, span, params, first_loss, spans):
+    """Our model of the same shape and spans (`spanformer bench --json`: params, first_loss, mean_span)."""
+    run = subprocess.run([cli, "--threads", "1", "bench", "-c", config, "--span", str(span), "--steps", "1",
+                          "--warmup", "0", "--json"], capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"reference_semantics: {cli} bench failed: {run.stderr.strip().splitlines()[-1:]} (--no-check skips this)")
+    ours = json.loads(run.stdout.strip().splitlines()[-1])
+    gap = abs(ours["first_loss"] - first_loss) / first_loss
+    same_spans = all(abs(z - ours["mean_span"]) < 1e-3 for z in spans)
+    ok = ours["params"] == params and gap <= 0.02 and same_spans
+    print(f"# twin check: parameters ours {ours['params']:,}, this model {params:,}; spans ours {ours['mean_span']:.1f}, "
+          f"this model {', '.join(f'{z:.1f}' for z in spans)}; first-step NLL ours {ours['first_loss']:.4f}, "
+          f"this model {first_loss:.4f} ({100 * gap:.2f}%): {'ok' if ok else 'MISMATCH'}", flush=True)
+    if not ok:
+        sys.exit("reference_semantics: this model is not spanformer's (the twin check above)")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--span", type=float, default=40)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p.add_argument("--spanformer", default=os.environ.get("SPANFORMER_CLI", os.path.join(here, "..", "..", "build", "spanformer")))
+    p.add_argument("--no-check", action="store_true", help="skip the comparison with spanformer's model")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -101,6 +126,12 @@ def main():
     params = list(model.parameters())
     sums = [torch.zeros_like(q) for q in params]
     caches = [torch.zeros(B, layer.cache_size(), H) for layer in model.layers]
+    if not a.no_check:
+        with torch.no_grad():
+            out, _ = model(torch.randint(V, (B, M)), caches)
+            first = F.nll_loss(out.view(-1, V), torch.randint(V, (B, M)).view(-1)).item()
+        check_against_ours(a.spanformer, os.path.join(here, "..", "..", "configs", "bench_small.json"), a.span,
+                           sum(q.numel() for q in params), first, [layer.ratio.mean().item() * L for layer in model.layers])
     total = 0.0
     for step in range(a.warmup + a.steps):
         x, y = torch.randint(V, (B, M)), torch.randint(V, (B, M))

@@ -211,6 +211,12 @@ std::string bench_span_dist(const BenchRequest& r) {
   return dist;
 }
 
+int64_t parameter_count(torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
 double time_steps(const BenchRequest& r, const std::function<void()>& step) {
   if (r.steps < 1 || r.warmup < 0) fail("--steps must be >= 1 and --warmup >= 0");
   double total = 0;

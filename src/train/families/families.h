@@ -70,6 +70,9 @@ std::vector<BenchSetting> span_bench_settings();
 double bench_span(const BenchRequest& request);
 std::string bench_span_dist(const BenchRequest& request);
 
+// How many numbers the module's parameters hold (bench's "params": a twin in another library must match).
+int64_t parameter_count(torch::nn::Module& module);
+
 // Runs warmup + steps calls of `step`, printing each one's time on stderr; returns the mean seconds
 // of the timed ones.
 double time_steps(const BenchRequest& request, const std::function<void()>& step);

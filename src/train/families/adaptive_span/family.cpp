@@ -225,6 +225,8 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
   const int64_t B = config_.train.batch_size, M = config_.model.block_size, V = config_.model.vocab_size;
   init_state(B);
   const StepContext ctx = bench_context(config_.train, r.device);
+  double first_loss = std::nan("");  // the mean NLL of the first step, before any update (nats)
+  const auto spans = model_->spans();  // per layer, per head (tokens), as the steps start
   const double per_step = time_steps(r, [&] {
     auto x = torch::randint(V, {B, M}, torch::kLong).to(device());
     auto y = torch::randint(V, {B, M}, torch::kLong).to(device());
@@ -233,7 +235,8 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
       model_->eval();
       eval_block(model_, x, y, train_caches_).item<double>();
     } else {
-      step(x, y, ctx).item<double>();
+      const double loss = step(x, y, ctx).item<double>();
+      if (std::isnan(first_loss)) first_loss = loss;
     }
   });
   double mean_span = 0;
@@ -257,7 +260,8 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
                fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, tokens_per_s),
                {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3}, {"tokens_per_s", tokens_per_s},
                 {"attention", attention::attn_impl_name(c.attn_impl)}, {"layer_paths", paths},
-                {"mean_span", mean_span}, {"keys_per_layer", keys}});
+                {"mean_span", mean_span}, {"keys_per_layer", keys}, {"params", parameter_count(*model_)}, {"spans", spans},
+                {"first_loss", r.eval() ? nlohmann::json() : nlohmann::json(first_loss)}});
 }
 
 }  // namespace

@@ -259,6 +259,8 @@ void GptFamily::bench(const BenchRequest& r) {
     return;
   }
   const StepContext ctx = bench_context(config_.train, r.device);
+  double first_loss = std::nan("");  // the mean NLL of the first step, before any update (nats)
+  const auto spans = model_->spans();  // per layer, per head (tokens), as the steps start
   per_step = time_steps(r, [&] {
     auto x = torch::randint(V, {B, T}, torch::kLong).to(r.device);
     auto y = torch::randint(V, {B, T}, torch::kLong).to(r.device);
@@ -268,7 +270,8 @@ void GptFamily::bench(const BenchRequest& r) {
       auto logits = model_->logits(model_->forward(x));
       torch::cross_entropy_loss(logits.reshape({-1, V}), y.reshape({-1})).item<double>();
     } else {
-      train_step(x, y, ctx).item<double>();
+      const double loss = train_step(x, y, ctx).item<double>();
+      if (std::isnan(first_loss)) first_loss = loss;
     }
   });
   double band = 0;
@@ -282,7 +285,8 @@ void GptFamily::bench(const BenchRequest& r) {
                fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, tokens_per_step / per_step),
                {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3},
                 {"tokens_per_s", tokens_per_step / per_step}, {"attention", attention::causal_kind_name(c.attention)},
-                {"keys_per_query", band}});
+                {"keys_per_query", band}, {"params", parameter_count(*model_)}, {"spans", spans},
+                {"first_loss", r.eval() ? nlohmann::json() : nlohmann::json(first_loss)}});
 }
 
 // ---- Hugging Face's GPT-2 layout (transformers' GPT2LMHeadModel: save_pretrained / from_pretrained) ----

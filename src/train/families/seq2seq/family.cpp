@@ -288,6 +288,7 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig>,
     make_optimizers();
     const int64_t B = config_.train.batch_size, N = config_.data.max_length;
     const StepContext ctx = bench_context(config_.train, r.device);
+    double first_loss = std::nan("");  // the mean NLL of the first step, before any update (nats)
     const double per_step = time_steps(r, [&] {
       auto x = torch::randint(4, c.vocab_size, {B, N}, torch::kLong).to(r.device);
       auto y = torch::randint(4, c.target_vocab, {B, N + 2}, torch::kLong).to(r.device);
@@ -296,7 +297,8 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig>,
         net_.module->eval();
         net_.model->translate_logits(x, lengths_of(x), y.narrow(1, 0, N + 1)).sum().item<double>();
       } else {
-        train_step(x, y, ctx).item<double>();
+        const double loss = train_step(x, y, ctx).item<double>();
+        if (std::isnan(first_loss)) first_loss = loss;
       }
     });
     const double target_tokens_per_s = static_cast<double>(B * (N + 1)) / per_step;
@@ -306,7 +308,9 @@ class Seq2SeqFamily : public ConfiguredFamily<Seq2SeqConfig>,
                              c.vocab_size, c.target_vocab, B, N, N + 1, r.threads),
                  fmt::format("{:.1f} ms/step, {:.0f} target tokens/s", per_step * 1e3, target_tokens_per_s),
                  {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3},
-                  {"target_tokens_per_s", target_tokens_per_s}, {"kind", seq2seq_kind_name(c.kind)}});
+                  {"target_tokens_per_s", target_tokens_per_s}, {"kind", seq2seq_kind_name(c.kind)},
+                  {"params", parameter_count(*net_.module)},
+                  {"first_loss", r.eval() ? nlohmann::json() : nlohmann::json(first_loss)}});
   }
 
   void set_vocabulary(const data::Vocab& v) override { vocab_ = v; }
