@@ -4,7 +4,7 @@ fused attention kernel, and everything else (elementwise work, normalisation, so
 the optimizer; for a compiled model, the generated kernels that fuse them).
 
     SPANFORMER_TORCH_OPS=build/libspanformer_torch_ops.so .venv/bin/python bench/python/peers_profile.py \
-        [--rows flash,gpt,lm,seq2seq] [--steps 3] [--threads 2]
+        [--rows flash,gpt,lm,seq2seq] [--steps 3] [--threads 2] [--amp bf16]
 
 Rows (the same models and inputs as bench/python/peers.py, which this imports):
   flash    causal attention B 1, K 8, D 64, T 1k, forward + backward: ours, spanformer.flash_attention
@@ -14,6 +14,9 @@ Rows (the same models and inputs as bench/python/peers.py, which this imports):
   lm       the adaptive-span LM's training step, bench_small at span 40: reference_semantics.py's model
            eager (319 ms in the table against our 321) and compiled
   seq2seq  the Transformer seq2seq training step: nn.Transformer eager and compiled
+
+With --amp bf16 the flash row takes bf16 inputs and the training rows run under CPU bf16 autocast, as
+`peers.py --amp bf16` times them.
 
 Times are the profiler's self CPU times summed per class over `--steps` steps after warm-up (and
 compilation), divided by the steps; "step" is the wall time of the profiled steps.
@@ -60,14 +63,21 @@ def main():
     parser.add_argument("--rows", default="flash,gpt,lm,seq2seq")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--amp", default="off", choices=["off", "bf16"])
     args = parser.parse_args()
+    peers.AMP = args.amp == "bf16"
     torch.set_num_threads(args.threads)
     peers.prefer_this_torchs_libraries()
-    print(f"# profile: torch {torch.__version__}, {args.threads} threads, {args.steps} steps, ms per step")
+    print(f"# profile: torch {torch.__version__}, {args.threads} threads, {args.steps} steps, ms per step"
+          f"{', bf16 (autocast; flash: bf16 inputs)' if peers.AMP else ''}")
+    print(f"# CPU: {peers.cpu_line()}")
     print("| row | implementation | step (wall) | products | fused attention | everything else |")
     print("|---|---|---|---|---|---|")
-    makers = {"flash": lambda: peers.flash_impls(1024), "gpt": lambda: peers.gpt_twins("dense", 1024, 8),
-              "lm": lambda: peers.lm_twins("bench_small.json", 40), "seq2seq": peers.seq2seq_twins}
+    # The twins as peers.py makes them, from our record's spans (dense GPT: none; the LM at span 40: every head).
+    makers = {"flash": lambda: peers.flash_impls(1024, torch.bfloat16 if peers.AMP else torch.float32),
+              "gpt": lambda: peers.gpt_twins("dense", 1024, 8, {"spans": None})[0],
+              "lm": lambda: peers.lm_twins("bench_small.json", {"spans": [[40.0] * 4] * 4})[0],
+              "seq2seq": lambda: peers.seq2seq_twins()[0]}
     for row in args.rows.split(","):
         for name, fn in makers[row]().items():
             parts, wall = split(fn, args.steps)

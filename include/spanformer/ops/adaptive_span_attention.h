@@ -1,6 +1,6 @@
 // Adaptive-span attention as one op: scores, softmax, span mask, renormalisation and dropout, with a
 // hand-written backward that keeps one M x W tensor (the softmax) per head in training, and none in
-// evaluation (issues 6 and 10).
+// evaluation.
 //
 // Dims: B batch, K heads, M queries, W window (keys per query; the layer's L'), D head width,
 // L max span. Inputs

@@ -1,0 +1,67 @@
+"""spanformer's flash attention inside Hugging Face transformers models.
+
+    import spanformer.hf
+    spanformer.hf.register()                       # once; returns "spanformer"
+    model = GPT2LMHeadModel.from_pretrained(path, attn_implementation="spanformer")
+    # or model.set_attn_implementation("spanformer") on a model already built
+
+After register(), any transformers model whose attention layers go through transformers'
+AttentionInterface (GPT-2, Llama, Mistral, Qwen, ...) computes its causal self-attention with
+spanformer.flash_attention: the fused CPU kernel, the CUDA kernels on a GPU, no N x C score tensor. The
+layers' query, key and value arrive as (B, heads, N, D) and (B, kv_heads, C, D) with C - N earlier
+tokens in the cache; query i sits at key position C - N + i, which is the op's own convention, so
+generation with a KV cache needs nothing more. What it maps:
+  - a layer's `scaling` other than D^-1/2: the queries are rescaled before the op (which uses D^-1/2);
+  - grouped-query attention (kv_heads < heads): each key/value head serves heads / kv_heads query heads;
+  - `sliding_window` (Mistral-style layers): the op's band, the last `sliding_window` keys;
+  - dropout in training: the op's hashed dropout, seeded from torch's generator (other masks than
+    eager's, the same distribution).
+What it refuses, with a ValueError naming the way out (attn_implementation="sdpa"): padded batches (an
+attention_mask with a 0), non-causal layers (encoders, cross-attention), and attention weights asked for
+(output_attentions: the op never forms them). The mask function registered beside it is
+transformers' own for FlashAttention-2, which passes no mask for unpadded batches. (The name has no
+"flash" in it: transformers takes any implementation named "...flash..." for a FlashAttention kernel to
+fetch from its hub.)
+"""
+import torch
+
+import spanformer
+
+NAME = "spanformer"
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+               **kwargs):
+    """transformers' attention-function signature: query (B, H, N, D), key and value (B, Hkv, C, D) ->
+    ((B, N, H, D), None)."""
+    if attention_mask is not None:
+        raise ValueError(f"{NAME}: padded batches are not supported (attention_mask has zeros); "
+                         "use attn_implementation='sdpa' for them")
+    if not getattr(module, "is_causal", True) or key.shape[-2] < query.shape[-2]:
+        raise ValueError(f"{NAME}: only causal self-attention is supported (this layer is not); "
+                         "use attn_implementation='sdpa' for it")
+    if kwargs.get("output_attentions"):
+        raise ValueError(f"{NAME}: attention weights are never formed; use attn_implementation='eager' for them")
+    D = query.shape[-1]
+    if scaling is not None and abs(scaling * D ** 0.5 - 1.0) > 1e-12:
+        query = query * (scaling * D ** 0.5)  # the op divides by sqrt(D)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    training = bool(getattr(module, "training", False)) and dropout > 0
+    band = int(sliding_window) if sliding_window else 0
+    out = spanformer.flash_attention(query, key, value, band=band, dropout=float(dropout) if training else 0.0,
+                                     training=training)
+    return out.transpose(1, 2), None  # (B, N, H, D)
+
+
+def register():
+    """Registers "spanformer" with transformers' AttentionInterface and AttentionMaskInterface
+    (the mask function of FlashAttention-2: None for unpadded batches). Returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(NAME, _attention)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)
+    return NAME

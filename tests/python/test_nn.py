@@ -1,0 +1,159 @@
+"""spanformer.nn: adaptive span as PyTorch modules. Held to the reference's formulas written out here as
+loops (double precision), to the reference-trained fixture (../shared/reference/adaptive-span-small4:
+its spans, trim lengths, cache sizes and its own log-probabilities, through a model built from these
+modules and loaded with the tensors of our checkpoint), and traced by torch.compile(fullgraph=True)."""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import spanformer
+import spanformer.nn as snn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def loop_mask(z, d, R):
+    return min(1.0, max(0.0, (R + z - (d - 1)) / R))
+
+
+def test_adaptive_span_mask_loss_and_sizes_are_the_reference_formulas():
+    """The mask at every distance, the renormalised attention, the loss, the clamp and the host sizes
+    against the formulas computed one number at a time."""
+    L, K, R = 300, 3, 32
+    span = snn.AdaptiveSpan(L, K, ramp=R, loss_coeff=2e-6).double()
+    with torch.no_grad():
+        span.span_ratio.copy_(torch.tensor([0.05, 0.5, 1.2], dtype=torch.float64))  # the last one out of range
+    span.clamp_()
+    ratios = [0.05, 0.5, 1.0]
+    assert span.span_ratio.tolist() == ratios
+    W = 200
+    mask = span.mask(W)
+    for h, r in enumerate(ratios):
+        for j in range(W):
+            assert mask[h, j].item() == pytest.approx(loop_mask(r * L, W - j, R), abs=1e-15)
+    attn = torch.softmax(torch.randn(2, K, 5, W, dtype=torch.float64), -1)
+    got = span(attn)
+    for h in range(K):
+        row = [attn[1, h, 4, j].item() * loop_mask(ratios[h] * L, W - j, R) for j in range(W)]
+        total = sum(row) + 1e-8
+        assert torch.allclose(got[1, h, 4], torch.tensor([x / total for x in row], dtype=torch.float64), atol=1e-15)
+    assert span.loss().item() == pytest.approx(2e-6 * L * sum(ratios) / K, rel=1e-15)
+    S = min(L, math.ceil(max(ratios) * L) + R)
+    assert span.max_size() == S == L
+    assert span.trim_len() == 0 and span.cache_size() == L
+    with torch.no_grad():
+        span.span_ratio.fill_(0.1)
+    span.clamp_()  # z = 30: S = 62, trim 64 floor(238 / 64) = 192, L' 108, cache 172
+    assert (span.max_size(), span.trim_len(), span.used_span(), span.cache_size()) == (62, 192, 108, 172)
+    assert snn.AdaptiveSpan(L, K, cache=False).cache_size() == L
+
+
+def reference_attention(h, cache, key_pe, layer):
+    """One query, one distance at a time in double precision: the reference's attention with its cache
+    left-padded to L' (the op's header has the formula)."""
+    B, M, H = h.shape
+    K, D, Lp, L, R = layer.nb_heads, H // layer.nb_heads, layer.span.used_span(), layer.span.attn_span, layer.span.ramp
+    context = torch.cat([torch.zeros(B, max(0, Lp - cache.shape[1]), H, dtype=h.dtype), cache[:, -Lp:] if Lp else cache[:, :0], h], 1)
+    q, k, v = layer.proj_query(h), layer.proj_key(context), layer.proj_val(context)
+    out = torch.zeros(B, M, H, dtype=h.dtype)
+    for b in range(B):
+        for i in range(M):
+            for hd in range(K):
+                sl = slice(hd * D, hd * D + D)
+                s = [(q[b, i, sl] @ (k[b, Lp + i - d, sl] + key_pe[:, L - d])).item() / math.sqrt(D) for d in range(1, Lp + 1)]
+                top = max(s)
+                e = [math.exp(x - top) for x in s]
+                Z = sum(e)
+                z = layer.span.span_ratio[hd].item() * L
+                a = [e[d - 1] / Z * loop_mask(z, d, R) for d in range(1, Lp + 1)]
+                total = sum(a) + 1e-8
+                out[b, i, sl] = sum(a[d - 1] / total * v[b, Lp + i - d, sl] for d in range(1, Lp + 1))
+    return layer.proj_out(out)
+
+
+@pytest.mark.parametrize("cache_len", [0, 70, 200])
+def test_adaptive_span_attention_is_the_reference_attention(cache_len):
+    """Against the loops above in double: an empty cache (zeros before the start), a short one and one
+    longer than L'; values to 1e-12, and the spans get a gradient (the soft mask learns)."""
+    torch.manual_seed(cache_len)
+    layer = snn.AdaptiveSpanAttention(16, 2, attn_span=128, ramp=8, init=0.3).double()
+    with torch.no_grad():
+        layer.span.span_ratio.copy_(torch.tensor([0.1, 0.3], dtype=torch.float64))
+    layer.span.clamp_()  # z 12.8 and 38.4: S = 47, trim 64, L' 64
+    assert layer.span.used_span() == 64
+    h = torch.randn(2, 5, 16, dtype=torch.float64)
+    cache = torch.randn(2, cache_len, 16, dtype=torch.float64)
+    key_pe = torch.randn(8, 128, dtype=torch.float64)
+    got = layer(h, cache, key_pe)
+    with torch.no_grad():
+        want = reference_attention(h, cache, key_pe, layer)
+    assert torch.allclose(got, want, atol=1e-12, rtol=0), (got - want).abs().max()
+    got.square().sum().backward()
+    assert layer.span.span_ratio.grad.abs().min() > 0
+
+
+def test_compiled_fullgraph_equals_eager():
+    """torch.compile(fullgraph=True) traces the layer (no host read inside forward): the same output."""
+    torch.manual_seed(1)
+    layer = snn.AdaptiveSpanAttention(16, 2, attn_span=64, init=0.2)
+    h, cache, key_pe = torch.randn(2, 8, 16), torch.randn(2, 64, 16), torch.randn(8, 64)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(h, cache, key_pe), layer(h, cache, key_pe), atol=1e-6, rtol=0)
+
+
+class Small4(torch.nn.Module):
+    """The adaptive-span LM (include/spanformer/models/transformer_seq.h) from spanformer.nn's attention
+    and torch.nn, with the C++ model's parameter names."""
+
+    def __init__(self, V, H, K, I, L, layers):
+        super().__init__()
+        self.in_emb, self.out_emb = torch.nn.Embedding(V, H), torch.nn.Linear(H, V)
+        self.key_pe = torch.nn.Parameter(torch.zeros(H // K, L))
+        self.layers = torch.nn.ModuleList(torch.nn.ModuleDict({
+            "attn": snn.AdaptiveSpanAttention(H, K, L), "norm1": torch.nn.LayerNorm(H), "fc1": torch.nn.Linear(H, I),
+            "fc2": torch.nn.Linear(I, H), "norm2": torch.nn.LayerNorm(H)}) for _ in range(layers))
+
+    def forward(self, x, caches):
+        h, new = self.in_emb(x), []
+        for layer, cache in zip(self.layers, caches):
+            new.append(torch.cat([cache, h], 1)[:, -layer["attn"].cache_size():])
+            h = layer["norm1"](h + layer["attn"](h, cache, self.key_pe))
+            h = layer["norm2"](h + layer["fc2"](torch.relu(layer["fc1"](h))))
+        return torch.log_softmax(self.out_emb(h), -1), new
+
+
+def test_modules_with_our_checkpoints_tensors_give_the_references_log_probabilities(cli, shared, tmp_path):
+    """The reference-trained small4 model imported to our checkpoint; its tensors loaded by name into a
+    model built from spanformer.nn: each layer's spans, trim length and cache size are the reference's
+    (expected.json), and two blocks of valid ids from zero caches give the reference's own
+    log-probabilities (fixed_logprobs.pt) within 1e-4, the C++ model's tolerance for this fixture
+    (float32, other summation orders; log-probabilities down to -16)."""
+    ref = os.path.join(shared, "reference", "adaptive-span-small4")
+    config = os.path.join(HERE, "..", "data", "adaptive_span_small4.json")
+    ckpt = str(tmp_path / "small4.pt")
+    cli("import", "adaptive-span", os.path.join(ref, "model.pt"), "--config", config,
+        "--vocab", os.path.join(ref, "vocab.txt"), "--out", ckpt)
+    tensors = spanformer.load(ckpt).state_dict()
+    m = json.load(open(config))["model"]
+    model = Small4(98, m["hidden_size"], m["nb_heads"], m["inner_hidden_size"], m["attn_span"], m["nb_layers"])
+    missing, unexpected = model.load_state_dict({k: v for k, v in tensors.items() if not k.endswith("_host")}, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    expected = json.load(open(os.path.join(ref, "expected.json")))["expected"]
+    for l, layer in enumerate(model.layers):
+        assert layer["attn"].span.spans() == pytest.approx(expected["spans_z"][l], abs=1e-3)
+        assert layer["attn"].span.trim_len() == expected["layer_trim_len"][l]
+        assert layer["attn"].cache_size() == expected["layer_cache_size"][l]
+    want = torch.load(os.path.join(ref, "fixed_logprobs.pt"))  # (1, T, V)
+    T = want.shape[1]
+    ids = torch.tensor([list(open(os.path.join(shared, "reference", "adaptive-span-tiny", "valid.ids.u8"), "rb").read()[:T])])
+    model.eval()
+    caches = [torch.zeros(1, 0, m["hidden_size"]) for _ in model.layers]
+    with torch.no_grad():
+        first, caches = model(ids[:, : T // 2], caches)
+        second, _ = model(ids[:, T // 2:], caches)
+    got = torch.cat([first, second], 1)
+    assert (got - want).abs().max().item() < 1e-4, (got - want).abs().max()
