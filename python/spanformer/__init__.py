@@ -191,3 +191,78 @@ def load(path, **overrides):
     """A checkpoint file or run directory of any family. Keyword overrides change how the model runs,
     never what it is, as on the command line: load("runs/xl", eval_mem_len=1600)."""
     return Model(path, **overrides)
+
+
+# ---- the command line's runner from Python ---------------------------------------------------------
+
+def _tool():
+    """The `spanformer` program: $SPANFORMER_CLI, the package's own (spanformer/bin), a source checkout's
+    build, or the one on PATH."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.environ.get("SPANFORMER_CLI", ""), os.path.join(here, "bin", "spanformer"),
+                 os.path.join(here, "..", "..", "build", "spanformer")):
+        if path and os.access(path, os.X_OK):
+            return path
+    import shutil
+    found = shutil.which("spanformer")
+    if not found:
+        raise RuntimeError("no spanformer program: set SPANFORMER_CLI or reinstall the package")
+    return found
+
+
+def _run(args, quiet):
+    """Runs the program with its output passed through line by line (progress as it comes); the GIL is
+    free while it runs. Ctrl-C is passed on once: the run saves its checkpoint and stops, then
+    KeyboardInterrupt is raised here. A failure raises RuntimeError with the program's error line."""
+    import signal
+    import subprocess
+    proc = subprocess.Popen([_tool(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", bufsize=1, start_new_session=True)  # Ctrl-C reaches it from here only
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if not quiet:
+                print(line, end="", flush=True)
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        for line in proc.stdout:  # the run's last words ("checkpoint saved at step N")
+            if not quiet:
+                print(line, end="", flush=True)
+        proc.wait()
+        raise
+    if rc != 0:
+        errors = [l for l in lines if l.startswith("spanformer: error:")]
+        raise RuntimeError((errors or lines or [f"spanformer exited with {rc}"])[-1])
+    return lines
+
+
+def _override(key, value):
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return f"--{key.replace('__', '.')}={value}"
+
+
+def prepare(text, out, crlf_to_lf=False, quiet=True):
+    """`spanformer data prepare TEXT --out OUT`: a byte-level data directory (train/valid/test 90/5/5,
+    vocab.txt) from a text file. Returns out."""
+    _run(["data", "prepare", os.fspath(text), "--out", os.fspath(out)] + (["--crlf-to-lf"] if crlf_to_lf else []), quiet)
+    return os.fspath(out)
+
+
+def train(config, out, data=None, resume=False, overwrite=False, threads=None, quiet=False, **overrides):
+    """`spanformer train -c CONFIG --out OUT [--data DATA] --key=value ...` from Python: any family, the
+    same progress lines (steps, tokens/s, loss, time left), the same files in OUT. Overrides are the
+    command line's keys, with "__" for "." (train__amp="bf16" is --train.amp=bf16; nb_steps=300).
+    Ctrl-C stops the run with its checkpoint saved (resume=True continues it) and raises KeyboardInterrupt.
+    Returns the run's last log record (a dict: step, train and valid figures, spans, ...) with "run": OUT."""
+    args = (["--threads", str(int(threads))] if threads else []) + ["train", "-c", os.fspath(config), "--out", os.fspath(out)]
+    if data is not None:
+        args += ["--data", os.fspath(data)]
+    args += (["--resume"] if resume else []) + (["--overwrite"] if overwrite else [])
+    args += [_override(k, v) for k, v in overrides.items()]
+    _run(args, quiet)
+    log = os.path.join(os.fspath(out), "log.jsonl")
+    records = [json.loads(line) for line in open(log) if line.strip()] if os.path.exists(log) else []
+    return {**(records[-1] if records else {}), "run": os.fspath(out)}

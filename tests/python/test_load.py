@@ -255,3 +255,66 @@ def test_peak_memory_is_the_commands_own_when_a_large_process_starts_it(cli):
     peak = json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
     assert 20 < peak < 1000, peak
     del held
+
+
+def tiny_lm_config(path):
+    json.dump({"model": {"nb_layers": 1, "hidden_size": 16, "inner_hidden_size": 32, "nb_heads": 2, "attn_span": 16,
+                         "block_size": 16},
+               "train": {"batch_size": 2, "nb_steps": 6, "eval_interval": 3, "eval_blocks": 1, "lr_warmup": 0}},
+              open(path, "w"))
+    return path
+
+
+def test_train_and_prepare_from_python_are_the_command_line(shared, tmp_path, capsys):
+    """spanformer.prepare and spanformer.train run the command line's runner: the progress lines come
+    through, the run directory is the command's, the returned record is the log's last, overrides
+    change what they name (nb_steps, and train__seed's "." gives other numbers), and a mistake is a
+    RuntimeError carrying the command's one-line error."""
+    text = tmp_path / "t.txt"
+    text.write_bytes(open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:100000])
+    data = spanformer.prepare(text, tmp_path / "data")
+    assert sorted(os.listdir(data))[:3] == ["meta.json", "test.bin", "train.bin"]
+    config = tiny_lm_config(tmp_path / "c.json")
+    result = spanformer.train(config, tmp_path / "run", data=data, threads=1, nb_steps=4, train__seed=3)
+    shown = capsys.readouterr().out
+    assert "step       3 |" in shown and "trained 4 steps" in shown
+    records = [json.loads(l) for l in open(tmp_path / "run" / "log.jsonl")]
+    assert result == {**records[-1], "run": str(tmp_path / "run")} and result["step"] == 4
+    other = spanformer.train(config, tmp_path / "run2", data=data, threads=1, quiet=True, nb_steps=4, train__seed=4)
+    assert other["step"] == 4 and other["train_loss"] != result["train_loss"]
+    assert capsys.readouterr().out == ""
+    with pytest.raises(RuntimeError, match=r"^spanformer: error: .*run already holds a run: continue it with --resume"):
+        spanformer.train(config, tmp_path / "run", data=data, quiet=True)
+    with pytest.raises(RuntimeError, match=r"^spanformer: error: .*no_such_key"):
+        spanformer.train(config, tmp_path / "run3", data=data, quiet=True, no_such_key=1)
+
+
+def test_ctrl_c_in_python_stops_the_run_with_its_checkpoint(shared, tmp_path):
+    """Ctrl-C while spanformer.train runs: the run saves its checkpoint and stops (once: the program has
+    its own session, so only this process passes the interrupt on), KeyboardInterrupt reaches the
+    caller, and resume=True continues from the saved step."""
+    import signal
+    import threading
+    import time
+    text = tmp_path / "t.txt"
+    text.write_bytes(open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:100000])
+    data = spanformer.prepare(text, tmp_path / "data")
+    config = tiny_lm_config(tmp_path / "c.json")
+    run = tmp_path / "run"
+
+    def interrupt_after_first_record():
+        for _ in range(1200):
+            if (run / "log.jsonl").exists() and (run / "log.jsonl").stat().st_size:
+                break
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_after_first_record, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        spanformer.train(config, run, data=data, threads=1, quiet=True, nb_steps=100000, checkpoint_interval=100000)
+    saved = spanformer.load(str(run / "checkpoint.pt"))
+    assert saved is not None
+    step = json.loads(open(run / "log.jsonl").readlines()[-1])["step"]
+    assert step >= 3
+    result = spanformer.train(config, run, data=data, threads=1, quiet=True, resume=True, nb_steps=step + 3)
+    assert result["step"] == step + 3
