@@ -158,6 +158,19 @@ class Model:
         return dict(self._m.state_dict())
 
 
+def plot_spans(spans, out, attn_span, ramp=32, title="", layout="auto"):
+    """The picture `spanformer spans --out` draws, for spans from anywhere: spans[l][h] = z of head h in
+    layer l, in tokens (spanformer.nn.AdaptiveSpan.spans() per layer); layout "curves" (each head's mask
+    against distance, and the spans per layer on a log scale), "grid" (a heat map) or "auto". PNG, SVG
+    or PDF by out's extension, with the numbers in a JSON file beside it. Returns out."""
+    rows = [[float(z) for z in layer] for layer in spans]
+    if not rows or any(len(r) != len(rows[0]) or not r for r in rows):
+        raise ValueError("plot_spans: spans must be layers of the same number of heads (spans[l][h], tokens)")
+    return torch.ops.spanformer.plot_spans([z for r in rows for z in r], len(rows[0]), os.fspath(out),
+                                           _arg("plot_spans", "attn_span", attn_span, int),
+                                           _arg("plot_spans", "ramp", ramp, int), str(title), str(layout))
+
+
 def report(run_dir, out=None, refresh=0):
     """Writes the run's self-contained HTML report (as `spanformer report RUN_DIR`); returns its path.
     refresh > 0 makes the page reload itself every `refresh` seconds."""

@@ -46,7 +46,7 @@ class AdaptiveSpan(nn.Module):
         self.attn_span, self.nb_heads, self.ramp = int(attn_span), int(nb_heads), int(ramp)
         self.loss_coeff, self.cache = float(loss_coeff), bool(cache)
         self.span_ratio = nn.Parameter(torch.full((nb_heads,), float(init)))
-        self._host = [float(init)] * nb_heads  # host copy of span_ratio: the sizes below read it
+        self._set_host([float(init)] * nb_heads)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
@@ -54,7 +54,16 @@ class AdaptiveSpan(nn.Module):
 
     def sync_host(self):
         """Refreshes the host copy of the spans from span_ratio (one device read)."""
-        self._host = [float(r) for r in self.span_ratio.detach().cpu()]
+        self._set_host([float(r) for r in self.span_ratio.detach().cpu()])
+
+    def _set_host(self, ratios):
+        # The host copy, and from it the sizes as integers: forward reads only those, so a compiled
+        # graph is specialised on them (it recompiles when a layer's trim moves by 64) and not on the
+        # spans themselves, which move every step.
+        self._host = ratios
+        L = self.attn_span
+        self._max = max(0, min(L, math.ceil(max(ratios) * L) + self.ramp))
+        self._trim = min(L - 1, L - self._max) // 64 * 64
 
     def mask(self, width):
         """The soft mask over the last `width` distances: (K, width), column j = distance width - j."""
@@ -84,13 +93,13 @@ class AdaptiveSpan(nn.Module):
 
     def max_size(self, include_ramp=True):
         """S = clamp(ceil(max_h z_h) + R, 0, L)."""
-        size = math.ceil(max(self._host) * self.attn_span) + (self.ramp if include_ramp else 0)
-        return max(0, min(self.attn_span, size))
+        if include_ramp:
+            return self._max
+        return max(0, min(self.attn_span, math.ceil(max(self._host) * self.attn_span)))
 
     def trim_len(self):
         """Keys of the L a layer can skip: 64 floor(min(L - 1, L - S) / 64)."""
-        L = self.attn_span
-        return min(L - 1, L - self.max_size()) // 64 * 64
+        return self._trim
 
     def used_span(self):
         """L' = L - trim_len: the keys a layer reads."""

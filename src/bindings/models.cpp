@@ -33,6 +33,7 @@
 #include "spanformer/ops/flash_attention.h"
 #include "spanformer/util/error.h"
 #include "spanformer/viz/report.h"
+#include "spanformer/viz/span_plot.h"
 
 namespace {
 
@@ -185,6 +186,27 @@ TORCH_LIBRARY_FRAGMENT(spanformer, m) {
   m.def("cpu_half_products(str mode=\"\") -> str", [](std::string mode) -> std::string {
     return spanformer::ops::cpu_half_products(mode);
   });
+  // `spanformer spans --out`'s picture from Python: spans flattened layer by layer, `heads` per layer
+  // (tokens); PNG, SVG or PDF by the extension of out, with the numbers in a JSON file beside it.
+  m.def("plot_spans(float[] spans, int heads, str out, int attn_span, int ramp=32, str title=\"\", "
+        "str layout=\"auto\") -> str",
+        [](std::vector<double> flat, int64_t heads, std::string out, int64_t attn_span, int64_t ramp, std::string title,
+           std::string layout) {
+          if (heads < 1 || flat.empty() || flat.size() % static_cast<size_t>(heads) != 0)
+            spanformer::fail("plot_spans: {} spans do not make whole layers of {} heads", flat.size(), heads);
+          if (attn_span < 1 || ramp < 1) spanformer::fail("plot_spans: attn_span and ramp must be >= 1");
+          std::vector<std::vector<double>> spans;
+          for (size_t i = 0; i < flat.size(); i += static_cast<size_t>(heads))
+            spans.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(i),
+                               flat.begin() + static_cast<std::ptrdiff_t>(i) + heads);
+          viz::SpanPlotOptions o;
+          o.attn_span = attn_span;
+          o.ramp = ramp;
+          o.title = title;
+          o.layout = viz::parse_span_layout(layout);
+          viz::write_span_plot(out, spans, o);
+          return out;
+        });
   m.def("tokenize_13a(str line) -> str", [](std::string line) { return spanformer::metrics::tokenize_13a(line); });
   // `spanformer report` from Python: the run's page written to out (atomic); returns out.
   m.def("report(str run_dir, str out, int refresh_seconds=0) -> str",

@@ -95,14 +95,48 @@ def test_adaptive_span_attention_is_the_reference_attention(cache_len):
     assert layer.span.span_ratio.grad.abs().min() > 0
 
 
-def test_compiled_fullgraph_equals_eager():
-    """torch.compile(fullgraph=True) traces the layer (no host read inside forward): the same output."""
+def test_compiled_fullgraph_equals_eager_and_moving_spans_do_not_recompile():
+    """torch.compile(fullgraph=True) traces the layer (no host read inside forward): the same output;
+    and spans that move after an update (as every step moves them) reuse the graph unless the layer's
+    trim length changes, which recompiles once."""
     torch.manual_seed(1)
-    layer = snn.AdaptiveSpanAttention(16, 2, attn_span=64, init=0.2)
-    h, cache, key_pe = torch.randn(2, 8, 16), torch.randn(2, 64, 16), torch.randn(8, 64)
+    layer = snn.AdaptiveSpanAttention(16, 2, attn_span=256, init=0.2)
+    h, cache, key_pe = torch.randn(2, 8, 16), torch.randn(2, 256, 16), torch.randn(8, 256)
     torch._dynamo.reset()
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     assert torch.allclose(compiled(h, cache, key_pe), layer(h, cache, key_pe), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        layer.span.span_ratio.add_(0.01)  # z 51.2 -> 53.8: trim stays 128
+    layer.span.clamp_()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.allclose(compiled(h, cache, key_pe), layer(h, cache, key_pe), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        layer.span.span_ratio.fill_(0.9)  # z 230: no trim
+    layer.span.clamp_()
+    assert torch.allclose(compiled(h, cache, key_pe), layer(h, cache, key_pe), atol=1e-6, rtol=0)
+
+
+def test_the_nanogpt_example_trains_and_draws_its_spans(tmp_path, shared):
+    """examples/python/nanogpt_adaptive_span.py at a small size (compiled, 40 steps on Dickens' first
+    200 KB): it prints its progress and a held-out figure between 1 and 8 bits per byte (a model that
+    learned nothing from uniform bytes would show 8), and draws the spans (a PNG with drawn pixels)."""
+    import subprocess
+    import sys
+    text = tmp_path / "t.txt"
+    text.write_bytes(open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:200000])
+    example = os.path.join(HERE, "..", "..", "examples", "python", "nanogpt_adaptive_span.py")
+    out = tmp_path / "spans.png"
+    run = subprocess.run([sys.executable, example, "--text", str(text), "--steps", "40", "--layers", "2", "--d-model", "32",
+                          "--heads", "2", "--span", "128", "--block", "32", "--batch", "4", "--threads", "1",
+                          "--eval-blocks", "4", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(spanformer.__file__))})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "step    40 | train" in run.stdout and "tokens/s" in run.stdout
+    held = float(run.stdout.split("held-out: ")[1].split()[0])
+    assert 1.0 < held < 8.0, held
+    drawn = subprocess.run([sys.executable, os.path.join(HERE, "..", "png_check.py"), str(out), "--min-drawn", "2",
+                            "--min-colours", "4"], capture_output=True, text=True)
+    assert drawn.returncode == 0, drawn.stdout + drawn.stderr
 
 
 class Small4(torch.nn.Module):
@@ -157,3 +191,14 @@ def test_modules_with_our_checkpoints_tensors_give_the_references_log_probabilit
         second, _ = model(ids[:, T // 2:], caches)
     got = torch.cat([first, second], 1)
     assert (got - want).abs().max().item() < 1e-4, (got - want).abs().max()
+
+
+def test_plot_spans_refuses_ragged_layers_and_draws_the_grid(tmp_path):
+    """spanformer.plot_spans: layers of different head counts are a ValueError; the grid layout draws
+    and writes the numbers beside the picture, as given."""
+    with pytest.raises(ValueError, match="layers of the same number of heads"):
+        spanformer.plot_spans([[1.0, 2.0], [3.0]], tmp_path / "x.png", 64)
+    out = spanformer.plot_spans([[1.5, 30.0, 200.0], [4.0, 64.0, 10.0]], tmp_path / "g.png", 256, layout="grid")
+    assert os.path.getsize(out) > 1000
+    numbers = json.load(open(tmp_path / "g.json"))
+    assert numbers["spans"] == [[1.5, 30.0, 200.0], [4.0, 64.0, 10.0]] and numbers["layout"] == "grid"
