@@ -410,13 +410,13 @@ class Gpt(nn.Module):
             z = torch.tensor(spans).view(layers, -1, 1, 1)
             mask = ((ramp + z - (d - 1)) / ramp).clamp(0, 1).log().masked_fill(d < 1, float("-inf"))  # (layers, K, T, T)
         else:
-            mask = None if window == 0 else ((d >= 1) & (d <= window)).expand(layers, 1, T, T)  # (layers, 1, T, T)
+            mask = None if window == 0 else (d >= 1) & (d <= window)  # (T, T), every layer
         self.register_buffer("mask", mask)
 
     def forward(self, x, y):
         h = self.wte(x) + self.wpe.weight[: x.shape[1]]
         for i, b in enumerate(self.blocks):
-            h = b(h, None if self.mask is None else self.mask[i])
+            h = b(h, self.mask if self.mask is None or self.mask.dim() == 2 else self.mask[i])
         logits = self.ln_f(h) @ self.wte.weight.t()
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
 
