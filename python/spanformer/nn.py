@@ -19,6 +19,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import spanformer
 
@@ -152,3 +153,53 @@ class AdaptiveSpanAttention(nn.Module):
 
     def cache_size(self):
         return self.span.cache_size()
+
+
+class CausalAttention(nn.Module):
+    """Causal self-attention for decoder models (the GPT family's, include/spanformer/attention/
+    causal_attention.h): x (B, N, H) -> (B, N, H), K heads of D = H / K, query i reading keys j <= i.
+
+        kind="flash"          every earlier key and itself: spanformer.flash_attention (fused CPU kernel,
+                              CUDA kernels; no N x N tensor)
+        kind="window"         the last `window` keys, itself included: the same op with band = window
+        kind="adaptive_span"  every head's soft span inside the softmax, a_ij ~ m_z(d) exp(s_ij) with
+                              d = i - j + 1 and m_z(d) = clamp((R + z - (d - 1)) / R, 0, 1) (the paper's
+                              eq. 7; the GPT family's, without the reference's 1e-8 Z term), z = ratio L,
+                              L = attn_span: PyTorch's scaled_dot_product_attention with the float mask
+                              log m (differentiable in the spans); span.loss() and span.clamp_() as in
+                              AdaptiveSpanAttention
+
+    Parameters (the GPT family's names, so `blocks.<l>.attn.*` of a GPT checkpoint load as they are):
+    qkv (H -> 3 H, bias), proj (H -> H, bias), and with adaptive_span span.span_ratio (K,)."""
+
+    def __init__(self, d_model, nb_heads, kind="flash", window=128, attn_span=1024, ramp=32, init=0.0,
+                 loss_coeff=0.0, dropout=0.0):
+        super().__init__()
+        if kind not in ("flash", "window", "adaptive_span"):
+            raise ValueError(f"CausalAttention: kind {kind!r}: expected 'flash', 'window' or 'adaptive_span'")
+        if d_model % nb_heads:
+            raise ValueError(f"CausalAttention: d_model {d_model} is not a multiple of nb_heads {nb_heads}")
+        if kind == "window" and window < 1:
+            raise ValueError(f"CausalAttention: window {window} must be >= 1")
+        self.kind, self.nb_heads, self.window, self.dropout = kind, int(nb_heads), int(window), float(dropout)
+        self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        if kind == "adaptive_span":
+            self.span = AdaptiveSpan(attn_span, nb_heads, ramp, init, loss_coeff)
+
+    def forward(self, x):
+        B, N, H = x.shape
+        K, D = self.nb_heads, H // self.nb_heads
+        q, k, v = self.qkv(x).view(B, N, 3, K, D).permute(2, 0, 3, 1, 4)              # (B, K, N, D) each
+        drop = self.dropout if self.training else 0.0
+        if self.kind == "adaptive_span":
+            i = torch.arange(N, device=x.device)
+            d = (i.unsqueeze(1) - i.unsqueeze(0) + 1).to(q.dtype)                        # (N, N): 1 = itself
+            z = (self.span.span_ratio * self.span.attn_span).to(q.dtype).view(K, 1, 1)
+            m = ((self.span.ramp + z - (d - 1)) / self.span.ramp).clamp(0, 1)           # (K, N, N)
+            m = m.masked_fill((d < 1) | (d > self.span.attn_span), 0.0)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=m.log(), dropout_p=drop)
+        else:
+            out = spanformer.flash_attention(q.contiguous(), k.contiguous(), v.contiguous(),
+                                             band=self.window if self.kind == "window" else 0, dropout=drop,
+                                             training=self.training and drop > 0)          # (B, K, N, D)
+        return self.proj(out.transpose(1, 2).reshape(B, N, H))                           # (B, N, H)

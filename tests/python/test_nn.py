@@ -202,3 +202,60 @@ def test_plot_spans_refuses_ragged_layers_and_draws_the_grid(tmp_path):
     assert os.path.getsize(out) > 1000
     numbers = json.load(open(tmp_path / "g.json"))
     assert numbers["spans"] == [[1.5, 30.0, 200.0], [4.0, 64.0, 10.0]] and numbers["layout"] == "grid"
+
+
+def test_a_picture_too_large_to_draw_is_one_line(tmp_path):
+    """3000 layers in the grid layout would be a picture taller than the 32767 pixels a side Cairo can
+    draw: one line saying so and what to show less of, and no file written."""
+    out = tmp_path / "tall.png"
+    with pytest.raises(RuntimeError, match=r"^cannot draw .*tall.png: \d+ x \d+ pixels, beyond the 32767 a side"):
+        spanformer.plot_spans([[10.0]] * 3000, out, 64, layout="grid")
+    assert not out.exists()
+
+
+class Gpt(torch.nn.Module):
+    """The GPT family's model (include/spanformer/models/gpt.h: learned positions, pre-norm blocks, exact
+    GELU, tied output) from spanformer.nn.CausalAttention and torch.nn, with the C++ names."""
+
+    def __init__(self, V, T, H, K, layers, **attention):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(V, H), torch.nn.Embedding(T, H)
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict({
+            "ln1": torch.nn.LayerNorm(H), "attn": snn.CausalAttention(H, K, **attention), "ln2": torch.nn.LayerNorm(H),
+            "fc1": torch.nn.Linear(H, 4 * H), "fc2": torch.nn.Linear(4 * H, H)}) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(H)
+
+    def forward(self, ids):
+        h = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
+        for b in self.blocks:
+            h = h + b["attn"](b["ln1"](h))
+            h = h + b["fc2"](torch.nn.functional.gelu(b["fc1"](b["ln2"](h))))
+        return self.ln_f(h) @ self.wte.weight.t()
+
+
+@pytest.mark.parametrize("kind,flags", [("flash", ["--attention=dense"]), ("window", ["--attention=window", "--window=9"]),
+                                        ("adaptive_span", ["--attention=adaptive_span", "--adapt_span_init=0.2"])])
+def test_causal_attention_with_a_gpt_checkpoints_tensors_gives_its_logits(kind, flags, cli, shared, tmp_path):
+    """A GPT trained by the command line (a few steps, so nothing sits at its initial value), its
+    tensors loaded by name into a model built from CausalAttention: the command's model's logits within
+    1e-5 (float32, other summation orders) on 48 tokens; the window (9) and the spans (z 12.8, ramp 4)
+    are shorter than the context, so their masks matter."""
+    text = tmp_path / "t.txt"
+    text.write_bytes(open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:100000])
+    cli("data", "prepare", str(text), "--out", str(tmp_path / "data"))
+    run = str(tmp_path / "run")
+    cli("train", "-c", os.path.join(HERE, "..", "..", "configs", "gpt", "demo.json"), "--data", str(tmp_path / "data"),
+        "--out", run, "--n_layer=2", "--d_model=32", "--n_head=2", "--context=64", "--batch_size=4", "--nb_steps=5",
+        "--eval_interval=5", "--eval_blocks=1", "--eval_batch_size=2", "--lr_warmup=0", "--adapt_span_ramp=4",
+        "--quiet", *flags)
+    ours = spanformer.load(run)
+    extra = {"window": 9} if kind == "window" else {"attn_span": 64, "ramp": 4} if kind == "adaptive_span" else {}
+    model = Gpt(len(ours.vocab), 64, 32, 2, 2, kind=kind, **extra)
+    model.load_state_dict(ours.state_dict(), strict=True)
+    ids = [(5 * i + 3) % len(ours.vocab) for i in range(48)]
+    with torch.no_grad():
+        got = model(torch.tensor([ids]))[0]
+    want = ours.logits(ids)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    if kind == "adaptive_span":
+        assert model.blocks[0]["attn"].span.spans() == pytest.approx(ours.spans()[0].tolist(), abs=1e-4)
