@@ -193,6 +193,17 @@ else
   expect_error "cannot open .*private.pt: Permission denied" "$bin" eval "$tmp/private.pt" --data "$tmp/data"
 fi
 
+# A run directory this user may not enter: the reason, not "not a run directory".
+mkdir -p "$tmp/private_run" && cp "$tmp/run/checkpoint.pt" "$tmp/private_run/" && chmod 000 "$tmp/private_run"
+if [ "$(id -u)" -eq 0 ]; then
+  expect_error "cannot read the run directory .*private_run: Permission denied" \
+    setpriv --inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search \
+    "$bin" eval "$tmp/private_run" --data "$tmp/data"
+else
+  expect_error "cannot read the run directory .*private_run: Permission denied" "$bin" eval "$tmp/private_run" --data "$tmp/data"
+fi
+chmod 700 "$tmp/private_run"
+
 # --device before the subcommand reaches train too (it used to train on the CPU without a word).
 expect_error "no CUDA device is available" "$bin" --device cuda train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r20"
 # An override the command does not use is refused, not ignored.
@@ -347,6 +358,12 @@ expect_error "hf_twice/config.json: key 'n_layer' is given twice in one object" 
 cp -r "$tmp/hf" "$tmp/hf_half" && sed -i 's/"n_layer": \([0-9]*\),/"n_layer": \1.5,/' "$tmp/hf_half/config.json"
 expect_error "hf_half/config.json: 'n_layer' is 1.5, not an integer" "$bin" import gpt2 "$tmp/hf_half" --out "$tmp/g9.pt"
 for f in g1 g2 g3 g4 g5 g6 g7 g8 g9; do [ ! -e "$tmp/$f.pt" ] || { echo "FAIL: a refused import wrote $f.pt"; failures=$((failures + 1)); }; done
+
+# A rank whose job never forms (no rank 0 at the address): one line, without c10d's log of each failed
+# connection and its C++ stack traces.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+expect_error "rank 1: cannot join the job at 127.0.0.1:$port" env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+  MASTER_PORT="$port" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r_join" --dist_timeout=2
 
 # A mistake every worker of --nproc-per-node makes is one line (it was one per worker plus the launcher's).
 expect_error "batch_size 3 must divide by the number of processes (2)" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r24" \

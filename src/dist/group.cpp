@@ -1,5 +1,7 @@
 #include "spanformer/dist/group.h"
 
+#include <c10/util/Logging.h>
+
 #include <cerrno>
 #include <csignal>
 #include <limits>
@@ -76,6 +78,13 @@ std::shared_ptr<Group> Group::from_env(const GroupOptions& options) {
   // A peer that dies closes its sockets; writing to one must fail as an error (the collective's one-line
   // message), not kill this process silently with SIGPIPE.
   std::signal(SIGPIPE, SIG_IGN);
+  // c10d logs every failed connection attempt, each with a C++ stack trace; the one-line message below
+  // says what happened, so its log is quiet while this rank joins (c10's level: 3 = fatal only).
+  struct QuietC10Log {
+    int previous = FLAGS_caffe2_log_level;
+    QuietC10Log() { FLAGS_caffe2_log_level = 3; }
+    ~QuietC10Log() { FLAGS_caffe2_log_level = previous; }
+  } quiet;
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(port);

@@ -85,9 +85,12 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(span_ratio.dim() == 1 && span_ratio.size(0) == K, "adaptive_span_attention: span_ratio must be (K)");
   TORCH_CHECK(o.ramp > 0, "adaptive_span_attention: ramp must be positive");
   TORCH_CHECK(o.dropout >= 0 && o.dropout < 1, "adaptive_span_attention: dropout must be in [0, 1)");
+  TORCH_CHECK(q.is_floating_point(), "adaptive_span_attention: the inputs must be floating point (float32, float64, "
+              "bfloat16 or float16), got ", q.scalar_type());
   for (const auto* t : {&k, &v, &key_pe}) {
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
-                "adaptive_span_attention: all inputs must share dtype and device");
+                "adaptive_span_attention: all inputs must share dtype and device (q is ", q.scalar_type(), " on ",
+                q.device(), ", another ", t->scalar_type(), " on ", t->device(), ")");
   }
   // The spans may stay float32 beside bf16 / fp16 inputs (mixed precision): z = ratio L needs its bits.
   TORCH_CHECK(span_ratio.device() == q.device() &&

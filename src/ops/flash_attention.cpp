@@ -128,9 +128,14 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
       q.size(1) != k.size(1) || q.size(3) != k.size(3) || q.size(2) > k.size(2) || q.size(2) < 1)
     fail("flash attention: q (B, K, N, D) and k, v (B, K, C, D) with C >= N >= 1 expected (got {}, {}, {})",
          fmt::join(q.sizes(), "x"), fmt::join(k.sizes(), "x"), fmt::join(v.sizes(), "x"));
+  if (!q.is_floating_point())
+    fail("flash attention: q, k and v must be floating point (float32, float64, bfloat16 or float16), got {}",
+         c10::toString(q.scalar_type()));
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.device() != q.device() ||
       v.device() != q.device())
-    fail("flash attention: q, k and v must share dtype and device");
+    fail("flash attention: q, k and v must share dtype and device (got {} on {}, {} on {}, {} on {})",
+         c10::toString(q.scalar_type()), q.device().str(), c10::toString(k.scalar_type()), k.device().str(),
+         c10::toString(v.scalar_type()), v.device().str());
   if (o.band < 0) fail("flash attention: band must be >= 0 (0 = dense), got {}", o.band);
   if (!(o.dropout >= 0 && o.dropout < 1)) fail("flash attention: dropout must be in [0, 1), got {}", o.dropout);
   if (o.tile < 1) fail("flash attention: tile must be >= 1, got {}", o.tile);

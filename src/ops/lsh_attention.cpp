@@ -20,6 +20,8 @@ void check(const at::Tensor& q, const at::Tensor& v, const at::Tensor& rot, cons
          fmt::join(v.sizes(), "x"));
   if (rot.dim() != 4 || rot.size(0) != q.size(1) || rot.size(2) != q.size(3) || rot.size(1) < 1 || rot.size(3) < 1)
     fail("lsh attention: rotations (K, R, D, buckets / 2) expected (got {})", fmt::join(rot.sizes(), "x"));
+  if (!q.is_floating_point())
+    fail("lsh attention: q and v must be floating point, got {}", c10::toString(q.scalar_type()));
   if (v.scalar_type() != q.scalar_type() || rot.scalar_type() != q.scalar_type() || v.device() != q.device() ||
       rot.device() != q.device())
     fail("lsh attention: q, v and the rotations must share dtype and device");

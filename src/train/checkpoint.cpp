@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <unistd.h>
 #include <set>
 #include <utility>
 
@@ -137,6 +138,8 @@ bool has_checkpoint_marker(const std::string& path) {
 Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_in)) {
   if (!file_exists(path_)) {
     std::error_code ec;
+    if (std::filesystem::is_directory(path_in, ec) && ::access(path_in.c_str(), R_OK | X_OK) != 0)
+      fail("cannot read the run directory {}: {}", path_in, std::strerror(errno));  // permission denied
     if (std::filesystem::is_directory(path_in, ec))
       fail("{} is a directory without {}: not a run directory{}", path_in, RunPaths(path_in).checkpoint(),
            file_exists(path_in + "/vocab.txt") || file_exists(path_in + "/words.txt") ? " (a prepared data directory?)" : "");

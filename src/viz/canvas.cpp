@@ -37,6 +37,11 @@ std::string data_path_beside(const std::string& path) {
 }
 
 Canvas::Canvas(const std::string& path, double width, double height) : path_(path), format_(picture_format(path)) {
+  // Cairo's image surfaces end at 32767 pixels a side (beyond it: "invalid value (typically too big)").
+  constexpr double kMaxSide = 32767;
+  if (!(width >= 1 && height >= 1 && width <= kMaxSide && height <= kMaxSide))
+    fail("cannot draw {}: {:.0f} x {:.0f} pixels, beyond the {:.0f} a side a picture can have (show fewer "
+         "tokens, layers or heads)", path, width, height, kMaxSide);
   switch (format_) {
     case PictureFormat::kPng:
       surface_ = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, static_cast<int>(std::ceil(width)),

@@ -268,3 +268,17 @@ def test_cpu_half_products_switch_and_refuse_unknown_modes():
         assert spanformer.cpu_half_products("widened") == "widened"
     finally:
         assert spanformer.cpu_half_products("auto") == start
+
+
+def test_integer_and_mixed_inputs_are_one_line_errors_naming_the_dtypes():
+    """Integer tensors and tensors of two dtypes: one line each, naming what was given (not ATen's
+    "expected scalar type Float but found Long" from deep inside a kernel, or "not implemented for")."""
+    q, k, pe = torch.ones(1, 1, 4, 8), torch.ones(1, 1, 12, 8), torch.ones(8, 8)
+    with pytest.raises(RuntimeError, match=r"^flash attention: q, k and v must be floating point .*got Long$"):
+        spanformer.flash_attention(q.long(), q.long(), q.long())
+    with pytest.raises(RuntimeError, match=r"^flash attention: q, k and v must share dtype and device \(got Float on cpu, Double"):
+        spanformer.flash_attention(q, q.double(), q)
+    with pytest.raises(RuntimeError, match=r"^adaptive_span_attention: the inputs must be floating point .*got Long"):
+        spanformer.adaptive_span_attention(q.long(), k.long(), k.long(), pe.long(), torch.zeros(1).long(), 8)
+    with pytest.raises(RuntimeError, match=r"^adaptive_span_attention: all inputs must share dtype and device \(q is Float"):
+        spanformer.adaptive_span_attention(q, k, k, pe.long(), torch.zeros(1), 8)
