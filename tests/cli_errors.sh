@@ -180,28 +180,21 @@ expect_error "deep.json: JSON nested deeper than 64 levels" "$bin" train -c "$tm
 expect_error "config key 'lr': JSON nested deeper than 64 levels" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" \
   --out "$tmp/r22" --lr="$(head -c 1000 /dev/zero | tr '\0' '[')"
 
-# A checkpoint this user may not read: the reason, not "corrupt". Root reads any file through two
-# capabilities; it runs the program without them (still root, so the checkout and its LibTorch stay
-# reachable wherever they are: another user cannot enter a checkout under a 0700 home).
+# Files this user may not read: the reason, not "corrupt" or "not a run directory". Root reads anything
+# through two capabilities; it runs the program without them (still root, so the checkout and its
+# LibTorch stay reachable wherever they are: another user cannot enter a checkout under a 0700 home).
+expect_denied() {  # expect_denied "message" command...
+  if [ "$(id -u)" -eq 0 ]; then
+    expect_error "$1" setpriv --inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search "${@:2}"
+  else
+    expect_error "$@"
+  fi
+}
 cp "$tmp/run/checkpoint.pt" "$tmp/private.pt"
 chmod 000 "$tmp/private.pt"
-if [ "$(id -u)" -eq 0 ]; then
-  expect_error "cannot open .*private.pt: Permission denied" \
-    setpriv --inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search \
-    "$bin" eval "$tmp/private.pt" --data "$tmp/data"
-else
-  expect_error "cannot open .*private.pt: Permission denied" "$bin" eval "$tmp/private.pt" --data "$tmp/data"
-fi
-
-# A run directory this user may not enter: the reason, not "not a run directory".
+expect_denied "cannot open .*private.pt: Permission denied" "$bin" eval "$tmp/private.pt" --data "$tmp/data"
 mkdir -p "$tmp/private_run" && cp "$tmp/run/checkpoint.pt" "$tmp/private_run/" && chmod 000 "$tmp/private_run"
-if [ "$(id -u)" -eq 0 ]; then
-  expect_error "cannot read the run directory .*private_run: Permission denied" \
-    setpriv --inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search \
-    "$bin" eval "$tmp/private_run" --data "$tmp/data"
-else
-  expect_error "cannot read the run directory .*private_run: Permission denied" "$bin" eval "$tmp/private_run" --data "$tmp/data"
-fi
+expect_denied "cannot read the run directory .*private_run: Permission denied" "$bin" eval "$tmp/private_run" --data "$tmp/data"
 chmod 700 "$tmp/private_run"
 
 # --device before the subcommand reaches train too (it used to train on the CPU without a word).
