@@ -106,7 +106,7 @@ def main():
     cut = int(len(data) * 0.95)
     train, held = streams(data[:cut], a.batch), streams(data[cut:], a.batch)
     model = AdaptiveSpanGpt(a.layers, a.d_model, a.heads, a.span)
-    step_fn = model if a.no_compile else torch.compile(model)
+    step_fn = model if a.no_compile or not hasattr(torch, "compile") else torch.compile(model)  # PyTorch 2
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     caches = model.zero_caches(a.batch)
     M, pos, start, seen = a.block, 0, None, 0

@@ -197,7 +197,11 @@ class CausalAttention(nn.Module):
             z = (self.span.span_ratio * self.span.attn_span).to(q.dtype).view(K, 1, 1)
             m = ((self.span.ramp + z - (d - 1)) / self.span.ramp).clamp(0, 1)           # (K, N, N)
             m = m.masked_fill((d < 1) | (d > self.span.attn_span), 0.0)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=m.log(), dropout_p=drop)
+            if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=m.log(), dropout_p=drop)
+            else:  # PyTorch 1.13: the same composition written out
+                a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + m.log(), -1)            # (B, K, N, N)
+                out = F.dropout(a, drop, self.training) @ v
         else:
             out = spanformer.flash_attention(q.contiguous(), k.contiguous(), v.contiguous(),
                                              band=self.window if self.kind == "window" else 0, dropout=drop,

@@ -4,6 +4,8 @@
 #include <ATen/native/CPUBlas.h>
 #include <c10/util/Exception.h>
 
+#include "spanformer/util/error.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -74,8 +76,8 @@ HalfProducts mode_from_env() {
   if (m < 0) {
     const char* s = std::getenv("SPANFORMER_CPU_HALF_PRODUCTS");
     const std::string v = s ? s : "auto";
-    TORCH_CHECK(v == "auto" || v == "widened" || v == "native",
-                "SPANFORMER_CPU_HALF_PRODUCTS is '", v, "': expected auto, widened or native");
+    if (v != "auto" && v != "widened" && v != "native")
+      fail("SPANFORMER_CPU_HALF_PRODUCTS is '{}': expected auto, widened or native", v);
     m = static_cast<int>(v == "native" ? HalfProducts::native : v == "widened" ? HalfProducts::widened
                                                                                   : HalfProducts::automatic);
     g_env_mode.store(m);
@@ -135,17 +137,16 @@ bool half_products_native(c10::ScalarType dtype) {
   const HalfProducts mode = o >= 0 ? static_cast<HalfProducts>(o) : mode_from_env();
   if (mode == HalfProducts::widened) return false;
   if (mode == HalfProducts::native) {
-    TORCH_CHECK(kHalfBrgemm, "16-bit products asked for (native) but this LibTorch has no 16-bit brgemm");
+    if (!kHalfBrgemm) fail("16-bit products asked for (native) but this LibTorch has no 16-bit brgemm");
     return true;
   }
   return kHalfBrgemm && half_products_in_hardware(dtype);
 }
 
 void set_half_products(const std::string& mode) {
-  TORCH_CHECK(mode == "auto" || mode == "widened" || mode == "native",
-              "16-bit products '", mode, "': expected auto, widened or native");
-  if (mode == "native")
-    TORCH_CHECK(kHalfBrgemm, "16-bit products asked for (native) but this LibTorch has no 16-bit brgemm");
+  if (mode != "auto" && mode != "widened" && mode != "native")
+    fail("16-bit products '{}': expected auto, widened or native", mode);
+  if (mode == "native" && !kHalfBrgemm) fail("16-bit products asked for (native) but this LibTorch has no 16-bit brgemm");
   g_override.store(static_cast<int>(mode == "native" ? HalfProducts::native : mode == "widened" ? HalfProducts::widened
                                                                                              : HalfProducts::automatic));
 }
