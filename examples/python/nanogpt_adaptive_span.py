@@ -94,6 +94,8 @@ def main():
     p.add_argument("--block", type=int, default=128, help="M: tokens per step and stream")
     p.add_argument("--batch", type=int, default=16, help="B: parallel streams")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--span-lr", type=float, default=3e-2,
+                   help="Adam's step for the span ratios (a ratio of 1/L is one token: they need larger steps)")
     p.add_argument("--eval-blocks", type=int, default=20)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -107,7 +109,9 @@ def main():
     train, held = streams(data[:cut], a.batch), streams(data[cut:], a.batch)
     model = AdaptiveSpanGpt(a.layers, a.d_model, a.heads, a.span)
     step_fn = model if a.no_compile or not hasattr(torch, "compile") else torch.compile(model)  # PyTorch 2
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+    spans = [b.attn.span.span_ratio for b in model.blocks]
+    others = [q for q in model.parameters() if all(q is not r for r in spans)]
+    opt = torch.optim.Adam([{"params": others}, {"params": spans, "lr": a.span_lr}], lr=a.lr)
     caches = model.zero_caches(a.batch)
     M, pos, start, seen = a.block, 0, None, 0
     for step in range(1, a.steps + 1):
