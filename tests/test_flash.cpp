@@ -10,6 +10,7 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -119,6 +120,49 @@ TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
       tu::expect_flash_within_reference_error(c, at::kFloat, 2.0, at::kCPU, [](const tu::Inputs& in, const ops::FlashOptions& o) {
         return ops::flash_attention(in[0], in[1], in[2], o);
       });
+  }
+}
+
+// The tile products (ops/cpu/tile_gemm.h) against float64 on the same operands, for every operand type
+// and the shapes the kernels give them: odd K (the pairs-of-rows layout pads it), leading dimensions
+// wider than the rows, N not a multiple of any vector width, writing and accumulating. 16-bit operands
+// multiply exactly in float32, so every product is within float32 summation of K terms: 2 K 2^-24 times
+// the sum of |a b| (the bound of a recursive sum, doubled for the rounding of C's own value).
+TEST(TileGemm, EveryOperandTypeMatchesFloat64) {
+  torch::manual_seed(5);
+  // Where the CPU has bf16 hardware, the bf16 tiles must run on it (the pairs-of-rows path): a CPU with
+  // AMX or AVX512-BF16 that fell back to the portable products would pass the checks below, slowly.
+  const auto cpu = compat::cpu_info();
+  if (ops::cpu::half_products_available())
+    EXPECT_EQ(ops::cpu::half_products_in_hardware(at::kBFloat16), cpu.amx_bf16 || cpu.avx512_bf16) << cpu.bf16_hardware();
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    if (dtype != at::kFloat && !ops::cpu::half_products_available()) continue;  // LibTorch 1.13: no 16-bit tiles
+    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{64, 103, 32}, {7, 33, 5}, {64, 64, 63}, {1, 1, 1}, {16, 250, 64}})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " M " + std::to_string(M) + " N " + std::to_string(N) + " K " +
+                     std::to_string(K) + (accumulate ? " accumulating" : ""));
+        const int64_t ld_a = K + 3, ld_b = N + 5, ld_c = N + 2;
+        const auto a = torch::randn({M, ld_a}).to(dtype), b = torch::randn({K, ld_b}).to(dtype);  // (M, ld_a), (K, ld_b)
+        auto c = torch::randn({M, ld_c});                                                            // (M, ld_c) float32
+        const auto a64 = a.narrow(1, 0, K).to(at::kDouble), b64 = b.narrow(1, 0, N).to(at::kDouble);
+        const auto c0 = c.narrow(1, 0, N).to(at::kDouble);
+        const auto want = at::mm(a64, b64) + (accumulate ? c0 : at::zeros_like(c0));                // (M, N)
+        const auto bound = 2.0 * K * std::ldexp(1.0, -24) * (at::mm(a64.abs(), b64.abs()) + c0.abs()) + 1e-30;
+        const auto tail = c.narrow(1, N, ld_c - N).clone();                                          // must stay
+        if (dtype == at::kFloat)
+          ops::cpu::tile_gemm(M, N, K, a.data_ptr<float>(), ld_a, b.data_ptr<float>(), ld_b, c.data_ptr<float>(), ld_c,
+                              accumulate);
+        else if (dtype == at::kBFloat16)
+          ops::cpu::tile_gemm(M, N, K, a.data_ptr<c10::BFloat16>(), ld_a, b.data_ptr<c10::BFloat16>(), ld_b,
+                              c.data_ptr<float>(), ld_c, accumulate);
+        else
+          ops::cpu::tile_gemm(M, N, K, a.data_ptr<c10::Half>(), ld_a, b.data_ptr<c10::Half>(), ld_b, c.data_ptr<float>(),
+                              ld_c, accumulate);
+        if (dtype != at::kFloat) ops::cpu::release_half_products(dtype);
+        const auto err = (c.narrow(1, 0, N).to(at::kDouble) - want).abs();
+        EXPECT_TRUE((err <= bound).all().item<bool>()) << "worst error over bound " << (err / bound).max().item<double>();
+        EXPECT_TRUE(at::equal(c.narrow(1, N, ld_c - N), tail)) << "wrote past N";
+      }
   }
 }
 

@@ -11,6 +11,7 @@
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/skew.h"
 #include "op_cases.h"
+#include "ops/cpu/tile_gemm.h"
 #include "spanformer/util/torch_compat.h"
 #include "util.h"
 
@@ -78,27 +79,81 @@ TEST_P(SpanAttentionOp, Float32WithinTheFloat32ReferenceError) {
   tu::expect_span_within_reference_error(GetParam(), at::kFloat, 2.0, at::kCPU, cpu_row);
 }
 
+// The kinds of 16-bit products the CPU kernel has (ops/cpu/tile_gemm.h), each under its override:
+// widened (computed in float32, rounded once) everywhere, native (16-bit operands, float32 sums) where
+// this LibTorch has 16-bit tile products. Native rounds the skewed a and ds to 16 bits before the
+// products that read them, as the composition rounds every intermediate.
+std::vector<ops::cpu::HalfProducts> half_product_kinds() {
+  std::vector<ops::cpu::HalfProducts> kinds{ops::cpu::HalfProducts::widened};
+  if (ops::cpu::half_products_available()) kinds.push_back(ops::cpu::HalfProducts::native);
+  return kinds;
+}
+
+const char* kind_name(ops::cpu::HalfProducts kind) {
+  return kind == ops::cpu::HalfProducts::native ? "native 16-bit products" : "widened to float32";
+}
+
 // bf16 inputs with float32 span ratios, as a mixed-precision caller passes them (z = ratio L needs the
 // ratio's bits; the argument check allows it). Kernel v4 stopped there with "expected m1 and m2 to have
 // the same dtype"; the ratios hold the bf16 reference's values, so both see the same spans.
 TEST_P(SpanAttentionOp, BFloat16WithFloat32SpansWithinTheBf16ReferenceError) {
-  tu::expect_span_within_reference_error(GetParam(), at::kBFloat16, 2.0, at::kCPU,
-                                         [](const tu::Inputs& in, const SpanAttentionOptions& o) {
-                                           return ops::adaptive_span_attention(in[0], in[1], in[2], in[3],
-                                                                               in[4].to(at::kFloat), o);
-                                         });
+  for (auto kind : half_product_kinds()) {
+    SCOPED_TRACE(kind_name(kind));
+    const ops::cpu::HalfProductsOverride products(kind);
+    tu::expect_span_within_reference_error(GetParam(), at::kBFloat16, 2.0, at::kCPU,
+                                           [](const tu::Inputs& in, const SpanAttentionOptions& o) {
+                                             return ops::adaptive_span_attention(in[0], in[1], in[2], in[3],
+                                                                                 in[4].to(at::kFloat), o);
+                                           });
+  }
 }
 
-// bf16 and fp16 inputs with spans in the same dtype (a caller who casts the whole module): computed in
-// float32 and rounded once, within the same-dtype composition's error (which rounds z = ratio L too).
+// bf16 and fp16 inputs with spans in the same dtype (a caller who casts the whole module), within the
+// same-dtype composition's error (which rounds z = ratio L too), with both kinds of products.
 TEST_P(SpanAttentionOp, BFloat16AndFloat16WithSpansOfTheirDtypeWithinTheirReferenceError) {
   const auto op = [](const tu::Inputs& in, const SpanAttentionOptions& o) {
     return ops::adaptive_span_attention(in[0], in[1], in[2], in[3], in[4], o);
   };
-  tu::expect_span_within_reference_error(GetParam(), at::kBFloat16, 2.0, at::kCPU, op);
+  for (auto kind : half_product_kinds()) {
+    SCOPED_TRACE(kind_name(kind));
+    const ops::cpu::HalfProductsOverride products(kind);
+    tu::expect_span_within_reference_error(GetParam(), at::kBFloat16, 2.0, at::kCPU, op);
 #if SPANFORMER_HAS_CPU_HALF_MATMUL  // the float16 composition needs half matmuls (LibTorch 2.1+)
-  tu::expect_span_within_reference_error(GetParam(), at::kHalf, 2.0, at::kCPU, op);
+    tu::expect_span_within_reference_error(GetParam(), at::kHalf, 2.0, at::kCPU, op);
 #endif
+  }
+}
+
+// The two kinds are different computations (were `native` to widen, the outputs would be equal) of the
+// same attention, and `auto` follows the CPU's 16-bit hardware, as for the flash kernel.
+TEST(SpanAttentionOpTest, SixteenBitProductsSwitchBetweenTwoComputations) {
+  if (!ops::cpu::half_products_available()) {  // LibTorch 1.13: native is refused by name, auto widens
+    const ops::cpu::HalfProductsOverride products(ops::cpu::HalfProducts::automatic);
+    EXPECT_FALSE(ops::cpu::half_products_native(at::kBFloat16));
+    return;
+  }
+  SpanCase c{2, 3, 130, 70, 32, 96, {20.5, 60.0, 96.0}, 0.0};
+  const auto f = make_inputs(c, at::kFloat, 31);
+  auto bf16 = [](const at::Tensor& t) { return t.detach().to(at::kBFloat16).requires_grad_(true); };
+  const Inputs in{bf16(f.q), bf16(f.k), bf16(f.v), bf16(f.pe), f.ratio.detach()};
+  SpanAttentionOptions o;
+  o.attn_span = c.L;
+  o.ramp = 32;
+  at::Tensor out[2];
+  std::vector<at::Tensor> grads[2];
+  for (int i = 0; i < 2; ++i) {
+    const ops::cpu::HalfProductsOverride products(i ? ops::cpu::HalfProducts::native : ops::cpu::HalfProducts::widened);
+    out[i] = ops::adaptive_span_attention(in.q, in.k, in.v, in.pe, in.ratio, o);
+    grads[i] = torch::autograd::grad({out[i].to(at::kFloat).square().sum()}, {in.q, in.k, in.v, in.pe});
+  }
+  EXPECT_GT(max_diff(out[0].to(at::kFloat), out[1].to(at::kFloat)), 0.0);
+  EXPECT_LT(max_diff(out[0].to(at::kFloat), out[1].to(at::kFloat)), 0.05);  // both within bf16 rounding
+  for (size_t g = 0; g < 4; ++g) {
+    const double scale = grads[0][g].to(at::kFloat).abs().max().item<double>();
+    EXPECT_LT(max_diff(grads[0][g].to(at::kFloat), grads[1][g].to(at::kFloat)) / scale, 0.05) << g;
+  }
+  const ops::cpu::HalfProductsOverride products(ops::cpu::HalfProducts::automatic);
+  EXPECT_EQ(ops::cpu::half_products_native(at::kBFloat16), ops::cpu::half_products_in_hardware(at::kBFloat16));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SpanAttentionOp, ::testing::ValuesIn(tu::span_test_cases()),

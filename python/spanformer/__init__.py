@@ -57,8 +57,9 @@ def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_
 
 
 def cpu_half_products(mode=None):
-    """How the CPU attention kernels multiply bfloat16 / float16 inputs, for the whole process:
-    "native" (16-bit operands, float32 accumulation; what "auto" picks where the CPU has AMX) or
+    """How the CPU attention kernels (flash and adaptive span) multiply bfloat16 / float16 inputs, for the whole process:
+    "native" (16-bit operands, float32 accumulation; what "auto" picks where the CPU has AMX, or
+    AVX512-BF16 for bfloat16) or
     "widened" (converted to float32 first). mode: "auto", "widened" or "native" sets it; None only asks.
     Returns what bfloat16 inputs get now. SPANFORMER_CPU_HALF_PRODUCTS sets the starting mode."""
     if mode is not None and mode not in ("auto", "widened", "native"):

@@ -22,6 +22,7 @@
 #include "spanformer/util/torch_compat.h"
 #include "autograd_function.h"
 #include "backends.h"
+#include "cpu/tile_gemm.h"
 #include "dropout_hash.h"
 
 namespace spanformer::ops {
@@ -187,7 +188,7 @@ const SpanBackend& span_backend(const at::Tensor& q) {
 at::Tensor span_attention_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& key_pe_in, const at::Tensor& span_ratio, int64_t attn_span,
                                 double ramp, double dropout, bool training, int64_t seed, at::IntArrayRef visited) {
-  const OpAutocast cast(q_in);  // train.amp: the op's own compute dtype (op_autocast.h); the spans stay as they are
+  const OpAutocast cast(q_in, cpu::half_products_native);  // train.amp: the op's compute dtype (op_autocast.h); spans as they are
   const auto q = cast(q_in), k = cast(k_in), v = cast(v_in), key_pe = cast(key_pe_in);
   SpanAttentionOptions o{attn_span, ramp, dropout, training, 0, visited.vec()};
   check_arguments(q, k, v, key_pe, span_ratio, o);

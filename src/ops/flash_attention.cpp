@@ -220,7 +220,7 @@ struct FlashDispatchedRow {
 // spanformer::flash_attention (CompositeImplicitAutograd): checks once, resolves the band.
 at::Tensor flash_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, int64_t band,
                        double dropout, bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
-  const OpAutocast cast(q_in);  // train.amp: the op's own compute dtype (op_autocast.h)
+  const OpAutocast cast(q_in, cpu::half_products_native);  // train.amp: the op's own compute dtype (op_autocast.h)
   const auto q = cast(q_in), k = cast(k_in), v = cast(v_in);
   check(q, k, v, FlashOptions{band, dropout, training, 0, tile, cuda_kernel});
   if (band == 0 || band > k.size(2)) band = k.size(2);

@@ -29,7 +29,8 @@ std::string cuda_text() {
 
 std::string cpu_text() {
   const auto cpu = compat::cpu_info();
-  // The attention kernels' bf16 products: native where the CPU has AMX (ops/cpu/tile_gemm.h).
+  // The attention kernels' bf16 products: native where the CPU has AMX or AVX512-BF16
+  // (ops/cpu/tile_gemm.h).
   const bool native = ops::cpu::half_products_native(at::kBFloat16);
   return fmt::format("{}, {}, bf16 products: {} (attention kernels: {})", cpu.name, cpu.vector_isa,
                      cpu.bf16_hardware(), native ? "bf16 operands" : "widened to float32");

@@ -254,12 +254,14 @@ def test_compile_inductor():
 
 def test_cpu_half_products_switch_and_refuse_unknown_modes():
     """spanformer.cpu_half_products sets what the CPU kernels do with bf16 inputs and says it; `auto`
-    comes back to where the process started (native exactly where the CPU has AMX); a wrong mode is a
-    ValueError naming the modes, and changes nothing."""
+    comes back to where the process started (native exactly where the CPU has bf16 hardware, AMX or
+    AVX512-BF16, and the LibTorch has 16-bit tile products); a wrong mode is a ValueError naming the
+    modes, and changes nothing."""
     start = spanformer.cpu_half_products()
-    amx = "amx_bf16" in open("/proc/cpuinfo").read()
+    flags = open("/proc/cpuinfo").read().split()
+    hardware = "amx_bf16" in flags or "avx512_bf16" in flags
     if "SPANFORMER_CPU_HALF_PRODUCTS" not in os.environ:
-        assert start == ("native" if amx else "widened")
+        assert start == ("native" if hardware and int(torch.__version__.split(".")[0]) >= 2 else "widened")
     try:
         if int(torch.__version__.split(".")[0]) < 2:  # LibTorch 1.13 has no 16-bit brgemm: refused by name
             with pytest.raises(RuntimeError, match="no 16-bit brgemm"):
@@ -272,6 +274,40 @@ def test_cpu_half_products_switch_and_refuse_unknown_modes():
         assert spanformer.cpu_half_products() == "widened"
     finally:
         assert spanformer.cpu_half_products("auto") == start
+
+
+def test_cpu_autocast_runs_the_ops_in_bf16_exactly_where_products_are_native():
+    """Under torch.autocast("cpu", bfloat16) the flash and adaptive-span ops compute in bf16 where the
+    kernels take bf16 operands (cpu_half_products() == "native") and in float32 where they would widen;
+    either way the output and the gradients of the float32 inputs stay within bf16 rounding of the
+    float32 op (relative 2^-5: a few bf16 ulps of the operands through two products)."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 70, 32, requires_grad=True) for _ in range(3))
+    kk, vv = (torch.randn(1, 2, 70 + 48, 32, requires_grad=True) for _ in range(2))
+    pe = torch.randn(32, 48, requires_grad=True)
+    ratio = torch.tensor([0.3, 0.9], requires_grad=True)
+    ops = {
+        "flash": (lambda: spanformer.flash_attention(q, k, v), (q, k, v)),
+        "adaptive span": (lambda: spanformer.adaptive_span_attention(q, kk, vv, pe, ratio, attn_span=48, ramp=8),
+                          (q, kk, vv, pe, ratio)),
+    }
+    for mode in ("widened", "native") if int(torch.__version__.split(".")[0]) >= 2 else ("widened",):
+        start = spanformer.cpu_half_products()
+        try:
+            spanformer.cpu_half_products(mode)
+            for name, (op, inputs) in ops.items():
+                want = op()
+                want_grads = torch.autograd.grad(want.square().sum(), inputs)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    got = op()
+                assert got.dtype == (torch.bfloat16 if mode == "native" else torch.float32), (name, mode)
+                got_grads = torch.autograd.grad(got.float().square().sum(), inputs)
+                assert (got.float() - want).abs().max() < 2 ** -5 * want.abs().max(), (name, mode)
+                for g, w in zip(got_grads, want_grads):
+                    assert g.dtype == torch.float32
+                    assert (g - w).abs().max() < 2 ** -5 * w.abs().max(), (name, mode)
+        finally:
+            spanformer.cpu_half_products(start if start == "widened" else "auto")
 
 
 def test_integer_and_mixed_inputs_are_one_line_errors_naming_the_dtypes():

@@ -25,7 +25,8 @@
 // product reads a tile's transpose from contiguous memory.
 //
 // Dtypes: float32 and float64 are computed in their own precision. bfloat16 and float16 inputs meet the
-// products in one of two ways (tile_gemm.h, half_products_native: native where the CPU has AMX):
+// products in one of two ways (tile_gemm.h, half_products_native: native where the CPU has AMX or,
+// for bfloat16, AVX512-BF16):
 //   widened  q, k, v and dO widened to float32 once per head, every product in float32, each result
 //            rounded once, as the CUDA kernels do;
 //   native   the products take 16-bit operands with float32 accumulation: q, k, v, dO as they are, P

@@ -36,12 +36,17 @@
 //   v4  v3 keeping p from the forward when gradients are needed: six window-long products in training,
 //       one stored M x W tensor per head instead of the plain path's several. A composition of ATen ops
 //       per tile: every op allocated its (T, W) result and made a pass over it.
-//   v5  (this file) v4's arithmetic with the products written in place, one loop per row for the rest
-//       (in double), the mask held in double after the reference's arithmetic, bf16 / fp16 inputs
-//       computed in float32 (v4 failed on bf16 inputs with float32 spans), and the work handed out as threads come free: (head, tile) items in forward,
-//       whole heads in backward (a head's key gradients need one owner), costliest first.
+//   v5  v4's arithmetic with the products written in place, one loop per row for the rest (in double),
+//       the mask held in double after the reference's arithmetic, bf16 / fp16 inputs computed in float32
+//       (v4 failed on bf16 inputs with float32 spans), and the work handed out as threads come free:
+//       (head, tile) items in forward, whole heads in backward (a head's key gradients need one owner),
+//       costliest first.
+//   v6  (this file) v5 beside a kernel whose products take 16-bit operands (forward_kernel_native,
+//       backward_kernel_native), chosen by tile_gemm.h's half_products_native: where the CPU
+//       multiplies bf16 in hardware, and under train.amp=bf16 there (op_autocast.h).
 #include "span_attention_cpu.h"
 
+#include "tile_gemm.h"
 #include "work_queue.h"
 
 #include <ATen/OpMathType.h>
@@ -144,18 +149,19 @@ struct Dropout {
 
 // a = a~ keep / (1 - p) of one tile, written skewed into A (T, S + T - 1) for the product with Vt.
 // p: the tile's softmax rows (ld W). In double, as backward rebuilds it (backward_rows).
-template <typename scalar_t>
+template <typename scalar_t, typename op_t = scalar_t>
 void attention_weights(const scalar_t* p, int64_t W, const HeadMask& hm, const Dropout& drop, int64_t b, int64_t h,
-                       int64_t i0, int64_t T, scalar_t* A) {
+                       int64_t i0, int64_t T, op_t* A) {
   const int64_t S = hm.S, ld = S + T - 1;
   const std::vector<double>& m = hm.m;
   std::vector<double> scale(S, 1.0);
   for (int64_t r = 0; r < T; ++r) {
     const scalar_t* pv = p + r * W + (W - S);
-    scalar_t* a = A + r * ld;
+    op_t* a = A + r * ld;
     if (drop.on()) drop.row(scale.data(), b, h, i0 + r, S);
     const double inv_n = 1.0 / (sum_of(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
-    for (int64_t c = 0; c < S; ++c) a[r + c] = static_cast<at::opmath_type<scalar_t>>(double(pv[c]) * m[c] * inv_n * scale[c]);
+    for (int64_t c = 0; c < S; ++c)
+      a[r + c] = static_cast<op_t>(static_cast<at::opmath_type<scalar_t>>(double(pv[c]) * m[c] * inv_n * scale[c]));
     zero_outside_band(a, r, S, T);
   }
 }
@@ -208,9 +214,9 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // The row loop of one backward tile. In: p (T, W) of the forward, G = dO Vt^T (T, S + T - 1). Out: the
 // skewed a (T, S + T - 1) for dV, the skewed ds / sqrt(D) (T, W + T - 1) for dQ, dK and d key_pe;
 // returns the tile's share of d ratio.
-template <typename scalar_t>
+template <typename scalar_t, typename op_t = scalar_t>
 double backward_rows(const scalar_t* p, const scalar_t* G, int64_t W, const HeadMask& hm, const Dropout& drop,
-                     int64_t b, int64_t h, int64_t i0, int64_t T, double alpha, scalar_t* A, scalar_t* Ds) {
+                     int64_t b, int64_t h, int64_t i0, int64_t T, double alpha, op_t* A, op_t* Ds) {
   using opmath_t = at::opmath_type<scalar_t>;
   // The visited columns in double: d ratio sums t over every row, and t = (da~ - <da~, a~>) pv / n cancels.
   const int64_t S = hm.S, lda = S + T - 1, ldd = W + T - 1;
@@ -221,13 +227,13 @@ double backward_rows(const scalar_t* p, const scalar_t* G, int64_t W, const Head
     const scalar_t* pr = p + r * W;
     const scalar_t* pv = pr + (W - S);
     const scalar_t* g = G + r * lda + r;                                          // dA of row r: (S)
-    scalar_t* a = A + r * lda + r;                                                // a of row r: (S)
+    op_t* a = A + r * lda + r;                                                    // a of row r: (S)
     if (drop.on()) drop.row(scale.data(), b, h, i0 + r, S);
     const double inv_n = 1.0 / (sum_of(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
     const double dot = sum_of(S, [&](int64_t c) {                                 // <da~, a~>; a, da~ stored
       const double a_tilde = double(pv[c]) * m[c] * inv_n;
       da[c] = double(g[c]) * scale[c];
-      a[c] = static_cast<opmath_t>(a_tilde * scale[c]);                          // a = a~ keep / (1 - p)
+      a[c] = static_cast<op_t>(static_cast<opmath_t>(a_tilde * scale[c]));       // a = a~ keep / (1 - p)
       return da[c] * a_tilde;
     });
     zero_outside_band(A + r * lda, r, S, T);
@@ -236,10 +242,11 @@ double backward_rows(const scalar_t* p, const scalar_t* G, int64_t W, const Head
       return t[c] * m[c];
     });
     for (int64_t c = hm.ramp_begin; c < hm.ramp_end; ++c) dratio += t[c] * hm.dm[c];
-    scalar_t* ds = Ds + r * ldd + r;                                              // (W) of row r
+    op_t* ds = Ds + r * ldd + r;                                                  // (W) of row r
     const opmath_t a_c = static_cast<opmath_t>(alpha * cr);
-    for (int64_t x = 0; x < W - S; ++x) ds[x] = -opmath_t(pr[x]) * a_c;           // far: the Z term's gradient
-    for (int64_t c = 0; c < S; ++c) ds[W - S + c] = static_cast<opmath_t>(alpha * (t[c] * m[c] - double(pv[c]) * cr));
+    for (int64_t x = 0; x < W - S; ++x) ds[x] = static_cast<op_t>(-opmath_t(pr[x]) * a_c);  // far: the Z term's gradient
+    for (int64_t c = 0; c < S; ++c)
+      ds[W - S + c] = static_cast<op_t>(static_cast<opmath_t>(alpha * (t[c] * m[c] - double(pv[c]) * cr)));
     zero_outside_band(Ds + r * ldd, r, W, T);
   }
   return dratio;
@@ -287,12 +294,130 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
   });
 }
 
+
+// ---- 16-bit operands (native products, tile_gemm.h) --------------------------------------------------
+// The same tiles with q, k, v, key_pe and dO entering the products as they are and the skewed a and ds
+// rounded to 16 bits before the products that read them; the scores, p, the row loops and every
+// accumulation (the output tile, dQ, dK, dV, d key_pe) stay float32 or double. The products go through
+// tile_gemm, which reads its right-hand operand row-major: the keys enter the score product transposed
+// (k^T, made once per call), and the key and value gradients are accumulated transposed, dK^T += Q^T
+// skew(ds) and dV^T += dO^T skew(a), so that skew(ds) and skew(a) are right-hand operands as written.
+// 1/sqrt(D) divides the scores after both products (exact where it is a power of two, as the alpha of
+// the float32 kernel; as the reference divides elsewhere).
+
+// (rows, cols) row-major with ld_src into (cols, rows) contiguous.
+template <typename T>
+void transpose_into(const T* src, int64_t rows, int64_t cols, int64_t ld_src, T* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * ld_src + c];
+}
+
+template <typename half_t>
+void forward_kernel_native(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                           const std::vector<HeadMask>& masks, const SpanAttentionOptions& o, const Shape& s,
+                           at::Tensor& out, at::Tensor* p_keep) {
+  const double sqrt_d = std::sqrt(double(s.D));
+  const Dropout drop{o};
+  const auto kT = k.transpose(2, 3).contiguous();                                 // (B, K, D, W+M)
+  const half_t* pe_w = key_pe.data_ptr<half_t>() + (s.L - s.W);                   // (D, W), ld L
+  const auto heads = heads_by_cost(masks);
+  const auto f32 = q.options().dtype(at::kFloat);
+  const int64_t ldk = s.W + s.M;
+  for_each_item(s.K * s.tiles(), [&](int64_t j) {
+    const int64_t h = heads[j / s.tiles()], i0 = (j % s.tiles()) * kTile, T = std::min(kTile, s.M - i0);
+    const int64_t S = masks[h].S, ldc = s.W + T - 1, lda = S + T - 1;
+    auto C = at::empty({T, ldc}, f32);                                            // scores, skewed
+    auto P = p_keep ? at::Tensor() : at::empty({T, s.W}, f32);                    // p (evaluation)
+    auto A = at::empty({T, lda}, q.options());                                    // a, skewed, 16-bit
+    auto O = at::empty({T, s.D}, f32);                                            // output tile
+    float* c = C.data_ptr<float>();
+    for (int64_t b = 0; b < s.B; ++b) {
+      const half_t* Q = q[b][h].data_ptr<half_t>() + i0 * s.D;                    // (T, D)
+      const half_t* KtT = kT[b][h].data_ptr<half_t>() + i0;                       // (D, W+T-1), ld W+M
+      const half_t* Vt = v[b][h].data_ptr<half_t>() + (i0 + s.W - S) * s.D;       // (S+T-1, D)
+      tile_gemm(T, ldc, s.D, Q, s.D, KtT, ldk, c, ldc, false);                    // (T, W+T-1) = Q Kt^T
+      tile_gemm(T, s.W, s.D, Q, s.D, pe_w, s.L, c, ldc + 1, true);                // unskewed (T, W) += Q pe_w
+      auto sc = unskewed(C, s.W);                                                 // (T, W), ld W + T
+      sc.div_(sqrt_d);
+      auto p = p_keep ? (*p_keep)[h][b].narrow(0, i0, T) : P;                     // (T, W)
+      at::_softmax_out(p, sc, 1, false);
+      attention_weights(p.data_ptr<float>(), s.W, masks[h], drop, b, h, i0, T, A.data_ptr<half_t>());
+      tile_gemm(T, s.D, lda, A.data_ptr<half_t>(), lda, Vt, s.D, O.data_ptr<float>(), s.D, false);  // skew(a) Vt
+      out[b][h].narrow(0, i0, T).copy_(O);                                        // (T, D), rounded once
+    }
+    release_half_products(q.scalar_type());
+  });
+}
+
+template <typename half_t>
+void backward_kernel_native(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& key_pe, const std::vector<HeadMask>& masks, const SpanAttentionOptions& o,
+                            const Shape& s, const at::Tensor& p_kept, at::Tensor& gq, at::Tensor& gkT, at::Tensor& gvT,
+                            at::Tensor& pe_parts, std::vector<double>& dratio) {
+  const double alpha = 1.0 / std::sqrt(double(s.D));
+  const Dropout drop{o};
+  const auto vT = v.transpose(2, 3).contiguous();                                 // (B, K, D, W+M)
+  const auto peT = key_pe.t().contiguous();                                       // (L, D)
+  const half_t* pe_wT = peT.data_ptr<half_t>() + (s.L - s.W) * s.D;               // (W, D)
+  const auto heads = heads_by_cost(masks);
+  const auto f32 = q.options().dtype(at::kFloat);
+  const int64_t ldk = s.W + s.M;
+  for_each_item(s.K, [&](int64_t j) {
+    const int64_t h = heads[j];
+    const int64_t S = masks[h].S;
+    float* dpe = pe_parts[h].data_ptr<float>();                                   // (D, W)
+    double dratio_h = 0;
+    std::vector<half_t> QT(s.D * kTile), dOT(s.D * kTile);                        // (D, T) each
+    for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
+      const int64_t T = std::min(kTile, s.M - i0), ldd = s.W + T - 1, lda = S + T - 1;
+      auto Ds = at::empty({T, ldd}, q.options());                                 // skewed ds / sqrt(D), 16-bit
+      auto A = at::empty({T, lda}, q.options());                                  // skewed a, 16-bit
+      auto G = at::empty({T, lda}, f32);                                          // dO Vt^T
+      auto dQ = at::empty({T, s.D}, f32);
+      half_t* ds = Ds.data_ptr<half_t>();
+      half_t* a = A.data_ptr<half_t>();
+      for (int64_t b = 0; b < s.B; ++b) {
+        const half_t* Q = q[b][h].data_ptr<half_t>() + i0 * s.D;                  // (T, D)
+        const half_t* dO = grad_out[b][h].data_ptr<half_t>() + i0 * s.D;          // (T, D)
+        const half_t* Kt = k[b][h].data_ptr<half_t>() + i0 * s.D;                 // (W+T-1, D)
+        const half_t* VtT = vT[b][h].data_ptr<half_t>() + (i0 + s.W - S);         // (D, S+T-1), ld W+M
+        tile_gemm(T, lda, s.D, dO, s.D, VtT, ldk, G.data_ptr<float>(), lda, false);  // G = dO Vt^T
+        dratio_h += backward_rows(p_kept[h][b].narrow(0, i0, T).data_ptr<float>(), G.data_ptr<float>(), s.W,
+                                  masks[h], drop, b, h, i0, T, alpha, a, ds);
+        transpose_into(Q, T, s.D, s.D, QT.data());
+        transpose_into(dO, T, s.D, s.D, dOT.data());
+        float* dvT = gvT[b][h].data_ptr<float>() + (i0 + s.W - S);                // (D, S+T-1), ld W+M
+        tile_gemm(s.D, lda, T, dOT.data(), T, a, lda, dvT, ldk, true);            // dVt^T += dO^T skew(a)
+        tile_gemm(T, s.D, ldd, ds, ldd, Kt, s.D, dQ.data_ptr<float>(), s.D, false);  // dQ = skew(ds) Kt
+        tile_gemm(T, s.D, s.W, ds, ldd + 1, pe_wT, s.D, dQ.data_ptr<float>(), s.D, true);  // += ds pe_w^T
+        gq[b][h].narrow(0, i0, T).copy_(dQ);                                      // (T, D), rounded once
+        float* dkT = gkT[b][h].data_ptr<float>() + i0;                            // (D, W+T-1), ld W+M
+        tile_gemm(s.D, ldd, T, QT.data(), T, ds, ldd, dkT, ldk, true);            // dKt^T += Q^T skew(ds)
+        tile_gemm(s.D, s.W, T, QT.data(), T, ds, ldd + 1, dpe, s.W, true);        // d pe_w += Q^T ds
+      }
+    }
+    dratio[h] = dratio_h;
+    release_half_products(q.scalar_type());
+  });
+}
+
 }  // namespace
 
 Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                const SpanAttentionOptions& o, bool keep_p) {
   const auto ct = span_compute_dtype(q.scalar_type());
+  if (ct != q.scalar_type() && half_products_native(q.scalar_type())) {  // 16-bit operands, float32 rest
+    const Shape s = shape_of(q, k, o);
+    const auto masks = head_masks(span_ratio, o);
+    const auto f32 = q.options().dtype(ct);
+    at::Tensor kept = keep_p ? at::empty({s.K, s.B, s.M, s.W}, f32) : at::empty({0}, f32);  // (K, B, M, W)
+    auto out = at::empty({s.B, s.K, s.M, s.D}, q.options());                      // (B, K, M, D)
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(q.scalar_type(), "span_attention_forward_native", [&] {
+      forward_kernel_native<scalar_t>(q, k, v, key_pe, masks, o, s, out, keep_p ? &kept : nullptr);
+    });
+    return {out, kept};
+  }
   if (ct != q.scalar_type()) {  // 16-bit inputs: computed in float32, the output rounded once
     auto f = span_attention_forward(q.to(ct), k.to(ct), v.to(ct), key_pe.to(ct), span_ratio, o, keep_p);
     return {f.out.to(q.scalar_type()), f.saved};
@@ -314,6 +439,30 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
                                            const at::Tensor& p_kept) {
   TORCH_CHECK(p_kept.dim() == 4, "span_attention_backward: the forward kept no probabilities");
   const auto ct = span_compute_dtype(q.scalar_type());
+  if (ct != q.scalar_type() && half_products_native(q.scalar_type())) {  // 16-bit operands, float32 rest
+    TORCH_CHECK(p_kept.scalar_type() == ct && p_kept.is_contiguous(),
+                "span_attention_backward: p was kept in another dtype or layout");
+    const Shape s = shape_of(q, k, o);
+    const auto masks = head_masks(span_ratio, o);
+    const auto f32 = q.options().dtype(ct);
+    SpanAttentionGrads g;
+    auto gq = at::empty({s.B, s.K, s.M, s.D}, q.options());                       // every row written once
+    auto gkT = at::zeros({s.B, s.K, s.D, s.W + s.M}, f32);                        // accumulated over tiles
+    auto gvT = at::zeros({s.B, s.K, s.D, s.W + s.M}, f32);
+    auto pe_parts = at::zeros({s.K, s.D, s.W}, f32);                              // summed over heads at the end
+    std::vector<double> dratio(s.K, 0.0);
+    const auto dO = grad_out.to(q.scalar_type()).contiguous();                    // (B, K, M, D)
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(q.scalar_type(), "span_attention_backward_native", [&] {
+      backward_kernel_native<scalar_t>(dO, q, k, v, key_pe, masks, o, s, p_kept, gq, gkT, gvT, pe_parts, dratio);
+    });
+    g.q = gq;
+    g.k = gkT.transpose(2, 3).to(k.scalar_type()).contiguous();                   // (B, K, W+M, D)
+    g.v = gvT.transpose(2, 3).to(v.scalar_type()).contiguous();
+    g.key_pe = at::zeros({s.D, s.L}, key_pe.options());
+    g.key_pe.narrow(1, s.L - s.W, s.W).copy_(pe_parts.sum(0));
+    g.span_ratio = at::tensor(dratio, span_ratio.options().dtype(at::kDouble)).to(span_ratio.scalar_type());
+    return g;
+  }
   if (ct != q.scalar_type()) {  // 16-bit inputs: computed in float32, each gradient rounded once
     auto g = span_attention_backward(grad_out.to(ct), q.to(ct), k.to(ct), v.to(ct), key_pe.to(ct), span_ratio, o,
                                      p_kept);

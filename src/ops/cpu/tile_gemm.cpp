@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/torch_compat.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -32,8 +33,32 @@ void mm_on_views(int64_t M, int64_t N, int64_t K, const scalar_t* A, int64_t ld_
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
 constexpr bool kHalfBrgemm = true;
 
-// C (M, N) (+)= A (M, K) B (K, N) with 16-bit operands. With AMX: B packed into pairs of rows, K padded
-// to even (a zero row of B, a zero column of A), both in this thread's buffers.
+// B (K, N), row-major with ld_b, into the pairs-of-rows (VNNI) layout (Ke / 2, N, 2), Ke = K rounded up
+// to even, a zero row after an odd K: element (k, n) goes to ((k / 2) N + n) 2 + k % 2. Two 16-bit
+// values make one 32-bit word, the even row's in the low half (x86 is little-endian); the inner loop is
+// what the compiler vectorises.
+template <typename half_t>
+void pack_pairs(int64_t K, int64_t N, const half_t* B, int64_t ld_b, half_t* out) {
+  static_assert(sizeof(half_t) == 2);
+  const auto* b = reinterpret_cast<const uint16_t*>(B);
+  auto* o = reinterpret_cast<uint32_t*>(out);
+  int64_t k = 0;
+  for (; k + 1 < K; k += 2) {
+    const uint16_t* r0 = b + k * ld_b;
+    const uint16_t* r1 = r0 + ld_b;
+    uint32_t* dst = o + (k / 2) * N;
+    for (int64_t n = 0; n < N; ++n) dst[n] = uint32_t(r0[n]) | (uint32_t(r1[n]) << 16);
+  }
+  if (k < K) {
+    const uint16_t* r0 = b + k * ld_b;
+    uint32_t* dst = o + (k / 2) * N;
+    for (int64_t n = 0; n < N; ++n) dst[n] = uint32_t(r0[n]);
+  }
+}
+
+// C (M, N) (+)= A (M, K) B (K, N) with 16-bit operands. Where the CPU multiplies them natively, B goes
+// into pairs of rows: by ATen's cpublas::pack where it can (AMX), by pack_pairs elsewhere (AVX512-BF16);
+// K is padded to even with a zero column of A (in this thread's buffer) and a zero row of B.
 template <typename half_t>
 void half_gemm(int64_t M, int64_t N, int64_t K, const half_t* A, int64_t ld_a, const half_t* B, int64_t ld_b, float* C,
                int64_t ld_c, bool accumulate) {
@@ -47,16 +72,50 @@ void half_gemm(int64_t M, int64_t N, int64_t K, const half_t* A, int64_t ld_a, c
   if (Ke != K) {
     a_even.assign(static_cast<size_t>(M * Ke), half_t(0.0f));  // (M, Ke)
     for (int64_t r = 0; r < M; ++r) std::memcpy(a_even.data() + r * Ke, A + r * ld_a, K * sizeof(half_t));
-    b_even.assign(static_cast<size_t>(Ke * N), half_t(0.0f));  // (Ke, N)
-    for (int64_t r = 0; r < K; ++r) std::memcpy(b_even.data() + r * N, B + r * ld_b, N * sizeof(half_t));
     A = a_even.data();
     ld_a = Ke;
-    B = b_even.data();
-    ld_b = N;
   }
   b_packed.resize(static_cast<size_t>(Ke * N));  // (Ke / 2, N, 2)
-  at::native::cpublas::pack(Ke, N, ld_b, N, dtype, dtype, B, b_packed.data());
+  static const bool aten_packs = at::native::cpublas::could_pack(dtype);
+  if (aten_packs) {
+    if (Ke != K) {
+      b_even.assign(static_cast<size_t>(Ke * N), half_t(0.0f));  // (Ke, N)
+      for (int64_t r = 0; r < K; ++r) std::memcpy(b_even.data() + r * N, B + r * ld_b, N * sizeof(half_t));
+      B = b_even.data();
+      ld_b = N;
+    }
+    at::native::cpublas::pack(Ke, N, ld_b, N, dtype, dtype, B, b_packed.data());
+  } else {
+    pack_pairs(K, N, B, ld_b, b_packed.data());
+  }
   at::native::cpublas::brgemm(M, N, Ke, ld_a, N, ld_c, accumulate, A, b_packed.data(), C, /*is_vnni=*/true);
+}
+
+// Whether ATen's brgemm multiplies 16-bit operands in pairs-of-rows layout on this CPU: AMX (where
+// cpublas::could_pack), or for bfloat16 AVX512-BF16, which the brgemm serves but could_pack does not
+// report. Asked by running one small product (an unsupported CPU throws) and checking its result.
+bool vnni_products_work(c10::ScalarType dtype) {
+  if (at::native::cpublas::could_pack(dtype)) return true;
+  if (dtype != at::kBFloat16 || !compat::cpu_info().avx512_bf16) return false;
+  const int64_t M = 2, N = 3, K = 4;
+  std::vector<c10::BFloat16> a(M * K), b(K * N), packed(K * N);
+  for (int64_t i = 0; i < M * K; ++i) a[i] = c10::BFloat16(float(i % 5) - 2.0f);
+  for (int64_t i = 0; i < K * N; ++i) b[i] = c10::BFloat16(float(i % 7) - 3.0f);
+  pack_pairs(K, N, b.data(), N, packed.data());
+  std::vector<float> c(M * N, 0.0f);
+  try {
+    at::native::cpublas::brgemm(M, N, K, K, N, N, false, a.data(), packed.data(), c.data(), /*is_vnni=*/true);
+    at::native::cpublas::brgemm_release(/*is_vnni=*/true);
+  } catch (const std::exception&) {
+    return false;
+  }
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      float want = 0;
+      for (int64_t x = 0; x < K; ++x) want += float(a[i * K + x]) * float(b[x * N + j]);
+      if (c[i * N + j] != want) return false;  // small integers: exact in any order
+    }
+  return true;
 }
 #else
 constexpr bool kHalfBrgemm = false;
@@ -123,8 +182,8 @@ bool half_products_available() { return kHalfBrgemm; }
 
 bool half_products_in_hardware(c10::ScalarType dtype) {
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
-  static const bool bf16 = at::native::cpublas::could_pack(at::kBFloat16);
-  static const bool f16 = at::native::cpublas::could_pack(at::kHalf);
+  static const bool bf16 = vnni_products_work(at::kBFloat16);
+  static const bool f16 = vnni_products_work(at::kHalf);
   return dtype == at::kBFloat16 ? bf16 : dtype == at::kHalf ? f16 : false;
 #else
   return false;

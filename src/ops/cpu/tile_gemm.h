@@ -7,11 +7,15 @@
 // shapes (64 x 256 x 64, 64 x 64 x 256): brgemm 107-116 GFLOP/s, MKL's sgemm 93-96, at::mm 90.
 //
 // 16-bit operands (bfloat16 x bfloat16 or float16 x float16, float32 accumulation into C): where the
-// CPU multiplies them natively (AMX; ATen's cpublas::could_pack), B is packed into the pairs-of-rows
-// (VNNI) layout the micro-kernel reads, K padded to even with a zero row of B and column of A, in
-// per-thread buffers; elsewhere ATen's brgemm computes them in its portable fallback. On the AMD EPYC
-// above (AVX512-BF16, no AMX) that fallback does 87 GFLOP/s at 64 x 256 x 64 against float32's 109,
-// so the kernels widen 16-bit inputs to float32 there (half_products below).
+// CPU multiplies them natively, B is packed into the pairs-of-rows (VNNI) layout the micro-kernel reads,
+// K padded to even with a zero row of B and column of A, in per-thread buffers: by ATen's
+// cpublas::pack on AMX, by our own packing for bfloat16 on AVX512-BF16 (oneDNN's brgemm runs its
+// dot-product instructions there, but cpublas::could_pack only reports AMX; a one-time probe product
+// checks that it does). Elsewhere (AVX2, AVX-512 without BF16, float16 without AMX-FP16) ATen's brgemm
+// computes them in its portable fallback, slower than float32, so the kernels widen there
+// (half_products below). Measured on one core of the AMD EPYC above (AVX512-BF16, no AMX), the
+// brgemm alone on pre-packed operands: bfloat16 185-226 GFLOP/s at 64 x 103 x 32 .. 64 x 64 x 256,
+// float32 94-114, the portable bfloat16 fallback 57-87.
 #pragma once
 #include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
@@ -37,14 +41,14 @@ const char* tile_gemm_engine();
 // How the kernels meet 16-bit inputs in their products:
 //   widened  converted to float32 once and multiplied in float32 (every LibTorch, every CPU);
 //   native   multiplied as 16-bit operands with float32 accumulation (the 16-bit tile_gemm above).
-// `auto` (the default) is native where the CPU multiplies that dtype natively (AMX) and this LibTorch
-// has 16-bit brgemm, widened elsewhere. SPANFORMER_CPU_HALF_PRODUCTS=auto|widened|native sets it for
+// `auto` (the default) is native where the CPU multiplies that dtype natively (AMX; AVX512-BF16 for
+// bfloat16) and this LibTorch has 16-bit brgemm, widened elsewhere. SPANFORMER_CPU_HALF_PRODUCTS=auto|widened|native sets it for
 // the process (read once); HalfProductsOverride sets it for a scope (the tests reach both everywhere).
 // native is refused with a one-line error on a LibTorch without 16-bit brgemm.
 enum class HalfProducts { automatic, widened, native };
 bool half_products_native(c10::ScalarType dtype);  // for 16-bit dtypes; false for float32 and float64
 bool half_products_available();                      // whether this LibTorch has 16-bit brgemm
-bool half_products_in_hardware(c10::ScalarType dtype);  // AMX for bfloat16 / float16 (cpublas::could_pack)
+bool half_products_in_hardware(c10::ScalarType dtype);  // pairs-of-rows products: AMX, or AVX512-BF16 for bfloat16
 
 // Sets the process-wide mode (the override's, so it wins over the environment), by name: "auto",
 // "widened" or "native"; anything else is a one-line error.
