@@ -124,6 +124,56 @@ TEST_P(SpanAttentionOp, BFloat16AndFloat16WithSpansOfTheirDtypeWithinTheirRefere
   }
 }
 
+// The span ratios' gradient in 16 bits, held to float32 rather than to the 16-bit composition (whose own
+// error reaches tens of percent on this sum of cancelling terms, and so allowed as much). The answer the
+// kernel owes is that of the inputs it is given: the 16-bit q, k, v, key_pe and output gradient and the
+// float32 spans (as train.amp passes them), computed exactly (float64). The CPU kernel computes this
+// gradient from float32 p and float32 products of the 16-bit operands, in double sums, so it must be as
+// close to that answer as the float32 composition on the same inputs is, within a factor of 2 (or 8
+// float32 ulp of the largest magnitude where that composition happens to be nearly exact), with both
+// kinds of products. (Spans in 16 bits are another function, not a rounding of this one: the mask is
+// computed in the spans' dtype, as the reference computes it, so z moves by up to 2^-8 relative; the
+// test above holds that case to the same-dtype composition.) Measured on the AMD EPYC of
+// docs/benchmarks.md: kernel 2.4e-8 .. 8.3e-7 relative, float32 composition 7.7e-8 .. 1.6e-6, at most
+// 0.87 of the allowance.
+TEST_P(SpanAttentionOp, SixteenBitSpanGradientWithinFloat32OfTheExactAnswerForItsInputs) {
+  const auto& c = GetParam();
+  SCOPED_TRACE(tu::span_label(c));
+  const auto inputs = tu::span_inputs(c);
+  const auto o = tu::span_options(c);
+  const auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
+  std::vector<at::ScalarType> dtypes{at::kBFloat16};
+#if SPANFORMER_HAS_CPU_HALF_MATMUL
+  dtypes.push_back(at::kHalf);
+#endif
+  for (auto dtype : dtypes)
+    for (auto kind : half_product_kinds()) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + ", " + kind_name(kind));
+        const ops::cpu::HalfProductsOverride products(kind);
+        // The inputs as the kernel gets them: rounded to the dtype (the spans to float32), the output's
+        // gradient too (autograd hands the kernel `weights` in the output's dtype).
+        std::vector<at::Tensor> given;
+        for (size_t i = 0; i < 4; ++i) given.push_back(inputs[i].to(dtype));
+        given.push_back(inputs[4].to(at::kFloat));
+        const auto w = weights.to(dtype).to(at::kDouble);
+        auto ratio_grad = [&](at::ScalarType t, bool kernel) {
+          std::vector<at::Tensor> in;
+          for (size_t i = 0; i < 4; ++i) in.push_back(given[i].to(t).requires_grad_(true));
+          in.push_back((t == dtype ? given[4] : given[4].to(t)).requires_grad_(true));  // float32 beside 16 bits
+          auto out = kernel ? ops::adaptive_span_attention(in[0], in[1], in[2], in[3], in[4], o)
+                            : ops::adaptive_span_attention_reference(in[0], in[1], in[2], in[3], in[4], o);
+          return torch::autograd::grad({(out.to(at::kDouble) * w).sum()}, {in[4]})[0].to(at::kDouble);
+        };
+        const auto exact = ratio_grad(at::kDouble, false), f32 = ratio_grad(at::kFloat, false);
+        const auto kernel = ratio_grad(dtype, true);
+        const double scale = std::max(1e-3, exact.abs().max().item<double>());
+        const double f32_error = max_diff(f32, exact) / scale, kernel_error = max_diff(kernel, exact) / scale;
+        std::printf("measured: span_ratio %s, float32 spans, %s: kernel %.3g, float32 composition %.3g\n",
+                    c10::toString(dtype), kind_name(kind), kernel_error, f32_error);
+        EXPECT_LE(kernel_error, 2.0 * std::max(f32_error, 8 * std::ldexp(1.0, -23)));
+      }
+}
+
 // The two kinds are different computations (were `native` to widen, the outputs would be equal) of the
 // same attention, and `auto` follows the CPU's 16-bit hardware, as for the flash kernel.
 TEST(SpanAttentionOpTest, SixteenBitProductsSwitchBetweenTwoComputations) {

@@ -13,11 +13,6 @@ constexpr auto kAttnImplNames = name_table("attn_impl", std::pair{AttnImpl::kAut
                                            std::pair{AttnImpl::kFused, "fused"},
                                            std::pair{AttnImpl::kPlain, "plain"});
 
-// span_fused: the fused op computes the scores over the whole window as the plain path does and saves
-// the value side and the stored M x W tensors; it pays off once the window is long and most of it lies
-// beyond the heads' spans.
-constexpr int64_t kSpanMinWindow = 512;
-constexpr int64_t kSpanMaxVisitedNum = 1, kSpanMaxVisitedDen = 2;
 // The banded / sparse paths against the plain composition: at most 3/4 of its query-key pairs.
 constexpr double kMaxReadFraction = 0.75;
 
@@ -28,13 +23,7 @@ AttnImpl parse_attn_impl(const std::string& name) { return kAttnImplNames.parse(
 
 namespace auto_rule {
 
-bool span_fused(bool cuda, int64_t window, const std::vector<int64_t>& visited) {
-  if (cuda) return false;
-  int64_t sum = 0;
-  for (int64_t S : visited) sum += S;
-  const auto K = static_cast<int64_t>(visited.size());
-  return window >= kSpanMinWindow && sum * kSpanMaxVisitedDen <= kSpanMaxVisitedNum * K * window;
-}
+bool span_fused(bool cuda) { return !cuda; }
 
 bool xl_per_head_windows(int64_t keys, int64_t queries, const std::vector<int64_t>& visited) {
   int64_t read = 0;  // per-head products pay off once they skip a quarter of the keys

@@ -65,8 +65,7 @@ bool SeqAttentionImpl::uses_fused_op(int64_t B, int64_t M) const {
     case AttnImpl::kFused: return true;
     case AttnImpl::kAuto: break;
   }
-  const int64_t W = used_span();
-  return auto_rule::span_fused(span->span_ratio.device().is_cuda(), W, span->visited(W));  // attention/attn_impl.h
+  return auto_rule::span_fused(span->span_ratio.device().is_cuda());  // attention/attn_impl.h
 }
 
 bool SeqAttentionImpl::uses_per_head_values(int64_t B, int64_t M) const {
