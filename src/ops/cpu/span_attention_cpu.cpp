@@ -413,9 +413,10 @@ Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const a
     const auto f32 = q.options().dtype(ct);
     at::Tensor kept = keep_p ? at::empty({s.K, s.B, s.M, s.W}, f32) : at::empty({0}, f32);  // (K, B, M, W)
     auto out = at::empty({s.B, s.K, s.M, s.D}, q.options());                      // (B, K, M, D)
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(q.scalar_type(), "span_attention_forward_native", [&] {
-      forward_kernel_native<scalar_t>(q, k, v, key_pe, masks, o, s, out, keep_p ? &kept : nullptr);
-    });
+    if (q.scalar_type() == at::kBFloat16)
+      forward_kernel_native<c10::BFloat16>(q, k, v, key_pe, masks, o, s, out, keep_p ? &kept : nullptr);
+    else
+      forward_kernel_native<c10::Half>(q, k, v, key_pe, masks, o, s, out, keep_p ? &kept : nullptr);
     return {out, kept};
   }
   if (ct != q.scalar_type()) {  // 16-bit inputs: computed in float32, the output rounded once
@@ -452,9 +453,10 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
     auto pe_parts = at::zeros({s.K, s.D, s.W}, f32);                              // summed over heads at the end
     std::vector<double> dratio(s.K, 0.0);
     const auto dO = grad_out.to(q.scalar_type()).contiguous();                    // (B, K, M, D)
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(q.scalar_type(), "span_attention_backward_native", [&] {
-      backward_kernel_native<scalar_t>(dO, q, k, v, key_pe, masks, o, s, p_kept, gq, gkT, gvT, pe_parts, dratio);
-    });
+    if (q.scalar_type() == at::kBFloat16)
+      backward_kernel_native<c10::BFloat16>(dO, q, k, v, key_pe, masks, o, s, p_kept, gq, gkT, gvT, pe_parts, dratio);
+    else
+      backward_kernel_native<c10::Half>(dO, q, k, v, key_pe, masks, o, s, p_kept, gq, gkT, gvT, pe_parts, dratio);
     g.q = gq;
     g.k = gkT.transpose(2, 3).to(k.scalar_type()).contiguous();                   // (B, K, W+M, D)
     g.v = gvT.transpose(2, 3).to(v.scalar_type()).contiguous();
