@@ -294,7 +294,6 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
   });
 }
 
-
 // ---- 16-bit operands (native products, tile_gemm.h) --------------------------------------------------
 // The same tiles with q, k, v, key_pe and dO entering the products as they are and the skewed a and ds
 // rounded to 16 bits before the products that read them; the scores, p, the row loops and every
