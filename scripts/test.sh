@@ -119,6 +119,14 @@ stage_python() {
   # in an isolated environment holding the pinned torch), then the wheel goes into a fresh virtual
   # environment, which pip fills with torch from PyPI beside it. (Running `pip install .` as well would
   # repeat the same build: minutes on 2 cores.)
+  # Two copies of PyPI's torch with its CUDA libraries (the build environment, then the fresh one) take
+  # about 6 GiB each: say so before pip runs out of disk space halfway through.
+  local free_gib
+  free_gib=$(( $(df -Pk "$tmp" | awk 'NR == 2 {print $4}') / 1048576 ))
+  if [ "$free_gib" -lt 14 ]; then
+    echo "test: the python stage needs about 14 GiB free under $(dirname "$tmp"); $free_gib GiB are free" >&2
+    return 1
+  fi
   /usr/bin/python3 -m venv "$tmp/env"
   "$tmp/env/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$tmp/dist" .
   local wheel
