@@ -27,6 +27,9 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       ->check(CLI::IsMember({"train", "eval", "generate"}));
   cmd->add_option("--steps", r.steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", r.warmup, "untimed steps first")->capture_default_str();
+  cmd->add_option("--profile", r.profile, "profile the timed steps (train and eval modes): a Chrome trace of every "
+                                         "ATen call to this file, the operators by their own time to stderr")
+      ->check(CLI::NonexistentPath | CLI::ExistingFile);
   cmd->add_flag("--json", r.json, "print one JSON record of the figures instead of the two text lines");
   // The families' settings: one option each, its help from the first family that lists it, plus who reads it.
   std::map<std::string, std::pair<std::string, std::string>> settings;  // name -> (help, families)
@@ -52,6 +55,8 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (g->threads > 0) family->train().threads = g->threads;
       auto request = o->request;
       request.mode = train::parse_bench_mode(o->mode);
+      if (!request.profile.empty() && request.mode == train::BenchMode::kGenerate)
+        fail("bench: --profile profiles training steps or evaluation (--mode train or eval), not generation");
       if (!g->device.empty()) family->train().device = g->device;
       if (request.mode == train::BenchMode::kTrain) family->check_training_step();
       request.threads = set_threads(static_cast<int>(family->train().threads));

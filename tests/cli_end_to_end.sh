@@ -26,7 +26,7 @@ grep -q "resumed .* at step 20" "$tmp/run/train.log"
 grep -qE "^test bpc [0-9]+\.[0-9]+" "$tmp/eval.out"
 "$bin" eval "$tmp/run" --split test --batch 4 --json > "$tmp/eval.json"
 eval_consistent "$tmp/eval.json"
-grep -qF "test bpc $("$py" -c 'import json, sys; print(f"{json.load(open(sys.argv[1]))["bpc"]:.4f}")' "$tmp/eval.json")" "$tmp/eval.out" \
+grep -qF "test bpc $("$py" -c 'import json, sys; print("{:.4f}".format(json.load(open(sys.argv[1]))["bpc"]))' "$tmp/eval.json")" "$tmp/eval.out" \
   || fail "the printed bpc is the record's: $(cat "$tmp/eval.out") vs $(cat "$tmp/eval.json")"
 "$bin" generate "$tmp/run/checkpoint.pt" --prompt "It was the best of times" --tokens 50 --seed 3 > "$tmp/gen1"
 "$bin" generate "$tmp/run/checkpoint.pt" --prompt "It was the best of times" --tokens 50 --seed 3 > "$tmp/gen2"
@@ -66,6 +66,30 @@ PY
 "$py" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 assert r["family"] == "adaptive-span" and r["mode"] == "train" and r["what"].startswith("train step"), r' "$tmp/bench.json"
 bench_plausible "$tmp/bench.json"
+# --profile: a Chrome trace of the timed steps (complete events, nested on their thread) and a table of
+# the operators by their own time that adds up: the rows and the rest line make the profiled total, the
+# shares 100%, and the profiled time (own time summed over the threads that ran operators) lies between
+# part of a step and the step times its two threads.
+"$bin" bench -c "$tmp/c.json" --steps 2 --warmup 1 --profile "$tmp/trace.json" > /dev/null 2> "$tmp/profile.txt"
+"$py" - "$tmp/trace.json" "$tmp/profile.txt" <<'PY' || fail "bench --profile: trace and table hold together: $(cat "$tmp/profile.txt")"
+import json, re, sys
+events = [e for e in json.load(open(sys.argv[1])) if e.get("ph") == "X"]
+names = {e["name"] for e in events}
+assert len(events) > 100 and all(e["dur"] >= 0 for e in events), len(events)
+assert "spanformer::adaptive_span_attention" in names and names & {"aten::mm", "aten::addmm", "aten::linear"}, names
+text = open(sys.argv[2]).read()
+head = re.search(r"profile: operators by own time, ms per step \(step ([0-9.]+) ms; every thread ([0-9.]+) ms\)", text)
+step, profiled = float(head.group(1)), float(head.group(2))
+rows = re.findall(r"^ +([0-9.]+) +([0-9.]+)% +([0-9]+)  (.+)$", text, re.M)
+assert len(rows) >= 10, rows
+assert abs(sum(float(r[0]) for r in rows) - profiled) <= 0.02 * len(rows) + 1e-3 * profiled, (rows, profiled)
+assert abs(sum(float(r[1]) for r in rows) - 100) <= 0.06 * len(rows), rows
+assert 0.3 * step < profiled <= 2.1 * step + 1, (step, profiled)  # own time on every thread; 2 threads
+ms = [float(r[0]) for r in rows if not r[3].startswith("(")]
+assert ms == sorted(ms, reverse=True), ms  # largest first
+assert "trace of 2 steps written to" in text, text
+PY
+expect_error "--profile" "$bin" bench -c "$tmp/c.json" --steps 1 --warmup 0 --profile "$tmp"
 
 # Distributed evaluation over two local processes gives the same figure, to float32 rounding: each
 # process evaluates half the streams, and a float32 product over 2 rows may round otherwise than over 4

@@ -198,7 +198,7 @@ Seq2SeqModelConfig tiny(Seq2SeqKind kind) {
   return c;
 }
 
-torch::Tensor linear(const torch::Tensor& x, const torch::nn::Linear& l) {
+torch::Tensor linear(const torch::Tensor& x, const spanformer::nn::Linear& l) {
   auto y = torch::matmul(x, l->weight.t());
   return l->bias.defined() ? y + l->bias : y;
 }

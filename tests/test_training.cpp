@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "spanformer/nn/linear.h"
 #include "spanformer/util/torch_compat.h"
 #include "spanformer/train/checkpoint.h"
 #include "spanformer/train/adaptive_span.h"
@@ -187,6 +188,49 @@ TEST(Training, AutocastGuardCastsMatrixProductsAndRestores) {
   }
   EXPECT_EQ(torch::mm(a, a).scalar_type(), at::kFloat);
   EXPECT_FALSE(compat::autocast_dtype(c10::DeviceType::CPU).has_value());
+}
+
+// The models' Linear (ATen's linear) against x W^T + b in float64, on 2-D and batched 3-D inputs, with
+// and without a bias: the output and every gradient. Under bf16 autocast its output is bf16, within
+// bf16's rounding of the product of the rounded operands (the bias folded into the product, not added
+// in a second pass).
+TEST(Training, LinearIsXWTransposedPlusBiasAndNarrowsUnderAutocast) {
+  torch::manual_seed(3);
+  for (bool with_bias : {true, false}) {
+    for (auto sizes : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{3, 4, 7}}) {
+      SCOPED_TRACE(std::string(with_bias ? "bias, " : "no bias, ") + std::to_string(sizes.size()) + "-D");
+      spanformer::nn::Linear layer(torch::nn::LinearOptions(7, 6).bias(with_bias));
+      layer->to(at::kDouble);
+      auto x = torch::randn(sizes, at::kDouble).requires_grad_();
+      auto y = layer(x);                                                          // (..., 6)
+      auto w = layer->weight.detach().clone().requires_grad_();
+      auto b = with_bias ? layer->bias.detach().clone().requires_grad_() : at::Tensor();
+      auto x2 = x.detach().clone().requires_grad_();
+      auto want = at::matmul(x2, w.t());
+      if (with_bias) want = want + b;
+      EXPECT_TRUE(at::allclose(y, want, 1e-14, 1e-14));
+      auto g = torch::randn_like(want);
+      y.backward(g);
+      want.backward(g);
+      EXPECT_TRUE(at::allclose(x.grad(), x2.grad(), 1e-14, 1e-14));
+      EXPECT_TRUE(at::allclose(layer->weight.grad(), w.grad(), 1e-14, 1e-14));
+      if (with_bias) EXPECT_TRUE(at::allclose(layer->bias.grad(), b.grad(), 1e-14, 1e-14));
+
+      spanformer::nn::Linear narrow(torch::nn::LinearOptions(7, 6).bias(with_bias));
+      auto xf = torch::randn(sizes);
+      at::Tensor z;
+      {
+        compat::AutocastGuard guard(c10::DeviceType::CPU, at::kBFloat16);
+        z = narrow(xf);
+      }
+      ASSERT_EQ(z.scalar_type(), at::kBFloat16);
+      auto r = [](const at::Tensor& t) { return t.detach().to(at::kBFloat16).to(at::kDouble); };
+      auto exact = at::matmul(r(xf), r(narrow->weight).t());
+      if (with_bias) exact = exact + r(narrow->bias);
+      // Rounded once to bf16 (relative 2^-8) from a float32 accumulation of 7 terms.
+      EXPECT_LE((z.to(at::kDouble) - exact).abs().max().item<double>(), 1e-2 * (exact.abs().max().item<double>() + 1));
+    }
+  }
 }
 
 // train.amp = bf16 with the span-aware attention on both of its paths (tests/util.h, expect_bf16_run).

@@ -132,9 +132,10 @@ def interleave(impls, rounds, warmup):
 
 
 def bench_ms(cli, threads, *args):
-    """`spanformer bench ... --json` (one timed step after one warm-up step; on CUDA ten after three, in
-    bf16): its record (ms_per_step, params, first_loss, peak_rss_mb, ...)."""
-    where = ["--steps", "1", "--warmup", "1"] + (["--amp=bf16"] if AMP else [])
+    """`spanformer bench ... --json` (one timed step after two warm-up steps, as the twins are warmed up
+    by two; on CUDA ten after three, in bf16): its record (ms_per_step, params, first_loss, peak_rss_mb,
+    ...)."""
+    where = ["--steps", "1", "--warmup", "2"] + (["--amp=bf16"] if AMP else [])
     if DEVICE.type == "cuda":
         where = ["--steps", "10", "--warmup", "3", "--amp=bf16"]
     out = subprocess.run([cli, "--threads", str(threads), "--device", str(DEVICE), "bench", *args, *where, "--json"],

@@ -33,10 +33,10 @@ MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadOptions& o) : opti
     fail("multi-head attention: d_model ({}) must be a positive multiple of heads ({})", o.d_model, o.heads);
   if (!(o.dropout >= 0 && o.dropout < 1)) fail("multi-head attention: dropout must be in [0, 1) (got {})", o.dropout);
   const int64_t H = o.d_model, Hkv = o.kv_size > 0 ? o.kv_size : H;
-  w_q = register_module("w_q", torch::nn::Linear(torch::nn::LinearOptions(H, H).bias(o.bias)));
-  w_k = register_module("w_k", torch::nn::Linear(torch::nn::LinearOptions(Hkv, H).bias(o.bias)));
-  w_v = register_module("w_v", torch::nn::Linear(torch::nn::LinearOptions(Hkv, H).bias(o.bias)));
-  w_o = register_module("w_o", torch::nn::Linear(torch::nn::LinearOptions(H, H).bias(o.bias)));
+  w_q = register_module("w_q", spanformer::nn::Linear(torch::nn::LinearOptions(H, H).bias(o.bias)));
+  w_k = register_module("w_k", spanformer::nn::Linear(torch::nn::LinearOptions(Hkv, H).bias(o.bias)));
+  w_v = register_module("w_v", spanformer::nn::Linear(torch::nn::LinearOptions(Hkv, H).bias(o.bias)));
+  w_o = register_module("w_o", spanformer::nn::Linear(torch::nn::LinearOptions(H, H).bias(o.bias)));
   drop = register_module("drop", torch::nn::Dropout(o.dropout));
 }
 

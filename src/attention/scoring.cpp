@@ -27,9 +27,9 @@ AttentionScoringImpl::AttentionScoringImpl(const ScoringOptions& o) : options_(o
   if (!(o.dropout >= 0 && o.dropout < 1)) fail("attention scoring: dropout must be in [0, 1) (got {})", o.dropout);
   if (o.kind == ScoreKind::kAdditive) {
     const int64_t h = o.hidden > 0 ? o.hidden : o.key_size;
-    w_q = register_module("w_q", torch::nn::Linear(torch::nn::LinearOptions(o.query_size, h).bias(false)));
-    w_k = register_module("w_k", torch::nn::Linear(torch::nn::LinearOptions(o.key_size, h).bias(false)));
-    w_v = register_module("w_v", torch::nn::Linear(torch::nn::LinearOptions(h, 1).bias(false)));
+    w_q = register_module("w_q", spanformer::nn::Linear(torch::nn::LinearOptions(o.query_size, h).bias(false)));
+    w_k = register_module("w_k", spanformer::nn::Linear(torch::nn::LinearOptions(o.key_size, h).bias(false)));
+    w_v = register_module("w_v", spanformer::nn::Linear(torch::nn::LinearOptions(h, 1).bias(false)));
   } else if (o.kind == ScoreKind::kGeneral) {
     w = register_parameter("w",
                            torch::randn({o.query_size, o.key_size}) / std::sqrt(static_cast<double>(o.query_size)));

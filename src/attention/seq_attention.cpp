@@ -27,7 +27,7 @@ SeqAttentionImpl::SeqAttentionImpl(SeqAttentionOptions options) : options_(std::
   TORCH_CHECK(H % K == 0, "hidden_size ", H, " not divisible by nb_heads ", K);
   const int64_t D = H / K, N = options_.pers_mem_size();
   auto linear = [&](const char* name) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(H, H).bias(false)));
+    return register_module(name, spanformer::nn::Linear(torch::nn::LinearOptions(H, H).bias(false)));
   };
   proj_query = linear("proj_query");
   proj_key = linear("proj_key");

@@ -42,8 +42,8 @@ GptBlockOptions gpt_block_options(const GptModelConfig& config, int64_t layer) {
 GptAttentionImpl::GptAttentionImpl(GptAttentionOptions options) : options_(std::move(options)) {
   const int64_t H = options_.d_model();
   const bool shared_qk = options_.pattern().kind == attention::CausalKind::kLsh;  // Reformer: one q/k projection
-  qkv = register_module("qkv", torch::nn::Linear(H, (shared_qk ? 2 : 3) * H));
-  proj = register_module("proj", torch::nn::Linear(H, H));
+  qkv = register_module("qkv", spanformer::nn::Linear(H, (shared_qk ? 2 : 3) * H));
+  proj = register_module("proj", spanformer::nn::Linear(H, H));
   if (options_.span()) span = register_module("span", nn::AdaptiveSpan(*options_.span()));
 }
 
@@ -87,8 +87,8 @@ GptBlockImpl::GptBlockImpl(GptBlockOptions options) : options_(std::move(options
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   attn = register_module("attn", GptAttention(options_.attention()));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  fc1 = register_module("fc1", torch::nn::Linear(H, I));
-  fc2 = register_module("fc2", torch::nn::Linear(I, H));
+  fc1 = register_module("fc1", spanformer::nn::Linear(H, I));
+  fc2 = register_module("fc2", spanformer::nn::Linear(I, H));
 }
 
 torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
@@ -232,7 +232,7 @@ GptModelImpl::GptModelImpl(const GptModelConfig& config) : config_(config) {
     blocks->push_back(block_list_.back());
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  if (!config.tie_weights) head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(H, V).bias(false)));
+  if (!config.tie_weights) head = register_module("head", spanformer::nn::Linear(torch::nn::LinearOptions(H, V).bias(false)));
 
   // GPT-2 initialisation.
   torch::NoGradGuard no_grad;

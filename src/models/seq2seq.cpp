@@ -47,18 +47,18 @@ RnnSeq2SeqImpl::RnnSeq2SeqImpl(const Seq2SeqModelConfig& c) : config_(c) {
     o.kind = attention::ScoreKind::kAdditive;
     o.query_size = o.key_size = o.hidden = H;
     attn = register_module("attn", attention::AttentionScoring(o));
-    if (c.deep_output) deep = register_module("deep", torch::nn::Linear(3 * H, 2 * H));
+    if (c.deep_output) deep = register_module("deep", spanformer::nn::Linear(3 * H, 2 * H));
   } else if (c.kind == Seq2SeqKind::kLuong) {
     attention::ScoringOptions o;
     o.kind = c.score;
     o.query_size = o.key_size = H;
     attn = register_module("attn", attention::AttentionScoring(o));
-    combine = register_module("combine", torch::nn::Linear(torch::nn::LinearOptions(2 * H, H).bias(false)));
+    combine = register_module("combine", spanformer::nn::Linear(torch::nn::LinearOptions(2 * H, H).bias(false)));
   }
   if (c.share_embeddings)
     out_bias = register_parameter("out_bias", torch::zeros({Vt}));
   else
-    out = register_module("out", torch::nn::Linear(H, Vt));
+    out = register_module("out", spanformer::nn::Linear(H, Vt));
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
 }
 
@@ -156,8 +156,8 @@ TransformerLayerImpl::TransformerLayerImpl(TransformerLayerOptions options) : pr
     norm3 = register_module("norm3", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   }
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  fc1 = register_module("fc1", torch::nn::Linear(H, options.d_inner()));
-  fc2 = register_module("fc2", torch::nn::Linear(options.d_inner(), H));
+  fc1 = register_module("fc1", spanformer::nn::Linear(H, options.d_inner()));
+  fc2 = register_module("fc2", spanformer::nn::Linear(options.d_inner(), H));
   drop = register_module("drop", torch::nn::Dropout(options.dropout()));
 }
 
@@ -198,7 +198,7 @@ TransformerSeq2SeqImpl::TransformerSeq2SeqImpl(const Seq2SeqModelConfig& c) : co
   if (c.share_embeddings)
     out_bias = register_parameter("out_bias", torch::zeros({c.target_vocab}));
   else
-    out = register_module("out", torch::nn::Linear(H, c.target_vocab));
+    out = register_module("out", spanformer::nn::Linear(H, c.target_vocab));
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   positions = register_buffer("positions", nn::sinusoidal_positions(c.max_positions, H));
 

@@ -24,8 +24,8 @@ TransformerSeqLayerImpl::TransformerSeqLayerImpl(TransformerSeqLayerOptions o) :
   attn = register_module("attn", attention::SeqAttention(a));
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   if (a.pers_mem_size() == 0) {
-    fc1 = register_module("fc1", torch::nn::Linear(H, o.inner_hidden_size()));
-    fc2 = register_module("fc2", torch::nn::Linear(o.inner_hidden_size(), H));
+    fc1 = register_module("fc1", spanformer::nn::Linear(H, o.inner_hidden_size()));
+    fc2 = register_module("fc2", spanformer::nn::Linear(o.inner_hidden_size(), H));
     norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   }
 }
@@ -41,7 +41,7 @@ torch::Tensor TransformerSeqLayerImpl::forward(const torch::Tensor& h, const tor
 TransformerSeqImpl::TransformerSeqImpl(const ModelConfig& c) : config_(c), emb_dropout_(c.emb_dropout) {
   TORCH_CHECK(c.vocab_size > 0, "vocab_size must be set before building a model");
   in_emb = register_module("in_emb", torch::nn::Embedding(c.vocab_size, c.hidden_size));  // N(0, 1)
-  out_emb = register_module("out_emb", torch::nn::Linear(c.hidden_size, c.vocab_size));
+  out_emb = register_module("out_emb", spanformer::nn::Linear(c.hidden_size, c.vocab_size));
   key_pe = register_parameter("key_pe", torch::randn({c.head_dim(), c.attn_span}));
   auto list = register_module("layers", torch::nn::ModuleList());  // parameter names layers.<l>.*
   for (int64_t l = 0; l < c.nb_layers; ++l) {

@@ -16,8 +16,8 @@ VitBlockImpl::VitBlockImpl(VitBlockOptions o) {
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   attn = register_module("attn", attention::MultiHeadAttention(o.attention()));
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  fc1 = register_module("fc1", torch::nn::Linear(H, I));
-  fc2 = register_module("fc2", torch::nn::Linear(I, H));
+  fc1 = register_module("fc1", spanformer::nn::Linear(H, I));
+  fc2 = register_module("fc2", spanformer::nn::Linear(I, H));
   drop = register_module("drop", torch::nn::Dropout(o.dropout()));
 }
 
@@ -39,7 +39,7 @@ VitModelImpl::VitModelImpl(const VitModelConfig& c) : config_(c) {
   const auto block = VitBlockOptions({c.d_model, c.n_head, 0, c.attn_dropout, true}, c.inner_dim()).dropout(c.dropout);
   for (int64_t l = 0; l < c.n_layer; ++l) blocks->push_back(VitBlock(block));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  head = register_module("head", torch::nn::Linear(H, c.classes));
+  head = register_module("head", spanformer::nn::Linear(H, c.classes));
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   // Linear layers: truncated-normal-like N(0, 0.02) weights, zero biases (timm's ViT initialisation).
   torch::NoGradGuard no_grad;

@@ -90,9 +90,9 @@ XlFeedForwardOptions feed_forward_options(const XlModelConfig& c) {
 RelAttentionImpl::RelAttentionImpl(RelAttentionOptions o)
     : K_(o.heads()), D_(o.d_head()), pre_lnorm_(o.pre_lnorm()), impl_(o.impl()) {
   const int64_t H = o.d_model(), KD = K_ * D_;
-  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(H, 3 * KD).bias(false)));
-  r_net = register_module("r_net", torch::nn::Linear(torch::nn::LinearOptions(H, KD).bias(false)));
-  o_net = register_module("o_net", torch::nn::Linear(torch::nn::LinearOptions(KD, H).bias(false)));
+  qkv = register_module("qkv", spanformer::nn::Linear(torch::nn::LinearOptions(H, 3 * KD).bias(false)));
+  r_net = register_module("r_net", spanformer::nn::Linear(torch::nn::LinearOptions(H, KD).bias(false)));
+  o_net = register_module("o_net", spanformer::nn::Linear(torch::nn::LinearOptions(KD, H).bias(false)));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   drop = register_module("drop", torch::nn::Dropout(o.dropout()));
   dropatt = register_module("dropatt", torch::nn::Dropout(o.dropatt()));
@@ -165,8 +165,8 @@ torch::Tensor RelAttentionImpl::forward(const torch::Tensor& h, const torch::Ten
 }
 
 FeedForwardImpl::FeedForwardImpl(XlFeedForwardOptions o) : pre_lnorm_(o.pre_lnorm()) {
-  fc1 = register_module("fc1", torch::nn::Linear(o.d_model(), o.d_inner()));
-  fc2 = register_module("fc2", torch::nn::Linear(o.d_inner(), o.d_model()));
+  fc1 = register_module("fc1", spanformer::nn::Linear(o.d_model(), o.d_inner()));
+  fc2 = register_module("fc2", spanformer::nn::Linear(o.d_inner(), o.d_model()));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model()})));
   drop = register_module("drop", torch::nn::Dropout(o.dropout()));
 }

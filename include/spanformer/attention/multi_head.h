@@ -17,6 +17,8 @@
 
 #include <utility>
 
+#include "spanformer/nn/linear.h"
+
 namespace spanformer::attention {
 
 struct AttentionMask {
@@ -47,7 +49,7 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
                        const AttentionMask& mask = {}, torch::Tensor* weights = nullptr);
   const MultiHeadOptions& options() const { return options_; }
 
-  torch::nn::Linear w_q{nullptr}, w_k{nullptr}, w_v{nullptr}, w_o{nullptr};
+  spanformer::nn::Linear w_q{nullptr}, w_k{nullptr}, w_v{nullptr}, w_o{nullptr};
 
  private:
   MultiHeadOptions options_;

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "spanformer/attention/kinds.h"
+#include "spanformer/nn/linear.h"
 
 namespace spanformer::attention {
 
@@ -44,7 +45,7 @@ class AttentionScoringImpl : public torch::nn::Module {
 
  private:
   ScoringOptions options_;
-  torch::nn::Linear w_q{nullptr}, w_k{nullptr}, w_v{nullptr};  // additive
+  spanformer::nn::Linear w_q{nullptr}, w_k{nullptr}, w_v{nullptr};  // additive
   torch::Tensor w;                                               // general (Dq, Dk)
   torch::nn::Dropout drop{nullptr};
 };

@@ -21,6 +21,7 @@
 
 #include "spanformer/attention/attn_impl.h"
 #include "spanformer/nn/adaptive_span.h"
+#include "spanformer/nn/linear.h"
 
 namespace spanformer::attention {
 
@@ -67,7 +68,7 @@ class SeqAttentionImpl : public torch::nn::Module {
 
   const SeqAttentionOptions& options() const { return options_; }
 
-  torch::nn::Linear proj_query{nullptr}, proj_key{nullptr}, proj_val{nullptr}, proj_out{nullptr};
+  spanformer::nn::Linear proj_query{nullptr}, proj_key{nullptr}, proj_val{nullptr}, proj_out{nullptr};
   nn::AdaptiveSpan span{nullptr};  // null when adapt_span is off
   torch::Tensor pers_key;          // (K, D, N) persistent keys, when N > 0
   torch::Tensor pers_val;          // (K, N, D) persistent values, when N > 0

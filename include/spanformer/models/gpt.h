@@ -37,6 +37,7 @@
 #include "spanformer/attention/causal_attention.h"
 #include "spanformer/config/gpt_config.h"
 #include "spanformer/nn/adaptive_span.h"
+#include "spanformer/nn/linear.h"
 
 namespace spanformer::models {
 
@@ -96,7 +97,7 @@ class GptAttentionImpl : public torch::nn::Module {
   int64_t band(int64_t keys) const;
   attention::CausalSpec spec() const;
 
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  spanformer::nn::Linear qkv{nullptr}, proj{nullptr};
   nn::AdaptiveSpan span{nullptr};  // adaptive_span only
 
  private:
@@ -112,7 +113,7 @@ class GptBlockImpl : public torch::nn::Module {
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   GptAttention attn{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};
 
   // The two residual branches: F = drop(attn(LN1 h)) and G = drop(MLP(LN2 h)) over ff_chunks slices.
   torch::Tensor attention_branch(const torch::Tensor& h, torch::Tensor* k_cache = nullptr,
@@ -150,7 +151,7 @@ class GptModelImpl : public torch::nn::Module {
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: learned positions only
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear head{nullptr};  // untied output only
+  spanformer::nn::Linear head{nullptr};  // untied output only
   torch::Tensor sinusoid;           // (T, H) buffer: sinusoidal positions only
 
  private:

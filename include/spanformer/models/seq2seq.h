@@ -45,6 +45,7 @@
 #include "spanformer/attention/multi_head.h"
 #include "spanformer/attention/scoring.h"
 #include "spanformer/config/seq2seq_config.h"
+#include "spanformer/nn/linear.h"
 
 namespace spanformer::models {
 
@@ -87,9 +88,9 @@ class RnnSeq2SeqImpl : public torch::nn::Module, public Seq2SeqModel {
   torch::nn::Embedding src_embed{nullptr}, tgt_embed{nullptr};  // tgt_embed null when shared
   torch::nn::GRU encoder{nullptr}, decoder{nullptr};
   attention::AttentionScoring attn{nullptr};  // bahdanau | luong
-  torch::nn::Linear combine{nullptr};         // luong: W_c (2H -> H)
-  torch::nn::Linear deep{nullptr};            // bahdanau with deep_output: [U V C] (3H -> 2H, + b)
-  torch::nn::Linear out{nullptr};             // W_out (H -> Vt), null when shared
+  spanformer::nn::Linear combine{nullptr};         // luong: W_c (2H -> H)
+  spanformer::nn::Linear deep{nullptr};            // bahdanau with deep_output: [U V C] (3H -> 2H, + b)
+  spanformer::nn::Linear out{nullptr};             // W_out (H -> Vt), null when shared
   torch::Tensor out_bias;                     // (Vt) when shared
   torch::nn::Dropout drop{nullptr};
 
@@ -126,7 +127,7 @@ class TransformerLayerImpl : public torch::nn::Module {
 
   attention::MultiHeadAttention self_attn{nullptr}, cross_attn{nullptr};
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout drop{nullptr};
 
  private:
@@ -147,7 +148,7 @@ class TransformerSeq2SeqImpl : public torch::nn::Module, public Seq2SeqModel {
   torch::nn::Embedding src_embed{nullptr}, tgt_embed{nullptr};
   torch::nn::ModuleList encoder, decoder;
   torch::nn::LayerNorm enc_norm{nullptr}, dec_norm{nullptr};  // pre-norm only
-  torch::nn::Linear out{nullptr};
+  spanformer::nn::Linear out{nullptr};
   torch::Tensor out_bias;
   torch::nn::Dropout drop{nullptr};
   torch::Tensor positions;  // (max_positions, H) buffer

@@ -24,6 +24,7 @@
 
 #include "spanformer/attention/seq_attention.h"
 #include "spanformer/config/config.h"
+#include "spanformer/nn/linear.h"
 
 namespace spanformer::models {
 
@@ -46,7 +47,7 @@ class TransformerSeqLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cache, const torch::Tensor& key_pe);
 
   attention::SeqAttention attn{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};  // absent with persistent memory
+  spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};  // absent with persistent memory
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
 
  private:
@@ -79,7 +80,7 @@ class TransformerSeqImpl : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
 
   torch::nn::Embedding in_emb{nullptr};
-  torch::nn::Linear out_emb{nullptr};
+  spanformer::nn::Linear out_emb{nullptr};
   torch::Tensor key_pe;  // (D, L), column j = distance L - j
   std::vector<TransformerSeqLayer> layers;
 

@@ -26,6 +26,7 @@
 
 #include "spanformer/attention/multi_head.h"
 #include "spanformer/config/vit_config.h"
+#include "spanformer/nn/linear.h"
 
 namespace spanformer::models {
 
@@ -46,7 +47,7 @@ class VitBlockImpl : public torch::nn::Module {
 
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   attention::MultiHeadAttention attn{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout drop{nullptr};
 };
 TORCH_MODULE(VitBlock);
@@ -65,7 +66,7 @@ class VitModelImpl : public torch::nn::Module {
   torch::Tensor cls_token, pos_embed;  // (1, 1, H), (1, N, H)
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm norm{nullptr};
-  torch::nn::Linear head{nullptr};
+  spanformer::nn::Linear head{nullptr};
   torch::nn::Dropout drop{nullptr};
 
  private:

@@ -40,6 +40,7 @@
 #include "spanformer/config/xl_config.h"
 #include "spanformer/nn/adaptive_softmax.h"
 #include "spanformer/nn/adaptive_span.h"
+#include "spanformer/nn/linear.h"
 
 namespace spanformer::models::xl {
 
@@ -102,7 +103,7 @@ class RelAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& mem, const torch::Tensor& r,
                         const torch::Tensor& u, const torch::Tensor& v, const torch::Tensor& mask);
 
-  torch::nn::Linear qkv{nullptr}, r_net{nullptr}, o_net{nullptr};
+  spanformer::nn::Linear qkv{nullptr}, r_net{nullptr}, o_net{nullptr};
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Dropout drop{nullptr}, dropatt{nullptr};
   torch::Tensor r_w_bias, r_r_bias;  // (K, D), only with untie_r
@@ -122,7 +123,7 @@ class FeedForwardImpl : public torch::nn::Module {
   explicit FeedForwardImpl(XlFeedForwardOptions options);
   torch::Tensor forward(const torch::Tensor& h);  // (B, M, H) -> (B, M, H)
 
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Dropout drop{nullptr};
 

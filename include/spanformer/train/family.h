@@ -121,6 +121,9 @@ struct BenchRequest {
   int64_t steps = 5, warmup = 2;
   torch::Device device = torch::kCPU;
   int threads = 1;              // as set, for the report
+  // When set, the timed steps run under LibTorch's profiler: a Chrome trace of every ATen call goes to
+  // this file (chrome://tracing, Perfetto) and a table of the operators by their own time to stderr.
+  std::string profile;
   // The settings given on the command line (--span 64: {"span", "64"}), each one the family lists among
   // its bench settings (train/registry.h; refused otherwise before the family runs), read as:
   std::map<std::string, std::string> settings;

@@ -1,5 +1,7 @@
 #include "row_math.h"
 
+#include <ATen/OpMathType.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -134,6 +136,126 @@ double dot(const double* x, const double* y, int64_t n) {
   double total = 0;
   for (int64_t c = 0; c < n; ++c) total += x[c] * y[c];
   return total;
+}
+
+SPANFORMER_ROW_CLONES void softmax_divided(const float* s, int64_t n, double divisor, float* p) {
+  const float d = static_cast<float>(divisor);
+  for (int64_t c = 0; c < n; ++c) p[c] = s[c] / d;
+  const float total = exp_shifted_sum(p, n, max_of(p, n));
+  scale(p, n, 1.0f / total);
+}
+
+SPANFORMER_ROW_CLONES void narrow_to(const float* x, int64_t n, c10::BFloat16* y) {
+  for (int64_t c = 0; c < n; ++c) y[c] = c10::BFloat16(x[c]);
+}
+
+SPANFORMER_ROW_CLONES void narrow_to(const float* x, int64_t n, c10::Half* y) {
+  for (int64_t c = 0; c < n; ++c) y[c] = c10::Half(x[c]);
+}
+
+// ---- The adaptive-span op's rows ------------------------------------------------------------------
+namespace {
+
+#if defined(__GNUC__)
+#define SPANFORMER_INLINE_ROW inline __attribute__((always_inline))
+#else
+#define SPANFORMER_INLINE_ROW inline
+#endif
+
+// sum_{c < n} f(c) in double with eight partial sums: independent additions the compiler may overlap
+// (one AVX-512 register) without reassociating anything, so every clone gives the same sum.
+template <typename F>
+SPANFORMER_INLINE_ROW double sum8(int64_t n, const F& f) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int j = 0; j < 8; ++j) part[j] += f(c + j);
+  for (; c < n; ++c) part[0] += f(c);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+// A value computed in double, stored as the row's type: through float first for 16-bit rows (as ATen
+// rounds a float32 result), directly for float and double.
+template <typename out_t, typename p_t>
+SPANFORMER_INLINE_ROW out_t store(double x) {
+  return static_cast<out_t>(static_cast<at::opmath_type<p_t>>(x));
+}
+
+template <typename p_t, typename out_t>
+SPANFORMER_INLINE_ROW void weights_row(const p_t* pv, const SpanRowMask& mask, const double* keep, out_t* a) {
+  const int64_t S = mask.S;
+  const double* m = mask.m;
+  const double inv_n = 1.0 / (sum8(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
+  if (keep)
+    for (int64_t c = 0; c < S; ++c) a[c] = store<out_t, p_t>(double(pv[c]) * m[c] * inv_n * keep[c]);
+  else
+    for (int64_t c = 0; c < S; ++c) a[c] = store<out_t, p_t>(double(pv[c]) * m[c] * inv_n);
+}
+
+// da~ = dA keep;  <da~, a~>;  t = (da~ - <da~, a~>) pv / n;  c = <t, m>;  d ratio += <t, dm>;
+// ds = alpha (t m - pv c) on the visited distances, -alpha p c on the far ones (the 1e-8 Z term).
+template <typename p_t, typename out_t>
+SPANFORMER_INLINE_ROW double backward_row(const p_t* p, const p_t* g, int64_t W, const SpanRowMask& mask,
+                                          const double* keep, double alpha, double* scratch, out_t* a, out_t* ds) {
+  using opmath_t = at::opmath_type<p_t>;
+  const int64_t S = mask.S;
+  const double* m = mask.m;
+  const p_t* pv = p + (W - S);
+  double* da = scratch;
+  double* t = scratch + S;
+  const double inv_n = 1.0 / (sum8(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
+  if (keep)
+    for (int64_t c = 0; c < S; ++c) da[c] = double(g[c]) * keep[c];
+  else
+    for (int64_t c = 0; c < S; ++c) da[c] = double(g[c]);
+  const double dot = sum8(S, [&](int64_t c) { return da[c] * (double(pv[c]) * m[c] * inv_n); });  // <da~, a~>
+  if (keep)
+    for (int64_t c = 0; c < S; ++c) a[c] = store<out_t, p_t>(double(pv[c]) * m[c] * inv_n * keep[c]);
+  else
+    for (int64_t c = 0; c < S; ++c) a[c] = store<out_t, p_t>(double(pv[c]) * m[c] * inv_n);
+  for (int64_t c = 0; c < S; ++c) t[c] = (da[c] - dot) * inv_n * double(pv[c]);  // t = dw pv
+  const double cr = sum8(S, [&](int64_t c) { return t[c] * m[c]; });
+  double dratio = 0;
+  for (int64_t c = mask.ramp_begin; c < mask.ramp_end; ++c) dratio += t[c] * mask.dm[c];
+  const opmath_t a_c = static_cast<opmath_t>(alpha * cr);
+  for (int64_t x = 0; x < W - S; ++x) ds[x] = static_cast<out_t>(-opmath_t(p[x]) * a_c);
+  for (int64_t c = 0; c < S; ++c) ds[W - S + c] = store<out_t, p_t>(alpha * (t[c] * m[c] - double(pv[c]) * cr));
+  return dratio;
+}
+
+}  // namespace
+
+SPANFORMER_ROW_CLONES void span_weights_row(const float* pv, const SpanRowMask& mask, const double* keep, float* a) {
+  weights_row(pv, mask, keep, a);
+}
+SPANFORMER_ROW_CLONES void span_weights_row(const float* pv, const SpanRowMask& mask, const double* keep,
+                                            c10::BFloat16* a) {
+  weights_row(pv, mask, keep, a);
+}
+SPANFORMER_ROW_CLONES void span_weights_row(const float* pv, const SpanRowMask& mask, const double* keep, c10::Half* a) {
+  weights_row(pv, mask, keep, a);
+}
+void span_weights_row(const double* pv, const SpanRowMask& mask, const double* keep, double* a) {
+  weights_row(pv, mask, keep, a);
+}
+
+SPANFORMER_ROW_CLONES double span_backward_row(const float* p, const float* g, int64_t W, const SpanRowMask& mask,
+                                               const double* keep, double alpha, double* scratch, float* a, float* ds) {
+  return backward_row(p, g, W, mask, keep, alpha, scratch, a, ds);
+}
+SPANFORMER_ROW_CLONES double span_backward_row(const float* p, const float* g, int64_t W, const SpanRowMask& mask,
+                                               const double* keep, double alpha, double* scratch, c10::BFloat16* a,
+                                               c10::BFloat16* ds) {
+  return backward_row(p, g, W, mask, keep, alpha, scratch, a, ds);
+}
+SPANFORMER_ROW_CLONES double span_backward_row(const float* p, const float* g, int64_t W, const SpanRowMask& mask,
+                                               const double* keep, double alpha, double* scratch, c10::Half* a,
+                                               c10::Half* ds) {
+  return backward_row(p, g, W, mask, keep, alpha, scratch, a, ds);
+}
+double span_backward_row(const double* p, const double* g, int64_t W, const SpanRowMask& mask, const double* keep,
+                         double alpha, double* scratch, double* a, double* ds) {
+  return backward_row(p, g, W, mask, keep, alpha, scratch, a, ds);
 }
 
 }  // namespace spanformer::ops::cpu::rows

@@ -12,6 +12,9 @@
 //
 // Rows are [0, n); the functions never read or write beyond n.
 #pragma once
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cstdint>
 
 namespace spanformer::ops::cpu::rows {
@@ -42,5 +45,42 @@ double dot(const double* x, const double* y, int64_t n);
 
 // The exponential of one float, as the rows compute it (for the tests of its error).
 float exp_approx(float x);
+
+// p[c] = softmax(s / divisor)[c] over [0, n) (s divided in float, as ATen divides a float tensor by a
+// scalar; the exponential above). s and p may be the same row.
+void softmax_divided(const float* s, int64_t n, double divisor, float* p);
+
+// y[c] = x[c] rounded to 16 bits (to nearest even), c in [0, n).
+void narrow_to(const float* x, int64_t n, c10::BFloat16* y);
+void narrow_to(const float* x, int64_t n, c10::Half* y);
+
+// ---- The adaptive-span op's rows (span_attention_cpu.cpp has the derivation) ----------------------
+// One query row of a tile: pv = the row's softmax over its S visited distances, m the head's mask, keep
+// the row's dropout factors keep / (1 - p_drop) (null: no dropout). Computed in double whatever the
+// row's type: the span gradient sums t over every row, and t cancels. The float32 rows, which feed the
+// float32 and 16-bit products, run in the clones above; float64 rows at the baseline.
+struct SpanRowMask {
+  const double* m;   // (S) the clamped mask
+  const double* dm;  // (S) d m / d ratio; 0 outside [ramp_begin, ramp_end)
+  int64_t S, ramp_begin, ramp_end;
+};
+
+// a[c] = pv[c] m[c] / (sum pv m + 1e-8) keep[c], c in [0, S).
+void span_weights_row(const float* pv, const SpanRowMask& mask, const double* keep, float* a);
+void span_weights_row(const float* pv, const SpanRowMask& mask, const double* keep, c10::BFloat16* a);
+void span_weights_row(const float* pv, const SpanRowMask& mask, const double* keep, c10::Half* a);
+void span_weights_row(const double* pv, const SpanRowMask& mask, const double* keep, double* a);
+
+// Backward of one row, from p (W: the whole window's softmax, the visited distances last) and g = dA
+// (S): a (S) as span_weights_row writes it, ds (W) = the score gradient times alpha; returns the row's
+// share of d ratio. scratch: 2 S doubles.
+double span_backward_row(const float* p, const float* g, int64_t W, const SpanRowMask& mask, const double* keep,
+                         double alpha, double* scratch, float* a, float* ds);
+double span_backward_row(const float* p, const float* g, int64_t W, const SpanRowMask& mask, const double* keep,
+                         double alpha, double* scratch, c10::BFloat16* a, c10::BFloat16* ds);
+double span_backward_row(const float* p, const float* g, int64_t W, const SpanRowMask& mask, const double* keep,
+                         double alpha, double* scratch, c10::Half* a, c10::Half* ds);
+double span_backward_row(const double* p, const double* g, int64_t W, const SpanRowMask& mask, const double* keep,
+                         double alpha, double* scratch, double* a, double* ds);
 
 }  // namespace spanformer::ops::cpu::rows

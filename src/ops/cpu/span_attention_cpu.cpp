@@ -46,6 +46,7 @@
 //       multiplies bf16 in hardware, and under train.amp=bf16 there (op_autocast.h).
 #include "span_attention_cpu.h"
 
+#include "row_math.h"
 #include "tile_gemm.h"
 #include "work_queue.h"
 
@@ -82,6 +83,7 @@ struct HeadMask {
   int64_t S = 0;
   std::vector<double> m, dm;
   int64_t ramp_begin = 0, ramp_end = 0;  // dm is 0 outside [ramp_begin, ramp_end): the ramp's R + 1 columns at most
+  rows::SpanRowMask row() const { return {m.data(), dm.data(), S, ramp_begin, ramp_end}; }
 };
 
 std::vector<HeadMask> head_masks(const at::Tensor& span_ratio, const SpanAttentionOptions& o) {
@@ -102,17 +104,6 @@ std::vector<HeadMask> head_masks(const at::Tensor& span_ratio, const SpanAttenti
       }
   }
   return heads;
-}
-
-// sum_{c < n} f(c) in double with eight partial sums (independent additions the compiler can overlap).
-template <typename F>
-double sum_of(int64_t n, const F& f) {
-  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int j = 0; j < 8; ++j) part[j] += f(c + j);
-  for (; c < n; ++c) part[0] += f(c);
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 // Heads by decreasing cost (the window-long products are the same for every head; the value side grows
@@ -148,21 +139,17 @@ struct Dropout {
 };
 
 // a = a~ keep / (1 - p) of one tile, written skewed into A (T, S + T - 1) for the product with Vt.
-// p: the tile's softmax rows (ld W). In double, as backward rebuilds it (backward_rows).
+// p: the tile's softmax rows (ld W). In double (row_math.h), as backward rebuilds it (backward_rows).
 template <typename scalar_t, typename op_t = scalar_t>
 void attention_weights(const scalar_t* p, int64_t W, const HeadMask& hm, const Dropout& drop, int64_t b, int64_t h,
                        int64_t i0, int64_t T, op_t* A) {
   const int64_t S = hm.S, ld = S + T - 1;
-  const std::vector<double>& m = hm.m;
-  std::vector<double> scale(S, 1.0);
+  const auto mask = hm.row();
+  std::vector<double> keep(drop.on() ? S : 0);
   for (int64_t r = 0; r < T; ++r) {
-    const scalar_t* pv = p + r * W + (W - S);
-    op_t* a = A + r * ld;
-    if (drop.on()) drop.row(scale.data(), b, h, i0 + r, S);
-    const double inv_n = 1.0 / (sum_of(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
-    for (int64_t c = 0; c < S; ++c)
-      a[r + c] = static_cast<op_t>(static_cast<at::opmath_type<scalar_t>>(double(pv[c]) * m[c] * inv_n * scale[c]));
-    zero_outside_band(a, r, S, T);
+    if (drop.on()) drop.row(keep.data(), b, h, i0 + r, S);
+    rows::span_weights_row(p + r * W + (W - S), mask, drop.on() ? keep.data() : nullptr, A + r * ld + r);
+    zero_outside_band(A + r * ld, r, S, T);
   }
 }
 
@@ -211,42 +198,21 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   });
 }
 
-// The row loop of one backward tile. In: p (T, W) of the forward, G = dO Vt^T (T, S + T - 1). Out: the
-// skewed a (T, S + T - 1) for dV, the skewed ds / sqrt(D) (T, W + T - 1) for dQ, dK and d key_pe;
-// returns the tile's share of d ratio.
+// The row loop of one backward tile (row_math.h's span_backward_row, in double). In: p (T, W) of the
+// forward, G = dO Vt^T (T, S + T - 1). Out: the skewed a (T, S + T - 1) for dV, the skewed ds / sqrt(D)
+// (T, W + T - 1) for dQ, dK and d key_pe; returns the tile's share of d ratio.
 template <typename scalar_t, typename op_t = scalar_t>
 double backward_rows(const scalar_t* p, const scalar_t* G, int64_t W, const HeadMask& hm, const Dropout& drop,
                      int64_t b, int64_t h, int64_t i0, int64_t T, double alpha, op_t* A, op_t* Ds) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  // The visited columns in double: d ratio sums t over every row, and t = (da~ - <da~, a~>) pv / n cancels.
   const int64_t S = hm.S, lda = S + T - 1, ldd = W + T - 1;
-  const std::vector<double>& m = hm.m;
-  std::vector<double> scale(S, 1.0), da(S), t(S);
+  const auto mask = hm.row();
+  std::vector<double> keep(drop.on() ? S : 0), scratch(2 * S);
   double dratio = 0;
   for (int64_t r = 0; r < T; ++r) {
-    const scalar_t* pr = p + r * W;
-    const scalar_t* pv = pr + (W - S);
-    const scalar_t* g = G + r * lda + r;                                          // dA of row r: (S)
-    op_t* a = A + r * lda + r;                                                    // a of row r: (S)
-    if (drop.on()) drop.row(scale.data(), b, h, i0 + r, S);
-    const double inv_n = 1.0 / (sum_of(S, [&](int64_t c) { return double(pv[c]) * m[c]; }) + 1e-8);
-    const double dot = sum_of(S, [&](int64_t c) {                                 // <da~, a~>; a, da~ stored
-      const double a_tilde = double(pv[c]) * m[c] * inv_n;
-      da[c] = double(g[c]) * scale[c];
-      a[c] = static_cast<op_t>(static_cast<opmath_t>(a_tilde * scale[c]));       // a = a~ keep / (1 - p)
-      return da[c] * a_tilde;
-    });
+    if (drop.on()) drop.row(keep.data(), b, h, i0 + r, S);
+    dratio += rows::span_backward_row(p + r * W, G + r * lda + r, W, mask, drop.on() ? keep.data() : nullptr, alpha,
+                                      scratch.data(), A + r * lda + r, Ds + r * ldd + r);
     zero_outside_band(A + r * lda, r, S, T);
-    const double cr = sum_of(S, [&](int64_t c) {                                  // c = <t, m>; t stored
-      t[c] = (da[c] - dot) * inv_n * double(pv[c]);                               // t = dw pv
-      return t[c] * m[c];
-    });
-    for (int64_t c = hm.ramp_begin; c < hm.ramp_end; ++c) dratio += t[c] * hm.dm[c];
-    op_t* ds = Ds + r * ldd + r;                                                  // (W) of row r
-    const opmath_t a_c = static_cast<opmath_t>(alpha * cr);
-    for (int64_t x = 0; x < W - S; ++x) ds[x] = static_cast<op_t>(-opmath_t(pr[x]) * a_c);  // far: the Z term's gradient
-    for (int64_t c = 0; c < S; ++c)
-      ds[W - S + c] = static_cast<op_t>(static_cast<opmath_t>(alpha * (t[c] * m[c] - double(pv[c]) * cr)));
     zero_outside_band(Ds + r * ldd, r, W, T);
   }
   return dratio;
@@ -318,31 +284,39 @@ void forward_kernel_native(const at::Tensor& q, const at::Tensor& k, const at::T
   const double sqrt_d = std::sqrt(double(s.D));
   const Dropout drop{o};
   const auto kT = k.transpose(2, 3).contiguous();                                 // (B, K, D, W+M)
-  const half_t* pe_w = key_pe.data_ptr<half_t>() + (s.L - s.W);                   // (D, W), ld L
-  const auto heads = heads_by_cost(masks);
-  const auto f32 = q.options().dtype(at::kFloat);
   const int64_t ldk = s.W + s.M;
+  const half_t* q0 = q.data_ptr<half_t>();                                        // (B, K, M, D)
+  const half_t* kT0 = kT.data_ptr<half_t>();                                      // (B, K, D, W+M)
+  const half_t* v0 = v.data_ptr<half_t>();                                        // (B, K, W+M, D)
+  const half_t* pe_w = key_pe.data_ptr<half_t>() + (s.L - s.W);                   // (D, W), ld L
+  half_t* out0 = out.data_ptr<half_t>();                                          // (B, K, M, D)
+  float* kept0 = p_keep ? p_keep->data_ptr<float>() : nullptr;                    // (K, B, M, W)
+  const auto heads = heads_by_cost(masks);
   for_each_item(s.K * s.tiles(), [&](int64_t j) {
     const int64_t h = heads[j / s.tiles()], i0 = (j % s.tiles()) * kTile, T = std::min(kTile, s.M - i0);
     const int64_t S = masks[h].S, ldc = s.W + T - 1, lda = S + T - 1;
-    auto C = at::empty({T, ldc}, f32);                                            // scores, skewed
-    auto P = p_keep ? at::Tensor() : at::empty({T, s.W}, f32);                    // p (evaluation)
-    auto A = at::empty({T, lda}, q.options());                                    // a, skewed, 16-bit
-    auto O = at::empty({T, s.D}, f32);                                            // output tile
-    float* c = C.data_ptr<float>();
+    const auto mask = masks[h].row();
+    std::vector<float> C(T * ldc);                                                // scores, skewed
+    std::vector<float> P(kept0 ? 0 : T * s.W);                                    // p (evaluation)
+    std::vector<half_t> A(T * lda);                                               // a, skewed, 16-bit
+    std::vector<float> O(T * s.D);                                                // output tile
+    std::vector<double> keep(drop.on() ? S : 0);
     for (int64_t b = 0; b < s.B; ++b) {
-      const half_t* Q = q[b][h].data_ptr<half_t>() + i0 * s.D;                    // (T, D)
-      const half_t* KtT = kT[b][h].data_ptr<half_t>() + i0;                       // (D, W+T-1), ld W+M
-      const half_t* Vt = v[b][h].data_ptr<half_t>() + (i0 + s.W - S) * s.D;       // (S+T-1, D)
-      tile_gemm(T, ldc, s.D, Q, s.D, KtT, ldk, c, ldc, false);                    // (T, W+T-1) = Q Kt^T
-      tile_gemm(T, s.W, s.D, Q, s.D, pe_w, s.L, c, ldc + 1, true);                // unskewed (T, W) += Q pe_w
-      auto sc = unskewed(C, s.W);                                                 // (T, W), ld W + T
-      sc.div_(sqrt_d);
-      auto p = p_keep ? (*p_keep)[h][b].narrow(0, i0, T) : P;                     // (T, W)
-      at::_softmax_out(p, sc, 1, false);
-      attention_weights(p.data_ptr<float>(), s.W, masks[h], drop, b, h, i0, T, A.data_ptr<half_t>());
-      tile_gemm(T, s.D, lda, A.data_ptr<half_t>(), lda, Vt, s.D, O.data_ptr<float>(), s.D, false);  // skew(a) Vt
-      out[b][h].narrow(0, i0, T).copy_(O);                                        // (T, D), rounded once
+      const int64_t bh = b * s.K + h;
+      const half_t* Q = q0 + (bh * s.M + i0) * s.D;                               // (T, D)
+      const half_t* KtT = kT0 + bh * s.D * ldk + i0;                              // (D, W+T-1), ld W+M
+      const half_t* Vt = v0 + (bh * ldk + i0 + s.W - S) * s.D;                    // (S+T-1, D)
+      float* p = kept0 ? kept0 + ((h * s.B + b) * s.M + i0) * s.W : P.data();     // (T, W)
+      tile_gemm(T, ldc, s.D, Q, s.D, KtT, ldk, C.data(), ldc, false);             // (T, W+T-1) = Q Kt^T
+      tile_gemm(T, s.W, s.D, Q, s.D, pe_w, s.L, C.data(), ldc + 1, true);         // unskewed (T, W) += Q pe_w
+      for (int64_t r = 0; r < T; ++r) {
+        rows::softmax_divided(C.data() + r * (ldc + 1), s.W, sqrt_d, p + r * s.W);  // p = softmax(s / sqrt(D))
+        if (drop.on()) drop.row(keep.data(), b, h, i0 + r, S);
+        rows::span_weights_row(p + r * s.W + (s.W - S), mask, drop.on() ? keep.data() : nullptr, A.data() + r * lda + r);
+        zero_outside_band(A.data() + r * lda, r, S, T);
+      }
+      tile_gemm(T, s.D, lda, A.data(), lda, Vt, s.D, O.data(), s.D, false);      // (T, D) = skew(a) Vt
+      rows::narrow_to(O.data(), T * s.D, out0 + (bh * s.M + i0) * s.D);           // rounded once
     }
     release_half_products(q.scalar_type());
   });
@@ -357,42 +331,57 @@ void backward_kernel_native(const at::Tensor& grad_out, const at::Tensor& q, con
   const Dropout drop{o};
   const auto vT = v.transpose(2, 3).contiguous();                                 // (B, K, D, W+M)
   const auto peT = key_pe.t().contiguous();                                       // (L, D)
-  const half_t* pe_wT = peT.data_ptr<half_t>() + (s.L - s.W) * s.D;               // (W, D)
-  const auto heads = heads_by_cost(masks);
-  const auto f32 = q.options().dtype(at::kFloat);
   const int64_t ldk = s.W + s.M;
+  const half_t* pe_wT = peT.data_ptr<half_t>() + (s.L - s.W) * s.D;               // (W, D)
+  const half_t* q0 = q.data_ptr<half_t>();                                        // (B, K, M, D)
+  const half_t* dO0 = grad_out.data_ptr<half_t>();                                // (B, K, M, D)
+  const half_t* k0 = k.data_ptr<half_t>();                                        // (B, K, W+M, D)
+  const half_t* vT0 = vT.data_ptr<half_t>();                                      // (B, K, D, W+M)
+  const float* p0 = p_kept.data_ptr<float>();                                     // (K, B, M, W)
+  half_t* gq0 = gq.data_ptr<half_t>();                                            // (B, K, M, D)
+  float* gkT0 = gkT.data_ptr<float>();                                            // (B, K, D, W+M)
+  float* gvT0 = gvT.data_ptr<float>();                                            // (B, K, D, W+M)
+  const auto heads = heads_by_cost(masks);
   for_each_item(s.K, [&](int64_t j) {
     const int64_t h = heads[j];
     const int64_t S = masks[h].S;
+    const auto mask = masks[h].row();
     float* dpe = pe_parts[h].data_ptr<float>();                                   // (D, W)
     double dratio_h = 0;
     std::vector<half_t> QT(s.D * kTile), dOT(s.D * kTile);                        // (D, T) each
+    std::vector<half_t> Ds(kTile * (s.W + kTile - 1));                            // skewed ds / sqrt(D), 16-bit
+    std::vector<half_t> A(kTile * (S + kTile - 1));                               // skewed a, 16-bit
+    std::vector<float> G(kTile * (S + kTile - 1));                                // dO Vt^T
+    std::vector<float> dQ(kTile * s.D);
+    std::vector<double> keep(drop.on() ? S : 0), scratch(2 * S);
     for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
       const int64_t T = std::min(kTile, s.M - i0), ldd = s.W + T - 1, lda = S + T - 1;
-      auto Ds = at::empty({T, ldd}, q.options());                                 // skewed ds / sqrt(D), 16-bit
-      auto A = at::empty({T, lda}, q.options());                                  // skewed a, 16-bit
-      auto G = at::empty({T, lda}, f32);                                          // dO Vt^T
-      auto dQ = at::empty({T, s.D}, f32);
-      half_t* ds = Ds.data_ptr<half_t>();
-      half_t* a = A.data_ptr<half_t>();
       for (int64_t b = 0; b < s.B; ++b) {
-        const half_t* Q = q[b][h].data_ptr<half_t>() + i0 * s.D;                  // (T, D)
-        const half_t* dO = grad_out[b][h].data_ptr<half_t>() + i0 * s.D;          // (T, D)
-        const half_t* Kt = k[b][h].data_ptr<half_t>() + i0 * s.D;                 // (W+T-1, D)
-        const half_t* VtT = vT[b][h].data_ptr<half_t>() + (i0 + s.W - S);         // (D, S+T-1), ld W+M
-        tile_gemm(T, lda, s.D, dO, s.D, VtT, ldk, G.data_ptr<float>(), lda, false);  // G = dO Vt^T
-        dratio_h += backward_rows(p_kept[h][b].narrow(0, i0, T).data_ptr<float>(), G.data_ptr<float>(), s.W,
-                                  masks[h], drop, b, h, i0, T, alpha, a, ds);
+        const int64_t bh = b * s.K + h;
+        const half_t* Q = q0 + (bh * s.M + i0) * s.D;                             // (T, D)
+        const half_t* dO = dO0 + (bh * s.M + i0) * s.D;                           // (T, D)
+        const half_t* Kt = k0 + (bh * ldk + i0) * s.D;                            // (W+T-1, D)
+        const half_t* VtT = vT0 + bh * s.D * ldk + (i0 + s.W - S);                // (D, S+T-1), ld W+M
+        const float* p = p0 + ((h * s.B + b) * s.M + i0) * s.W;                   // (T, W)
+        tile_gemm(T, lda, s.D, dO, s.D, VtT, ldk, G.data(), lda, false);          // G = dO Vt^T
+        for (int64_t r = 0; r < T; ++r) {
+          if (drop.on()) drop.row(keep.data(), b, h, i0 + r, S);
+          dratio_h += rows::span_backward_row(p + r * s.W, G.data() + r * lda + r, s.W, mask,
+                                              drop.on() ? keep.data() : nullptr, alpha, scratch.data(),
+                                              A.data() + r * lda + r, Ds.data() + r * ldd + r);
+          zero_outside_band(A.data() + r * lda, r, S, T);
+          zero_outside_band(Ds.data() + r * ldd, r, s.W, T);
+        }
         transpose_into(Q, T, s.D, s.D, QT.data());
         transpose_into(dO, T, s.D, s.D, dOT.data());
-        float* dvT = gvT[b][h].data_ptr<float>() + (i0 + s.W - S);                // (D, S+T-1), ld W+M
-        tile_gemm(s.D, lda, T, dOT.data(), T, a, lda, dvT, ldk, true);            // dVt^T += dO^T skew(a)
-        tile_gemm(T, s.D, ldd, ds, ldd, Kt, s.D, dQ.data_ptr<float>(), s.D, false);  // dQ = skew(ds) Kt
-        tile_gemm(T, s.D, s.W, ds, ldd + 1, pe_wT, s.D, dQ.data_ptr<float>(), s.D, true);  // += ds pe_w^T
-        gq[b][h].narrow(0, i0, T).copy_(dQ);                                      // (T, D), rounded once
-        float* dkT = gkT[b][h].data_ptr<float>() + i0;                            // (D, W+T-1), ld W+M
-        tile_gemm(s.D, ldd, T, QT.data(), T, ds, ldd, dkT, ldk, true);            // dKt^T += Q^T skew(ds)
-        tile_gemm(s.D, s.W, T, QT.data(), T, ds, ldd + 1, dpe, s.W, true);        // d pe_w += Q^T ds
+        float* dvT = gvT0 + bh * s.D * ldk + (i0 + s.W - S);                      // (D, S+T-1), ld W+M
+        tile_gemm(s.D, lda, T, dOT.data(), T, A.data(), lda, dvT, ldk, true);     // dVt^T += dO^T skew(a)
+        tile_gemm(T, s.D, ldd, Ds.data(), ldd, Kt, s.D, dQ.data(), s.D, false);   // dQ = skew(ds) Kt
+        tile_gemm(T, s.D, s.W, Ds.data(), ldd + 1, pe_wT, s.D, dQ.data(), s.D, true);  // += ds pe_w^T
+        rows::narrow_to(dQ.data(), T * s.D, gq0 + (bh * s.M + i0) * s.D);         // (T, D), rounded once
+        float* dkT = gkT0 + bh * s.D * ldk + i0;                                  // (D, W+T-1), ld W+M
+        tile_gemm(s.D, ldd, T, QT.data(), T, Ds.data(), ldd, dkT, ldk, true);     // dKt^T += Q^T skew(ds)
+        tile_gemm(s.D, s.W, T, QT.data(), T, Ds.data(), ldd + 1, dpe, s.W, true); // d pe_w += Q^T ds
       }
     }
     dratio[h] = dratio_h;

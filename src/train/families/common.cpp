@@ -2,8 +2,11 @@
 // step, recurrent state in checkpoints, sampling, the main optimizer, span log fields and bench timing.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -18,6 +21,7 @@
 #include "spanformer/models/sampling.h"
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
 #include "spanformer/util/precision.h"
 #include "spanformer/util/runtime.h"
 #include "spanformer/util/torch_compat.h"
@@ -217,17 +221,100 @@ int64_t parameter_count(torch::nn::Module& module) {
   return n;
 }
 
+namespace {
+
+// The profiler's trace (complete events, "ph": "X", microseconds) as a table on stderr: each operator's
+// own time (its span less the spans of the calls nested in it on the same thread), per step, summed over
+// the threads that ran operators (a parallel kernel's workers record theirs), largest first, the first
+// `rows` and the rest in one line. Own time is what an operator's kernel costs: an
+// aten::linear that only calls aten::addmm owns almost nothing.
+void print_profile_table(const nlohmann::json& events, int64_t steps, double step_ms, size_t rows = 20) {
+  struct Span {
+    double begin, end;
+    std::string name;
+  };
+  std::map<std::string, std::vector<Span>> by_thread;
+  for (const auto& e : events)
+    if (e.value("ph", "") == "X") {
+      const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+      by_thread[e.at("tid").dump()].push_back({ts, ts + dur, e.at("name").get<std::string>()});
+    }
+  std::map<std::string, std::pair<double, int64_t>> own;  // name -> (microseconds, calls)
+  for (auto& [tid, spans] : by_thread) {
+    // Outer before inner: by start, the longer first on a tie.
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end > b.end;
+    });
+    std::vector<std::pair<const Span*, double>> open;  // span, time of its children so far
+    auto close_until = [&](double t) {
+      while (!open.empty() && open.back().first->end <= t) {
+        const auto [span, children] = open.back();
+        open.pop_back();
+        const double length = span->end - span->begin;
+        auto& entry = own[span->name];
+        entry.first += std::max(0.0, length - children), entry.second += 1;
+        if (!open.empty()) open.back().second += length;
+      }
+    };
+    for (const auto& span : spans) {
+      close_until(span.begin);
+      open.emplace_back(&span, 0.0);
+    }
+    close_until(std::numeric_limits<double>::infinity());
+  }
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> table(own.begin(), own.end());
+  std::sort(table.begin(), table.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  double total = 0;
+  for (const auto& row : table) total += row.second.first;
+  const double per = 1e-3 / static_cast<double>(steps);  // microseconds in all -> ms per step
+  fmt::print(stderr, "profile: operators by own time, ms per step (step {:.1f} ms; every thread {:.1f} ms)\n", step_ms,
+             total * per);
+  fmt::print(stderr, "  {:>9} {:>6} {:>7}  {}\n", "ms/step", "share", "calls", "operator");
+  double rest = 0;
+  int64_t rest_calls = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const auto& [name, figures] = table[i];
+    if (i < rows) {
+      fmt::print(stderr, "  {:9.2f} {:5.1f}% {:7}  {}\n", figures.first * per, 100.0 * figures.first / total,
+                 figures.second / steps, name);
+    } else {
+      rest += figures.first, rest_calls += figures.second;
+    }
+  }
+  if (table.size() > rows)
+    fmt::print(stderr, "  {:9.2f} {:5.1f}% {:7}  ({} other operators)\n", rest * per, 100.0 * rest / total,
+               rest_calls / steps, table.size() - rows);
+}
+
+}  // namespace
+
 double time_steps(const BenchRequest& r, const std::function<void()>& step) {
   if (r.steps < 1 || r.warmup < 0) fail("--steps must be >= 1 and --warmup >= 0");
   double total = 0;
+  std::ostringstream trace;
+  std::optional<torch::autograd::profiler::RecordProfile> profiler;
   for (int64_t i = 0; i < r.warmup + r.steps; ++i) {
+    if (i == r.warmup && !r.profile.empty()) profiler.emplace(trace);
     const double t0 = now_seconds();
     step();
     const double dt = now_seconds() - t0;
     if (i >= r.warmup) total += dt;
     fmt::print(stderr, "  step {}/{}: {:.0f} ms{}\n", i + 1, r.warmup + r.steps, dt * 1e3, i < r.warmup ? " (warmup)" : "");
   }
-  return total / static_cast<double>(r.steps);
+  const double per_step = total / static_cast<double>(r.steps);
+  if (profiler) {
+    profiler.reset();  // writes the trace
+    nlohmann::json events;
+    try {
+      events = nlohmann::json::parse(trace.str());
+    } catch (const nlohmann::json::exception& e) {
+      fail("bench --profile: LibTorch's profiler wrote a trace that is not JSON ({})", e.what());
+    }
+    write_file_atomic(r.profile, trace.str());
+    print_profile_table(events, r.steps, per_step * 1e3);
+    fmt::print(stderr, "profile: trace of {} steps written to {}\n", r.steps, r.profile);
+  }
+  return per_step;
 }
 
 void report_bench(const BenchRequest& r, const char* family, const std::string& prefix, const std::string& what,
