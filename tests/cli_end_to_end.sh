@@ -26,7 +26,7 @@ grep -q "resumed .* at step 20" "$tmp/run/train.log"
 grep -qE "^test bpc [0-9]+\.[0-9]+" "$tmp/eval.out"
 "$bin" eval "$tmp/run" --split test --batch 4 --json > "$tmp/eval.json"
 eval_consistent "$tmp/eval.json"
-grep -qF "test bpc $("$py" -c 'import json, sys; print("{:.4f}".format(json.load(open(sys.argv[1]))["bpc"]))' "$tmp/eval.json")" "$tmp/eval.out" \
+grep -qF "test bpc $("$py" -c 'import json, sys; print("{:.7f}".format(json.load(open(sys.argv[1]))["bpc"]))' "$tmp/eval.json")" "$tmp/eval.out" \
   || fail "the printed bpc is the record's: $(cat "$tmp/eval.out") vs $(cat "$tmp/eval.json")"
 "$bin" generate "$tmp/run/checkpoint.pt" --prompt "It was the best of times" --tokens 50 --seed 3 > "$tmp/gen1"
 "$bin" generate "$tmp/run/checkpoint.pt" --prompt "It was the best of times" --tokens 50 --seed 3 > "$tmp/gen2"
