@@ -182,7 +182,7 @@ def memory_rows(what, med):
 
 def twin_peak_rss(recipe, record, name):
     """The peak RSS (MB) of a fresh Python process that builds the twin `name` of recipe and runs three
-    of its steps (ours: two steps, `spanformer bench --steps 1 --warmup 1`), torch and compilation in it."""
+    of its steps (ours: three steps, `spanformer bench --steps 1 --warmup 2`), torch and compilation in it."""
     spec = json.dumps({"recipe": recipe, "record": record, "name": name, "amp": AMP, "device": str(DEVICE),
                        "threads": torch.get_num_threads()})
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--twin-memory", spec], capture_output=True,
@@ -196,6 +196,7 @@ def run_twin_alone(spec):
     s = json.loads(spec)
     AMP, DEVICE = s["amp"], torch.device(s["device"])
     torch.set_num_threads(s["threads"])
+    prefer_this_torchs_libraries()  # as the parent: a kernel compiled here first must link this torch
     impls, _ = TWIN_MAKERS[s["recipe"][0]](*s["recipe"][1], s["record"])
     for _ in range(3):
         impls[s["name"]]()
