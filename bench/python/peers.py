@@ -76,23 +76,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_semantics import Model as ReferenceLm, skew, unskew  # noqa: E402
 
 
-def prefer_this_torchs_libraries():
-    """Inductor links its CPU kernels with -L<Python's LIBDIR> before torch/lib. Where Debian's
-    libtorch-dev sits in that LIBDIR (/usr/lib/x86_64-linux-gnu, as on the machines that build both
-    LibTorch versions), the linker takes Debian's libtorch_cpu 1.13, which lacks the SLEEF symbols 2.x's
-    vectorised kernels call: Inductor's ISA probe then fails and every compiled kernel is scalar code
-    ("trans_b requires AVX512 or AVX2 vec ISA" for matrix products). Putting this torch's lib directory
-    first gives the compiled peer its real, vectorised kernels."""
-    import torch._inductor.cpp_builder as builder
-    original = builder._get_python_related_args
-
-    def python_related_args():
-        include_dirs, lib_dirs = original()
-        return include_dirs, [os.path.join(os.path.dirname(torch.__file__), "lib")] + lib_dirs
-
-    builder._get_python_related_args = python_related_args
-
-
 DEVICE = torch.device("cpu")  # --device: where the twins run; on CUDA under bf16 autocast
 
 
@@ -196,7 +179,6 @@ def run_twin_alone(spec):
     s = json.loads(spec)
     AMP, DEVICE = s["amp"], torch.device(s["device"])
     torch.set_num_threads(s["threads"])
-    prefer_this_torchs_libraries()  # as the parent: a kernel compiled here first must link this torch
     impls, _ = TWIN_MAKERS[s["recipe"][0]](*s["recipe"][1], s["record"])
     for _ in range(3):
         impls[s["name"]]()
@@ -621,7 +603,6 @@ def main():
         parser.error("--device cuda times the training rows only (gpt, lm, seq2seq); the operators' GPU "
                      "figures are gpu_compare.py's and gpu_flash.py's")
     torch.set_num_threads(args.threads)
-    prefer_this_torchs_libraries()
     cli = os.environ.get("SPANFORMER_CLI", os.path.join(ROOT, "build", "spanformer"))
     rows = args.rows.split(",")
     where = f"{torch.cuda.get_device_name()}, bf16 autocast" if DEVICE.type == "cuda" else f"{args.threads} threads"

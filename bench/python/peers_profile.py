@@ -67,7 +67,6 @@ def main():
     args = parser.parse_args()
     peers.AMP = args.amp == "bf16"
     torch.set_num_threads(args.threads)
-    peers.prefer_this_torchs_libraries()
     print(f"# profile: torch {torch.__version__}, {args.threads} threads, {args.steps} steps, ms per step"
           f"{', bf16 (autocast; flash: bf16 inputs)' if peers.AMP else ''}")
     print(f"# CPU: {peers.cpu_line()}")

@@ -42,6 +42,39 @@ def _library_path():
 torch.ops.load_library(_library_path())
 
 
+def _inductor_links_this_torch():
+    """torch.compile's CPU kernels are linked with -L<Python's LIBDIR> ahead of torch/lib. Where another
+    LibTorch sits in that LIBDIR (Debian's libtorch-dev in /usr/lib/x86_64-linux-gnu, which a machine
+    building both LibTorch versions has), the linker takes its libtorch_cpu, which lacks the SLEEF symbols
+    this torch's vectorised kernels call: Inductor's ISA probe fails and every compiled kernel is scalar,
+    or loading one fails ("undefined symbol: Sleef_expf16_u10"). Only there, this torch's lib directory
+    is put first. A no-op elsewhere, on PyTorch 1.x, and where Inductor's builder has no such hook."""
+    import sysconfig
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    other = os.path.join(libdir, "libtorch_cpu.so")
+    if not os.path.exists(other) or os.path.realpath(other) == os.path.realpath(os.path.join(torch_lib, "libtorch_cpu.so")):
+        return False
+    try:
+        import torch._inductor.cpp_builder as builder
+        original = builder._get_python_related_args
+    except (ImportError, AttributeError):
+        return False
+    if getattr(original, "_spanformer", False):
+        return True
+
+    def python_related_args():
+        include_dirs, lib_dirs = original()
+        return include_dirs, [torch_lib] + [d for d in lib_dirs if d != torch_lib]
+
+    python_related_args._spanformer = True
+    builder._get_python_related_args = python_related_args
+    return True
+
+
+_inductor_links_this_torch()
+
+
 def adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32.0, dropout=0.0, training=False, seed=-1):
     """q (B,K,M,D); k, v (B,K,W+M,D); key_pe (D,L); span_ratio (K) -> (B,K,M,D). Differentiable, and
     torch.compile(fullgraph=True) traces it. seed -1: a dropout stream drawn from torch's generator."""

@@ -130,7 +130,9 @@ def test_the_nanogpt_example_trains_and_draws_its_spans(tmp_path, shared):
     run = subprocess.run([sys.executable, example, "--text", str(text), "--steps", "40", "--layers", "2", "--d-model", "32",
                           "--heads", "2", "--span", "128", "--block", "32", "--batch", "4", "--threads", "1",
                           "--eval-blocks", "4", "--out", str(out)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(spanformer.__file__))})
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(spanformer.__file__)),
+                              # compiled afresh: a cached kernel would hide one that no longer links
+                              "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "step    40 | train" in run.stdout and "tokens/s" in run.stdout
     held = float(run.stdout.split("held-out: ")[1].split()[0])

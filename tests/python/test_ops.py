@@ -21,6 +21,7 @@ Tolerances: the operator computes the same sums in another order (per-head windo
 softmax normalisation), so double-precision results differ by rounding only (~1e-15 relative); 1e-10
 leaves room for accumulation over a few hundred terms and would still catch any formula error.
 """
+import ast
 import math
 import os
 
@@ -214,6 +215,27 @@ class TwoOps(torch.nn.Module):
         a = torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span, 32, 4.0, self.dropout, self.training)
         b = torch.ops.spanformer.flash_attention(a, q, q, 0, self.dropout, self.training)
         return (a * b).sum() + b.square().mean()
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs PyTorch 2")
+def test_compiled_cpu_kernels_are_vectorised_after_import(tmp_path):
+    """Where Python's LIBDIR holds another LibTorch (Debian's libtorch-dev beside PyPI's torch), Inductor
+    links its CPU kernels against that one unless `import spanformer` puts this torch's libraries first:
+    its vector-ISA probe then fails and torch.compile makes scalar kernels (or, with a probe cached by a
+    process that linked right, kernels that do not load). In a fresh process with an empty Inductor
+    cache: on a CPU with AVX2 the probe finds a vector ISA after `import spanformer`."""
+    import subprocess
+    import sys
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    code = ("import spanformer\nfrom torch._inductor import cpu_vec_isa\n"
+            "print([str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()])")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                              "PYTHONPATH": os.path.dirname(os.path.dirname(spanformer.__file__))})
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    if " avx2 " in flags.replace("\n", " "):
+        assert found, "torch.compile would make scalar CPU kernels: " + run.stdout
 
 
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs PyTorch 2")
