@@ -295,12 +295,10 @@ void forward_kernel_native(const at::Tensor& q, const at::Tensor& k, const at::T
   for_each_item(s.K * s.tiles(), [&](int64_t j) {
     const int64_t h = heads[j / s.tiles()], i0 = (j % s.tiles()) * kTile, T = std::min(kTile, s.M - i0);
     const int64_t S = masks[h].S, ldc = s.W + T - 1, lda = S + T - 1;
-    const auto mask = masks[h].row();
     std::vector<float> C(T * ldc);                                                // scores, skewed
     std::vector<float> P(kept0 ? 0 : T * s.W);                                    // p (evaluation)
     std::vector<half_t> A(T * lda);                                               // a, skewed, 16-bit
     std::vector<float> O(T * s.D);                                                // output tile
-    std::vector<double> keep(drop.on() ? S : 0);
     for (int64_t b = 0; b < s.B; ++b) {
       const int64_t bh = b * s.K + h;
       const half_t* Q = q0 + (bh * s.M + i0) * s.D;                               // (T, D)
@@ -309,12 +307,9 @@ void forward_kernel_native(const at::Tensor& q, const at::Tensor& k, const at::T
       float* p = kept0 ? kept0 + ((h * s.B + b) * s.M + i0) * s.W : P.data();     // (T, W)
       tile_gemm(T, ldc, s.D, Q, s.D, KtT, ldk, C.data(), ldc, false);             // (T, W+T-1) = Q Kt^T
       tile_gemm(T, s.W, s.D, Q, s.D, pe_w, s.L, C.data(), ldc + 1, true);         // unskewed (T, W) += Q pe_w
-      for (int64_t r = 0; r < T; ++r) {
-        rows::softmax_divided(C.data() + r * (ldc + 1), s.W, sqrt_d, p + r * s.W);  // p = softmax(s / sqrt(D))
-        if (drop.on()) drop.row(keep.data(), b, h, i0 + r, S);
-        rows::span_weights_row(p + r * s.W + (s.W - S), mask, drop.on() ? keep.data() : nullptr, A.data() + r * lda + r);
-        zero_outside_band(A.data() + r * lda, r, S, T);
-      }
+      for (int64_t r = 0; r < T; ++r)                                             // p = softmax(s / sqrt(D))
+        rows::softmax_divided(C.data() + r * (ldc + 1), s.W, sqrt_d, p + r * s.W);
+      attention_weights(p, s.W, masks[h], drop, b, h, i0, T, A.data());
       tile_gemm(T, s.D, lda, A.data(), lda, Vt, s.D, O.data(), s.D, false);      // (T, D) = skew(a) Vt
       rows::narrow_to(O.data(), T * s.D, out0 + (bh * s.M + i0) * s.D);           // rounded once
     }
@@ -345,7 +340,6 @@ void backward_kernel_native(const at::Tensor& grad_out, const at::Tensor& q, con
   for_each_item(s.K, [&](int64_t j) {
     const int64_t h = heads[j];
     const int64_t S = masks[h].S;
-    const auto mask = masks[h].row();
     float* dpe = pe_parts[h].data_ptr<float>();                                   // (D, W)
     double dratio_h = 0;
     std::vector<half_t> QT(s.D * kTile), dOT(s.D * kTile);                        // (D, T) each
@@ -353,7 +347,6 @@ void backward_kernel_native(const at::Tensor& grad_out, const at::Tensor& q, con
     std::vector<half_t> A(kTile * (S + kTile - 1));                               // skewed a, 16-bit
     std::vector<float> G(kTile * (S + kTile - 1));                                // dO Vt^T
     std::vector<float> dQ(kTile * s.D);
-    std::vector<double> keep(drop.on() ? S : 0), scratch(2 * S);
     for (int64_t i0 = 0; i0 < s.M; i0 += kTile) {
       const int64_t T = std::min(kTile, s.M - i0), ldd = s.W + T - 1, lda = S + T - 1;
       for (int64_t b = 0; b < s.B; ++b) {
@@ -364,14 +357,7 @@ void backward_kernel_native(const at::Tensor& grad_out, const at::Tensor& q, con
         const half_t* VtT = vT0 + bh * s.D * ldk + (i0 + s.W - S);                // (D, S+T-1), ld W+M
         const float* p = p0 + ((h * s.B + b) * s.M + i0) * s.W;                   // (T, W)
         tile_gemm(T, lda, s.D, dO, s.D, VtT, ldk, G.data(), lda, false);          // G = dO Vt^T
-        for (int64_t r = 0; r < T; ++r) {
-          if (drop.on()) drop.row(keep.data(), b, h, i0 + r, S);
-          dratio_h += rows::span_backward_row(p + r * s.W, G.data() + r * lda + r, s.W, mask,
-                                              drop.on() ? keep.data() : nullptr, alpha, scratch.data(),
-                                              A.data() + r * lda + r, Ds.data() + r * ldd + r);
-          zero_outside_band(A.data() + r * lda, r, S, T);
-          zero_outside_band(Ds.data() + r * ldd, r, s.W, T);
-        }
+        dratio_h += backward_rows(p, G.data(), s.W, masks[h], drop, b, h, i0, T, alpha, A.data(), Ds.data());
         transpose_into(Q, T, s.D, s.D, QT.data());
         transpose_into(dO, T, s.D, s.D, dOT.data());
         float* dvT = gvT0 + bh * s.D * ldk + (i0 + s.W - S);                      // (D, S+T-1), ld W+M
