@@ -163,7 +163,8 @@ namespace {
 #endif
 
 // sum_{c < n} f(c) in double with eight partial sums: independent additions the compiler may overlap
-// (one AVX-512 register) without reassociating anything, so every clone gives the same sum.
+// (one AVX-512 register) without reassociating anything (the clones with FMA may still round a product
+// and its addition once instead of twice).
 template <typename F>
 SPANFORMER_INLINE_ROW double sum8(int64_t n, const F& f) {
   double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
