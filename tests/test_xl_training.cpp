@@ -184,6 +184,9 @@ TEST(XlTraining, ResumedRunContinuesBitForBitAndTheLossFalls) {
   };
   for (bool search : {false, true}) {
     auto c = run_config(dir.file("data"), search);
+    // At 3e-3 eight steps leave the perplexity near 8 (7.4-8.1 over four seeds, dropout masks included);
+    // at 1e-2 they bring it to 5.6-7.4, so the check below sees learning rather than a lucky draw.
+    c.train.lr = 1e-2;
     const std::string a_dir = dir.file(search ? "s1" : "p1"), b_dir = dir.file(search ? "s2" : "p2");
     auto r1 = run(c, a_dir, false, -1);
     run(c, b_dir, false, 3);  // stop inside an interval, away from a checkpoint boundary

@@ -9,6 +9,7 @@
 
 #include "spanformer/attention/record.h"
 #include "spanformer/nn/adaptive_span.h"
+#include "spanformer/nn/dropout.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
 #include "spanformer/ops/lsh_attention.h"
@@ -132,7 +133,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   auto s = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(q.size(-1)));  // (B, K, n, c)
   auto a = masked_softmax(s, m);                                                            // (B, K, n, c)
   if (auto* recorder = WeightRecorder::active()) recorder->add_by_position(a);  // only the reference runs then
-  if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
+  if (spec.training && spec.dropout > 0) a = spanformer::nn::dropout(a, spec.dropout, true);
   return at::matmul(a, v);  // (B, K, n, D)
 }
 
@@ -273,7 +274,7 @@ at::Tensor sparse_attention_blocks(const at::Tensor& q, const at::Tensor& k, con
     m = at::cat({m, causal_weights(spec, qpos, fpos, q.scalar_type()) * freal.to(q.scalar_type())}, -1);  // (K or 1, Rq, l, near + far)
   }
   auto a = masked_softmax(s, m);                                                              // (B, K, Rq, l, near + far)
-  if (spec.training && spec.dropout > 0) a = at::dropout(a, spec.dropout, true);
+  if (spec.training && spec.dropout > 0) a = spanformer::nn::dropout(a, spec.dropout, true);
   auto out = at::matmul(a.narrow(-1, 0, g.near), vn);                                         // (B, K, Rq, l, D)
   if (g.far > 0) {
     auto af = a.narrow(-1, g.near, g.far);                                                    // (B, K, Rq, l, far)

@@ -37,7 +37,7 @@ MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadOptions& o) : opti
   w_k = register_module("w_k", spanformer::nn::Linear(torch::nn::LinearOptions(Hkv, H).bias(o.bias)));
   w_v = register_module("w_v", spanformer::nn::Linear(torch::nn::LinearOptions(Hkv, H).bias(o.bias)));
   w_o = register_module("w_o", spanformer::nn::Linear(torch::nn::LinearOptions(H, H).bias(o.bias)));
-  drop = register_module("drop", torch::nn::Dropout(o.dropout));
+  drop = register_module("drop", spanformer::nn::Dropout(o.dropout));
 }
 
 std::pair<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::project_kv(const torch::Tensor& memory) {

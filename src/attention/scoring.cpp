@@ -34,7 +34,7 @@ AttentionScoringImpl::AttentionScoringImpl(const ScoringOptions& o) : options_(o
     w = register_parameter("w",
                            torch::randn({o.query_size, o.key_size}) / std::sqrt(static_cast<double>(o.query_size)));
   }
-  drop = register_module("drop", torch::nn::Dropout(o.dropout));
+  drop = register_module("drop", spanformer::nn::Dropout(o.dropout));
 }
 
 torch::Tensor AttentionScoringImpl::score(const torch::Tensor& q, const torch::Tensor& k) {

@@ -1,7 +1,7 @@
 #include "spanformer/attention/seq_attention.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/functional/dropout.h>
+#include "spanformer/nn/dropout.h"
 #include <torch/nn/functional/padding.h>
 
 #include <cmath>
@@ -152,10 +152,10 @@ torch::Tensor SeqAttentionImpl::attend_plain(const torch::Tensor& q, const torch
       attn_pers = all.narrow(-1, Lp, N);
     }
     if (auto* recorder = WeightRecorder::active()) recorder->add_by_window(attn);  // the context part
-    attn_pers = torch::dropout(attn_pers, options_.dropout(), is_training());
+    attn_pers = spanformer::nn::dropout(attn_pers, options_.dropout(), is_training());
     pers_out = torch::matmul(attn_pers, pers_val.unsqueeze(0) * std::sqrt(double(N))); // (B, K, M, D)
   }
-  attn = torch::dropout(attn, options_.dropout(), is_training());
+  attn = spanformer::nn::dropout(attn, options_.dropout(), is_training());
 
   auto out = torch::matmul(ops::skew(attn), v);                                             // (B, K, M, D)
   if (N > 0) out = out + pers_out;

@@ -1,4 +1,5 @@
 #include "spanformer/models/gpt.h"
+#include "spanformer/nn/dropout.h"
 #include "spanformer/nn/positional.h"
 
 #include <ATen/ATen.h>
@@ -93,14 +94,14 @@ GptBlockImpl::GptBlockImpl(GptBlockOptions options) : options_(std::move(options
 
 torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
                                              int64_t keep) {
-  return torch::dropout(attn(ln1(h), k_cache, v_cache, keep), options_.dropout(), is_training());  // (B, N, H)
+  return spanformer::nn::dropout(attn(ln1(h), k_cache, v_cache, keep), options_.dropout(), is_training());  // (B, N, H)
 }
 
 torch::Tensor GptBlockImpl::ff_branch(const torch::Tensor& h) {
   const char* approximate = options_.activation() == Activation::kGeluTanh ? "tanh" : "none";
   const int64_t chunks = options_.ff_chunks();
   auto mlp = [&](const torch::Tensor& x) {
-    return torch::dropout(fc2(torch::gelu(fc1(ln2(x)), approximate)), options_.dropout(), is_training());  // (B, n, H)
+    return spanformer::nn::dropout(fc2(torch::gelu(fc1(ln2(x)), approximate)), options_.dropout(), is_training());  // (B, n, H)
   };
   if (chunks <= 1 || h.size(1) <= 1) return mlp(h);  // (B, N, H)
   std::vector<torch::Tensor> parts;
@@ -255,7 +256,7 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
   const int64_t N = x.size(1), T = config_.context, p0 = cache ? cache->position : 0;
   if (p0 + N > T) fail("gpt: tokens at positions {} .. {} lie beyond the context of {}", p0, p0 + N - 1, T);
   auto positions = wpe ? wpe->weight.narrow(0, p0, N) : sinusoid.narrow(0, p0, N);  // (N, H)
-  auto h = torch::dropout(wte(x) + positions, config_.dropout, is_training());       // (B, N, H)
+  auto h = spanformer::nn::dropout(wte(x) + positions, config_.dropout, is_training());       // (B, N, H)
   if (cache && cache->k.empty()) {
     cache->k.resize(block_list_.size());
     cache->v.resize(block_list_.size());

@@ -59,7 +59,7 @@ RnnSeq2SeqImpl::RnnSeq2SeqImpl(const Seq2SeqModelConfig& c) : config_(c) {
     out_bias = register_parameter("out_bias", torch::zeros({Vt}));
   else
     out = register_module("out", spanformer::nn::Linear(H, Vt));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  drop = register_module("drop", spanformer::nn::Dropout(c.dropout));
 }
 
 torch::Tensor RnnSeq2SeqImpl::embed_target(const torch::Tensor& y) {
@@ -158,7 +158,7 @@ TransformerLayerImpl::TransformerLayerImpl(TransformerLayerOptions options) : pr
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   fc1 = register_module("fc1", spanformer::nn::Linear(H, options.d_inner()));
   fc2 = register_module("fc2", spanformer::nn::Linear(options.d_inner(), H));
-  drop = register_module("drop", torch::nn::Dropout(options.dropout()));
+  drop = register_module("drop", spanformer::nn::Dropout(options.dropout()));
 }
 
 torch::Tensor TransformerLayerImpl::sublayer(const torch::Tensor& x, torch::nn::LayerNorm& norm,
@@ -199,7 +199,7 @@ TransformerSeq2SeqImpl::TransformerSeq2SeqImpl(const Seq2SeqModelConfig& c) : co
     out_bias = register_parameter("out_bias", torch::zeros({c.target_vocab}));
   else
     out = register_module("out", spanformer::nn::Linear(H, c.target_vocab));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  drop = register_module("drop", spanformer::nn::Dropout(c.dropout));
   positions = register_buffer("positions", nn::sinusoidal_positions(c.max_positions, H));
 
   // Initialisation as in the common reference implementations (fairseq, tensor2tensor): Xavier-uniform

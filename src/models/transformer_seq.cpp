@@ -1,7 +1,7 @@
 #include "spanformer/models/transformer_seq.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/functional/dropout.h>
+#include "spanformer/nn/dropout.h"
 
 namespace spanformer::models {
 
@@ -34,7 +34,7 @@ torch::Tensor TransformerSeqLayerImpl::forward(const torch::Tensor& h, const tor
                                                const torch::Tensor& key_pe) {
   auto x = norm1(h + attn(h, cache, key_pe));                                   // (B, M, H)
   if (!fc1) return x;
-  auto inner = torch::dropout(torch::relu(fc1(x)), dropout_, is_training());    // (B, M, I)
+  auto inner = spanformer::nn::dropout(torch::relu(fc1(x)), dropout_, is_training());    // (B, M, I)
   return norm2(x + fc2(inner));                                                 // (B, M, H)
 }
 
@@ -55,7 +55,7 @@ torch::Tensor TransformerSeqImpl::forward(const torch::Tensor& x, std::vector<to
   TORCH_CHECK(caches.size() == layers.size(), "expected ", layers.size(), " caches, got ", caches.size());
   const int64_t M = x.size(1);
   auto h = in_emb(x);                                                           // (B, M, H)
-  if (emb_dropout_ > 0) h = torch::dropout(h, emb_dropout_, is_training());
+  if (emb_dropout_ > 0) h = spanformer::nn::dropout(h, emb_dropout_, is_training());
   for (size_t l = 0; l < layers.size(); ++l) {
     // The next block's cache: the last cache_size inputs of this layer (this block's included).
     const int64_t keep = layers[l]->attn->cache_size();
@@ -69,7 +69,7 @@ torch::Tensor TransformerSeqImpl::forward(const torch::Tensor& x, std::vector<to
     h = layers[l]->forward(h, caches[l], key_pe);                               // (B, M, H)
     caches[l] = next;
   }
-  if (emb_dropout_ > 0) h = torch::dropout(h, emb_dropout_, is_training());
+  if (emb_dropout_ > 0) h = spanformer::nn::dropout(h, emb_dropout_, is_training());
   return h;
 }
 

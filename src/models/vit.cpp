@@ -18,7 +18,7 @@ VitBlockImpl::VitBlockImpl(VitBlockOptions o) {
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   fc1 = register_module("fc1", spanformer::nn::Linear(H, I));
   fc2 = register_module("fc2", spanformer::nn::Linear(I, H));
-  drop = register_module("drop", torch::nn::Dropout(o.dropout()));
+  drop = register_module("drop", spanformer::nn::Dropout(o.dropout()));
 }
 
 torch::Tensor VitBlockImpl::forward(const torch::Tensor& z, torch::Tensor* weights) {
@@ -40,7 +40,7 @@ VitModelImpl::VitModelImpl(const VitModelConfig& c) : config_(c) {
   for (int64_t l = 0; l < c.n_layer; ++l) blocks->push_back(VitBlock(block));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
   head = register_module("head", spanformer::nn::Linear(H, c.classes));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  drop = register_module("drop", spanformer::nn::Dropout(c.dropout));
   // Linear layers: truncated-normal-like N(0, 0.02) weights, zero biases (timm's ViT initialisation).
   torch::NoGradGuard no_grad;
   for (auto& m : modules(false))

@@ -94,8 +94,8 @@ RelAttentionImpl::RelAttentionImpl(RelAttentionOptions o)
   r_net = register_module("r_net", spanformer::nn::Linear(torch::nn::LinearOptions(H, KD).bias(false)));
   o_net = register_module("o_net", spanformer::nn::Linear(torch::nn::LinearOptions(KD, H).bias(false)));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({H})));
-  drop = register_module("drop", torch::nn::Dropout(o.dropout()));
-  dropatt = register_module("dropatt", torch::nn::Dropout(o.dropatt()));
+  drop = register_module("drop", spanformer::nn::Dropout(o.dropout()));
+  dropatt = register_module("dropatt", spanformer::nn::Dropout(o.dropatt()));
   if (o.untie_r()) {
     r_w_bias = register_parameter("r_w_bias", torch::randn({K_, D_}) * o.init_std());
     r_r_bias = register_parameter("r_r_bias", torch::randn({K_, D_}) * o.init_std());
@@ -168,7 +168,7 @@ FeedForwardImpl::FeedForwardImpl(XlFeedForwardOptions o) : pre_lnorm_(o.pre_lnor
   fc1 = register_module("fc1", spanformer::nn::Linear(o.d_model(), o.d_inner()));
   fc2 = register_module("fc2", spanformer::nn::Linear(o.d_inner(), o.d_model()));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model()})));
-  drop = register_module("drop", torch::nn::Dropout(o.dropout()));
+  drop = register_module("drop", spanformer::nn::Dropout(o.dropout()));
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& h) {
@@ -192,7 +192,7 @@ XlModelImpl::XlModelImpl(const XlModelConfig& c) : config_(c), blocks_(c.blocks(
   ao.proj_init_std = c.proj_init_std;
   word_emb = register_module("word_emb", nn::AdaptiveEmbedding(ao));
   crit = register_module("crit", nn::AdaptiveLogSoftmax(ao, word_emb.get(), c.tie_weight, c.tie_projs));
-  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  drop = register_module("drop", spanformer::nn::Dropout(c.dropout));
   if (!c.untie_r) {
     r_w_bias = register_parameter("r_w_bias", torch::randn({c.n_head, c.d_head}) * c.init_std);
     r_r_bias = register_parameter("r_r_bias", torch::randn({c.n_head, c.d_head}) * c.init_std);

@@ -12,7 +12,7 @@
 // Dims: B batch, N queries of width H (d_model), C keys of width Hkv (kv_size; = H for self-attention).
 #pragma once
 #include <torch/nn/module.h>
-#include <torch/nn/modules/dropout.h>
+#include "spanformer/nn/dropout.h"
 #include <torch/nn/modules/linear.h>
 
 #include <utility>
@@ -53,7 +53,7 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
 
  private:
   MultiHeadOptions options_;
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 };
 TORCH_MODULE(MultiHeadAttention);
 

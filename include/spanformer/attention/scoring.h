@@ -12,7 +12,7 @@
 // Dims: B batch, N queries of width Dq, C keys of width Dk with values of width Dv.
 #pragma once
 #include <torch/nn/module.h>
-#include <torch/nn/modules/dropout.h>
+#include "spanformer/nn/dropout.h"
 #include <torch/nn/modules/linear.h>
 
 #include <string>
@@ -47,7 +47,7 @@ class AttentionScoringImpl : public torch::nn::Module {
   ScoringOptions options_;
   spanformer::nn::Linear w_q{nullptr}, w_k{nullptr}, w_v{nullptr};  // additive
   torch::Tensor w;                                               // general (Dq, Dk)
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 };
 TORCH_MODULE(AttentionScoring);
 

@@ -33,7 +33,7 @@
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
+#include "spanformer/nn/dropout.h"
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -92,7 +92,7 @@ class RnnSeq2SeqImpl : public torch::nn::Module, public Seq2SeqModel {
   spanformer::nn::Linear deep{nullptr};            // bahdanau with deep_output: [U V C] (3H -> 2H, + b)
   spanformer::nn::Linear out{nullptr};             // W_out (H -> Vt), null when shared
   torch::Tensor out_bias;                     // (Vt) when shared
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 
  private:
   torch::Tensor embed_target(const torch::Tensor& y);            // (B, T) -> (B, T, H)
@@ -128,7 +128,7 @@ class TransformerLayerImpl : public torch::nn::Module {
   attention::MultiHeadAttention self_attn{nullptr}, cross_attn{nullptr};
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
   spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 
  private:
   torch::Tensor sublayer(const torch::Tensor& x, torch::nn::LayerNorm& norm, const std::function<torch::Tensor(const torch::Tensor&)>& f);
@@ -150,7 +150,7 @@ class TransformerSeq2SeqImpl : public torch::nn::Module, public Seq2SeqModel {
   torch::nn::LayerNorm enc_norm{nullptr}, dec_norm{nullptr};  // pre-norm only
   spanformer::nn::Linear out{nullptr};
   torch::Tensor out_bias;
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
   torch::Tensor positions;  // (max_positions, H) buffer
 
  private:

@@ -16,7 +16,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
-#include <torch/nn/modules/dropout.h>
+#include "spanformer/nn/dropout.h"
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -48,7 +48,7 @@ class VitBlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   attention::MultiHeadAttention attn{nullptr};
   spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 };
 TORCH_MODULE(VitBlock);
 
@@ -67,7 +67,7 @@ class VitModelImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm norm{nullptr};
   spanformer::nn::Linear head{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 
  private:
   VitModelConfig config_;

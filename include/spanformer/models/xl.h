@@ -29,7 +29,7 @@
 #pragma once
 #include <torch/arg.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/dropout.h>
+#include "spanformer/nn/dropout.h"
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
@@ -105,7 +105,7 @@ class RelAttentionImpl : public torch::nn::Module {
 
   spanformer::nn::Linear qkv{nullptr}, r_net{nullptr}, o_net{nullptr};
   torch::nn::LayerNorm norm{nullptr};
-  torch::nn::Dropout drop{nullptr}, dropatt{nullptr};
+  spanformer::nn::Dropout drop{nullptr}, dropatt{nullptr};
   torch::Tensor r_w_bias, r_r_bias;  // (K, D), only with untie_r
   nn::AdaptiveSpan span{nullptr};    // only with adapt_span
 
@@ -125,7 +125,7 @@ class FeedForwardImpl : public torch::nn::Module {
 
   spanformer::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::LayerNorm norm{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 
  private:
   bool pre_lnorm_;
@@ -175,7 +175,7 @@ class XlModelImpl : public torch::nn::Module {
   std::vector<RelAttention> attn;           // per block; null for 'f' blocks
   std::vector<FeedForward> ff;              // per block; null for 'a' blocks
   torch::Tensor alpha;                      // (N, 3) architecture logits (super-network only)
-  torch::nn::Dropout drop{nullptr};
+  spanformer::nn::Dropout drop{nullptr};
 
  private:
   XlModelConfig config_;
