@@ -40,6 +40,8 @@ void set_grads(Params& p, double scale) {
 }
 }  // namespace
 
+// Double-precision parameters take the plain composition (ATen's fused kernels serve float32 and 16-bit
+// ones; FusedKernelsEqualThePlainCompositionInFloat holds them to this path).
 TEST(Optim, AdagradWithReferenceClipMatchesPlainLoop) {
   auto p = make_params();
   const double lr = 0.07, clip = 0.03;
@@ -106,6 +108,53 @@ TEST(Optim, SgdMomentumAndAdamWithGlobalClipMatchPlainLoops) {
         for (int64_t j = 0; j < t.numel(); ++j) EXPECT_NEAR(t[j].item<double>(), x[idx++], 1e-13) << optim_name(kind);
     }
   }
+}
+
+// Float32 tensors of a model's shapes (matrices, vectors, one over a million elements), several steps,
+// clipped and not, more than one thread: the fused kernels equal the plain composition to float rounding
+// (the two order the same float operations differently: a few units in the last place of each update).
+TEST(Optim, FusedKernelsEqualThePlainCompositionInFloat) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(3);
+  for (OptimKind kind : {OptimKind::kAdagrad, OptimKind::kAdam, OptimKind::kAdamW})
+    for (double clip : {0.0, 0.05}) {
+      SCOPED_TRACE(std::string(optim_name(kind)) + " clip " + std::to_string(clip));
+      torch::manual_seed(17);
+      std::vector<torch::Tensor> a, b;
+      for (auto shape : std::vector<std::vector<int64_t>>{{1100, 1024}, {256}, {37, 5}, {1}}) {
+        a.push_back(torch::randn(shape).abs() + 1);  // positive, as are the gradients: no cancellation in g + wd p
+        b.push_back(a.back().clone());
+      }
+      auto named = [](std::vector<torch::Tensor>& t) {
+        std::vector<std::pair<std::string, torch::Tensor>> out;
+        for (size_t i = 0; i < t.size(); ++i) out.emplace_back("p" + std::to_string(i), t[i]);
+        return out;
+      };
+      OptimizerOptions o{kind, 0.0, clip, kind == OptimKind::kAdagrad ? 0.0 : 0.1, 0.98};
+      Optimizer fused(named(a), o);
+      o.fused = false;
+      Optimizer plain(named(b), o);
+      for (int step = 1; step <= 4; ++step) {
+        for (size_t i = 0; i < a.size(); ++i) {
+          const auto g = torch::randn_like(a[i]).abs() * (i == 0 ? 0.01 : 1e-4);  // tensor 0 clipped when clip > 0
+          a[i].mutable_grad() = g.clone();
+          b[i].mutable_grad() = g.clone();
+        }
+        const double lr = 1e-2;
+        fused.step(lr);
+        plain.step(lr);
+        for (size_t i = 0; i < a.size(); ++i) {
+          // A step moves a parameter by up to lr (1e-2). The paths round each update differently (1e-6 of
+          // it at most), so each parameter may round to a neighbouring float: one unit in its last place
+          // (at most 2^-23 |p|) a step, four after four steps. A different rule (a missing bias correction,
+          // clip or decay) moves them 1e-4 or more apart.
+          const auto close = (a[i] - b[i]).abs() <= b[i].abs() * (4 * 1.2e-7);
+          EXPECT_TRUE(close.all().item<bool>()) << "tensor " << i << " step " << step << ": max difference "
+                                                << (a[i] - b[i]).abs().max().item<double>();
+        }
+      }
+    }
+  at::set_num_threads(threads);
 }
 
 TEST(Optim, LinearWarmupThenConstant) {

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/torch_compat.h"
 
 namespace spanformer::train {
 
@@ -29,6 +30,78 @@ void Optimizer::zero_grad() {
 void Optimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
+  if (options_.fused && options_.kind != OptimKind::kSgd && fusable())
+    step_fused(lr);
+  else
+    step_plain(lr);
+}
+
+bool Optimizer::fusable() const {
+  if (!SPANFORMER_HAS_FUSED_OPTIMIZERS) return false;
+  for (const auto& s : slots_) {
+    const auto& g = s.param.grad();
+    if (!g.defined()) continue;
+    // The kernels walk each tensor as one flat array: every one dense, contiguous, on the CPU, one dtype;
+    // float32 or 16-bit (their gradient scale is a float32 number: double parameters take the plain path).
+    if (s.param.scalar_type() == at::kDouble) return false;
+    for (const auto& t : {s.param, g, s.state1})
+      if (!t.device().is_cpu() || !t.is_contiguous() || t.is_sparse() || t.scalar_type() != s.param.scalar_type())
+        return false;
+    if (s.state2.defined() && !s.state2.is_contiguous()) return false;
+  }
+  return true;
+}
+
+void Optimizer::step_fused(double lr) {
+#if SPANFORMER_HAS_FUSED_OPTIMIZERS
+  const double c = options_.grad_clip;
+  // The kernels read the step count (bias corrections; Adagrad's lr_decay, 0 here) from a float32 tensor.
+  const auto step = at::scalar_tensor(static_cast<double>(steps_), at::kFloat);
+  if (options_.kind == OptimKind::kAdagrad) {
+    for (auto& s : slots_) {
+      const auto& g = s.param.grad();
+      if (!g.defined()) continue;
+      double clr = lr;  // the reference's clipped rate, from the norm read on the host
+      if (c > 0) {
+        const double n = g.norm().item<double>();
+        if (n > c) clr = lr * (c / (n + 1e-10));
+      }
+      at::_fused_adagrad_({s.param}, {g}, {s.state1}, {step}, clr, /*lr_decay=*/0.0, /*weight_decay=*/0.0,
+                          /*eps=*/1e-10, /*maximize=*/false);
+    }
+    return;
+  }
+  std::vector<at::Tensor> params[2], grads[2], m[2], v[2], steps[2];  // [0]: not decayed, [1]: decayed
+  std::vector<at::Tensor> norms;
+  for (auto& s : slots_) {
+    if (!s.param.grad().defined()) continue;
+    const int decayed = options_.kind == OptimKind::kAdamW && options_.weight_decay > 0 && s.param.dim() >= 2;
+    params[decayed].push_back(s.param);
+    grads[decayed].push_back(s.param.grad());
+    m[decayed].push_back(s.state1);
+    v[decayed].push_back(s.state2);
+    steps[decayed].push_back(step);
+    if (c > 0) norms.push_back(s.param.grad().norm());
+  }
+  // Global-norm clipping as the kernels' gradient scale: they divide each gradient by 1 / coef as they read it.
+  std::optional<at::Tensor> grad_scale;
+  if (!norms.empty()) grad_scale = (c / (at::stack(norms).norm() + 1e-6)).clamp_max(1.0).reciprocal().to(at::kFloat);
+  const double b1 = 0.9, b2 = options_.beta2, eps = 1e-8;
+  for (int decayed : {0, 1}) {
+    if (params[decayed].empty()) continue;
+    if (options_.kind == OptimKind::kAdam)
+      at::_fused_adam_(params[decayed], grads[decayed], m[decayed], v[decayed], {}, steps[decayed], lr, b1, b2,
+                       options_.weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale);
+    else
+      at::_fused_adamw_(params[decayed], grads[decayed], m[decayed], v[decayed], {}, steps[decayed], lr, b1, b2,
+                        decayed ? options_.weight_decay : 0.0, eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale);
+  }
+#else
+  step_plain(lr);
+#endif
+}
+
+void Optimizer::step_plain(double lr) {
   const double c = options_.grad_clip;
   if (options_.kind == OptimKind::kAdagrad) {
     for (auto& s : slots_) {

@@ -48,6 +48,14 @@
 #define SPANFORMER_HAS_CPU_HALF_MATMUL 0
 #endif
 
+// ATen's fused optimizer kernels on the CPU (_fused_adagrad_, _fused_adam_, _fused_adamw_): LibTorch 2.4 and
+// later. Without them the optimizers run their plain composition of ATen operations.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define SPANFORMER_HAS_FUSED_OPTIMIZERS 1
+#else
+#define SPANFORMER_HAS_FUSED_OPTIMIZERS 0
+#endif
+
 // The base class of a c10d backend's collectives (ProcessGroupGloo, ProcessGroupNCCL): ProcessGroup in
 // LibTorch 1.x, Backend from 2.0 on. Declared only; src/dist/impl.h includes the definitions.
 namespace c10d {
