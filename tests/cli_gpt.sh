@@ -28,7 +28,8 @@ for attention in dense flash window adaptive_span sparse_strided sparse_fixed ls
   "$py" - "$tmp/eval.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert 0 < r["bpc"] < 8 and r["tokens"] > 0 and "stride 32" in r["protocol"], ("bpc of a trained byte model", r)
+# 90 symbols: uniform guessing is 6.49 bits; 20 steps reach 5.84 with every attention (2026-11-28)
+assert 0 < r["bpc"] < 6.2 and r["tokens"] > 0 and "stride 32" in r["protocol"], ("bpc of a trained byte model", r)
 PY
   # Every target scored once: the dump has one log-probability per token and sums to the NLL.
   "$bin" eval "$run" --split test --eval_stride=7 --dump-logprobs "$tmp/lp.txt" --json > "$tmp/eval7.json"
@@ -99,7 +100,8 @@ picture_drawn "$tmp/race/adaptive_span/spans.png"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["attention"] for r in rows] == ["window", "adaptive_span"], rows
-assert all(r["steps"] == 100 and 0 < r["test_bpc"] < 8 for r in rows), rows
+# 100 steps: 4.23 (window) and 4.22 (adaptive span) bits, 2026-11-28; the unigram statistics alone give ~4.4
+assert all(r["steps"] == 100 and 0 < r["test_bpc"] < 4.6 for r in rows), rows
 PY
 if BUILD="$(dirname "$bin")" ATTENTIONS=window bash "$src/bench/attention_race.sh" "$tmp/data" 0.001 "$tmp/race" 2> "$tmp/err"; then echo "FAIL: race overwrote"; exit 1; fi
 grep -q "exists" "$tmp/err"

@@ -66,7 +66,9 @@ PY
 import json, sys
 test, valid = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 last = [json.loads(l) for l in open(sys.argv[3])][-1]
-assert test["images"] == 300 and test["split"] == "test" and 0.2 < test["accuracy"] <= 1, test
+# 40 steps learn: test accuracy 0.27-0.35 over seven seeds (the default and 1-6, 2026-11-28), chance 0.10;
+# one sd of an accuracy over 300 images is about 0.026, so 0.22 is two below the lowest run
+assert test["images"] == 300 and test["split"] == "test" and 0.22 < test["accuracy"] <= 1, test
 # the command and the training run's validation score the same images the same way
 assert abs(valid["accuracy"] - last["valid_acc"]) < 1e-12 and abs(valid["nll"] - last["valid_loss"]) < 1e-9, (valid, last)
 PY
