@@ -53,6 +53,14 @@ drift falls on all of them alike; a row prints the median of each over the round
             eager     torch.nn.Transformer of the same sizes (post-norm), the same embeddings and loss
             compiled  that model under torch.compile
 
+  example the Python example's training step (examples/python/nanogpt_adaptive_span.py: 4 blocks of H 256,
+          4 heads, L 512, M 128, batch 16, the caches carried, Adam, clipping at 1; each layer's spans
+          fixed at 26, 77, 154 and 230 tokens, so that no step changes a cache size):
+            ours      the example's model: spanformer.nn.AdaptiveSpanAttention, eager and torch.compile'd
+            eager     the same model and weights with PyTorch's own attention instead: SDPA over the L'
+                      cached states and the block, the float mask (q . key_pe) / sqrt(D) + log m
+            compiled  that model under torch.compile
+          (--amp bf16: all four under bf16 autocast)
 Prints a Markdown table (milliseconds per call or step; ratio = peer / ours, > 1 means ours is faster).
 """
 import argparse
@@ -571,6 +579,78 @@ def seq2seq_row(rounds, cli, threads):
     return beside_ours(ours, ("seq2seq", []), rounds, "seq2seq Transformer")
 
 
+# ---- the Python example: spanformer.nn inside a plain PyTorch model ---------------------------------
+
+def sdpa_span_forward(self, h, cache, key_pe):
+    """spanformer.nn.AdaptiveSpanAttention.forward with PyTorch's attention in place of our op: SDPA with
+    the relative positions and log m as its float mask (the op's function up to the 1e-8 Z term)."""
+    B, M, H = h.shape
+    K, D, Lp, L = self.nb_heads, H // self.nb_heads, self.span.used_span(), self.span.attn_span
+    kept = cache[:, max(0, cache.shape[1] - Lp):]
+    if kept.shape[1] < Lp:
+        kept = torch.cat([kept.new_zeros(B, Lp - kept.shape[1], H), kept], 1)
+    context = torch.cat([kept, h], 1)                                                  # (B, L' + M, H)
+    q = self.proj_query(h).view(B, M, K, D).transpose(1, 2)                            # (B, K, M, D)
+    k = self.proj_key(context).view(B, Lp + M, K, D).transpose(1, 2)                   # (B, K, L' + M, D)
+    v = self.proj_val(context).view(B, Lp + M, K, D).transpose(1, 2)
+    # Query i reads context rows i .. i + L' - 1 (distances L' .. 1): its L' biases skewed into place.
+    bias = (q @ key_pe[:, L - Lp:].to(q.dtype)) / math.sqrt(D) \
+        + self.span.mask(Lp).clamp_min(1e-30).log().to(q.dtype).unsqueeze(1)             # (B, K, M, L')
+    bias = F.pad(bias.reshape(B * K, M, Lp), (0, M + 1), value=float("-inf"))
+    bias = bias.reshape(B * K, -1)[:, : M * (Lp + M)].view(B, K, M, Lp + M)            # (B, K, M, L' + M)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)                      # (B, K, M, D)
+    return self.proj_out(out.transpose(1, 2).reshape(B, M, H))
+
+
+def example_row(rounds):
+    """{ours eager, ours compiled, eager, compiled}: the example's training step, medians in ms, and the
+    largest difference between the two models' attention outputs (the same weights and input), relative
+    to the largest output."""
+    import copy
+    import importlib.util
+    import types
+    spec = importlib.util.spec_from_file_location("nanogpt_adaptive_span",
+                                                  os.path.join(ROOT, "examples", "python", "nanogpt_adaptive_span.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch.manual_seed(0)
+    B, M, L = 16, 128, 512
+    ours = example.AdaptiveSpanGpt(4, 256, 4, L)
+    with torch.no_grad():
+        for block in ours.blocks:
+            block.attn.span.span_ratio.copy_(torch.tensor([26.0, 77.0, 154.0, 230.0]) / L)
+            block.attn.span.sync_host()
+    twin = copy.deepcopy(ours)
+    for block in twin.blocks:
+        block.attn.forward = types.MethodType(sdpa_span_forward, block.attn)
+    x, y = torch.randint(256, (B, M)), torch.randint(256, (B, M))
+    with torch.no_grad():  # one attention layer of each in float32, a full cache: the same function
+        h, cache = torch.randn(B, M, 256), torch.randn(B, ours.blocks[0].attn.cache_size(), 256)
+        a, b = ours.blocks[0].attn(h, cache, ours.key_pe), twin.blocks[0].attn(h, cache, twin.key_pe)
+        first = ((a - b).abs().max() / b.abs().max()).item()
+
+    def step(model, net):
+        spans = [b.attn.span.span_ratio for b in model.blocks]
+        params = [q for q in model.parameters() if all(q is not r for r in spans)]  # spans fixed: see above
+        opt = torch.optim.Adam(params, lr=3e-4)
+        state = {"caches": model.zero_caches(B)}
+
+        def run():
+            with autocast():
+                logp, state["caches"] = net(x, state["caches"])
+                loss = F.nll_loss(logp.reshape(-1, 256).float(), y.reshape(-1)) + model.span_loss()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+        return run
+
+    impls = {"ours eager": step(ours, ours), "ours compiled": step(ours, torch.compile(ours)),
+             "eager": step(twin, twin), "compiled": step(twin, torch.compile(twin))}
+    med, _ = interleave(impls, rounds, warmup=3)
+    return med, first
+
+
 # How beside_ours (and a --twin-memory child) makes each row's twins: (arguments..., our record).
 TWIN_MAKERS = {"gpt": lambda attention, T, batch, record: gpt_twins(attention, T, batch, record),
                "lm": lambda config_name, record: lm_twins(config_name, record),
@@ -653,6 +733,18 @@ def main():
             print(f"| seq2seq Transformer 3+3 H 256 B 128, train step | {med['ours']:.0f} | nn.Transformer {peer} | "
                   f"{med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
         memory_rows("seq2seq Transformer 3+3 H 256 B 128, train step", med)
+    if "example" in rows:
+        med, diff = example_row(args.rounds)
+        close = diff <= 1e-5  # float32 rounding of two orders of the same sums (and the 1e-8 Z term)
+        print(f"# twin check, example: attention outputs of ours and the SDPA twin differ by {diff:.1e} of "
+              f"the largest: {'ok' if close else 'MISMATCH'}", flush=True)
+        if not close:
+            MISMATCHES.append("example")
+        what = "example nanoGPT + spanformer.nn 4 x H 256 L 512 M 128 B 16, train step"
+        for mine in ("ours eager", "ours compiled"):
+            for peer in ("eager", "compiled"):
+                print(f"| {what}, {mine} | {med[mine]:.0f} | SDPA + log m, {peer} | {med[peer]:.0f} | "
+                      f"{med[peer] / med[mine]:.2f} |", flush=True)
     if MISMATCHES:
         sys.exit(f"peers: the twins of these rows are not our models (the '# twin check' lines): {', '.join(MISMATCHES)}")
 
