@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
+#include "../ops/dropout_hash.h"                    // splitmix64
 #include "spanformer/ops/adaptive_span_attention.h"  // draw_dropout_seed
 #include "spanformer/util/error.h"
 
@@ -42,10 +42,7 @@ struct DropoutKeys {
   uint32_t low, high;
 };
 DropoutKeys dropout_keys(uint64_t seed) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z ^= z >> 31;
+  const uint64_t z = ops::splitmix64(seed);
   return {static_cast<uint32_t>(z), static_cast<uint32_t>(z >> 32)};
 }
 
