@@ -76,7 +76,7 @@ EOF
     step configure 180 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=ON \
       -DCMAKE_PREFIX_PATH="$prefix" -DTORCH_CUDA_ARCH_LIST=9.0 -DSPANFORMER_BENCH=OFF \
       -DSPANFORMER_PICTURES=$pictures -DSPANFORMER_ZIP=$zip -DSPANFORMER_SENTENCEPIECE=$sp -DSPANFORMER_SHARED_DIR="$SHARED" || break
-    step build 480 ninja -C "$BUILD" -j "$JOBS" -k 0 spanformer_cli spanformer_tests spanformer_torch_ops || {
+    step build 480 ninja -C "$BUILD" -j "$JOBS" -k 0 spanformer_launcher spanformer_tests spanformer_torch_ops || {
       grep -E "error|FAILED" "$LOG" | head -60
       break
     }

@@ -93,7 +93,7 @@ stage_cuda() {
   # No GPU (CI): the library with the kernels (nvcc, sm_90), their glue and the NCCL backend, linked into
   # the tool and the operator module. The test binary and the benchmarks add no CUDA code (the same
   # sources as the suite stage's) and their cuda tests would only skip: the GPU machine builds them.
-  PATH="$PATH:/usr/local/cuda/bin" bash scripts/build.sh --cuda --target spanformer_cli --target spanformer_torch_ops
+  PATH="$PATH:/usr/local/cuda/bin" bash scripts/build.sh --cuda --target spanformer_launcher --target spanformer_torch_ops
   # Both load without a GPU and know what they were built with.
   local version
   version=$(build-cuda/spanformer --version)
