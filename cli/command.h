@@ -52,10 +52,9 @@ std::vector<std::string> execution_overrides(const Globals& globals);
 std::vector<std::string> config_overrides(const CLI::App& command);
 bool launch_workers(int nproc, const std::vector<std::string>& argv);
 
-// The weight formats `export` writes and `import` reads (the first positional argument of both).
-const std::vector<std::string>& weight_kinds();
-// `COMMAND KIND FILE`: KIND must be one of weight_kinds() and FILE given. A first argument that is not a
-// kind (a run directory, a file: the user left the kind out) is named in one usage line with the kinds.
+// `COMMAND KIND FILE`: KIND must name a weight format (train/formats.h) and FILE be given. A first
+// argument that is not a kind (a run directory, a file: the user left the kind out) is named in one usage
+// line with the kinds.
 void check_kind_and_file(const std::string& command, const std::string& kind, const std::string& file,
                          const std::string& file_role);
 

@@ -6,6 +6,7 @@
 
 #include "command.h"
 #include "spanformer/dist/launcher.h"
+#include "spanformer/train/formats.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/usage.h"
 
@@ -42,14 +43,9 @@ std::vector<std::string> config_overrides(const CLI::App& command) {
   return out;
 }
 
-const std::vector<std::string>& weight_kinds() {
-  static const std::vector<std::string> kinds = {"safetensors", "gpt2", "adaptive-span", "transformer-xl"};
-  return kinds;
-}
-
 void check_kind_and_file(const std::string& command, const std::string& kind, const std::string& file,
                          const std::string& file_role) {
-  const auto& kinds = weight_kinds();
+  const auto kinds = train::weight_format_names();  // train/formats.h
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     fail_usage("{}: '{}' is not a kind of weights ({}){}: spanformer {} KIND {} --out FILE", command, kind,
                fmt::format("{}", fmt::join(kinds, ", ")), did_you_mean(kind, kinds), command, file_role);

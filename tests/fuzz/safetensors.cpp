@@ -3,7 +3,7 @@
 // (language models).
 #include "fuzz.h"
 #include "model_use.h"
-#include "spanformer/train/family.h"
+#include "spanformer/train/formats.h"
 
 SPANFORMER_FUZZ_TARGET(safetensors) {
   const std::string path = spanformer::fuzz::as_file(data, size, ".safetensors");

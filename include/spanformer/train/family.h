@@ -324,23 +324,7 @@ std::unique_ptr<Family> family_from_checkpoint(const Checkpoint& checkpoint, con
 // A weights-only checkpoint of the family's model (no optimizer or training state), written atomically.
 void save_weights(Family& family, const data::Vocab& vocab, const std::string& path);
 
-// safetensors (io/safetensors.h), the same for every family: the model's parameters under their own
-// names, and the family, config and vocabulary in __metadata__ (plus the config as a JSON file beside
-// it, usable with `train -c`). Import rebuilds a weights-only checkpoint from the file alone; every
-// parameter must be present with its shape (float32, float64, float16 or bfloat16, stored as float32).
-// Import returns whether the file carried spanformer's checksum of its tensors (checked; io/safetensors.h).
-void export_safetensors(const Checkpoint& checkpoint, const std::string& path, const std::string& config_path);
-bool import_safetensors(const std::string& path, const std::string& checkpoint_path);
-
-// Hugging Face's GPT-2 layout (transformers' GPT2LMHeadModel; the mapping in train/families/gpt/family.cpp): a
-// directory with config.json, model.safetensors and spanformer's vocab.txt. Export takes a gpt-family
-// checkpoint whose model GPT-2 can express (dense or flash attention, learned positions, not reversible)
-// and refuses any other in one line; import reads what save_pretrained writes (the vocabulary from
-// --vocab, else the directory's vocab.txt) into a weights-only checkpoint, and returns whether the
-// weights carried spanformer's checksum.
-void export_gpt2(const Checkpoint& checkpoint, const std::string& dir);
-bool import_gpt2(const std::string& dir, const std::string& vocab_path, const std::string& vocab_level,
-                 const std::string& checkpoint_path);
+// Weight formats (safetensors, GPT-2, the reference implementations' state_dicts): train/formats.h.
 
 // "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.
 torch::Device parse_device(const std::string& name);

@@ -11,6 +11,7 @@
 // only its last S (or fewer, at the end), so every token is scored once with at least T - S tokens of
 // context (except the first T). Reported per token (bpc or perplexity), the same for every attention.
 #include "train/families/families.h"
+#include "spanformer/train/formats.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
