@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "spanformer/data/batches.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 
@@ -12,33 +13,6 @@ namespace spanformer::train {
 
 double EvalResult::bpc() const { return nll / std::log(2.0); }
 double EvalResult::ppl() const { return std::exp(nll); }
-
-std::pair<torch::Tensor, torch::Tensor> make_block(const data::Streams& streams, int64_t pos, int64_t M,
-                                                   torch::Device device, int64_t first, int64_t count) {
-  if (count < 0) count = streams.batch() - first;
-  auto x = torch::empty({count, M}, torch::kLong);
-  auto y = torch::empty({count, M}, torch::kLong);
-  streams.block(pos, M, x.data_ptr<int64_t>(), y.data_ptr<int64_t>(), first, count);
-  return {x.to(device), y.to(device)};
-}
-
-std::pair<torch::Tensor, torch::Tensor> make_contexts(const data::TokenFile& tokens, const std::vector<int64_t>& starts,
-                                                      int64_t T, torch::Device device) {
-  const auto n = static_cast<int64_t>(starts.size());
-  auto x = torch::empty({n, T}, torch::kLong);  // (n, T)
-  auto y = torch::empty({n, T}, torch::kLong);  // (n, T)
-  int64_t* xp = x.data_ptr<int64_t>();
-  int64_t* yp = y.data_ptr<int64_t>();
-  for (int64_t b = 0; b < n; ++b) {
-    const int64_t s = starts[static_cast<size_t>(b)];
-    if (s < 0 || s + T >= tokens.size()) fail("context [{}, {}] lies outside {}", s, s + T, tokens.path());
-    for (int64_t t = 0; t < T; ++t) {
-      xp[b * T + t] = tokens.at(s + t);
-      yp[b * T + t] = tokens.at(s + t + 1);
-    }
-  }
-  return {x.to(device), y.to(device)};
-}
 
 torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, const torch::Tensor& y,
                          std::vector<torch::Tensor>& caches) {
@@ -67,7 +41,7 @@ EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens
   const int64_t total = (streams.length() - 1 + M - 1) / M;  // upper bound, for progress only
   std::vector<torch::Tensor> losses, dumped;
   for (int64_t pos = 0;; pos += M) {
-    auto [x, y] = make_block(streams, pos, M, device, first, local);
+    auto [x, y] = data::make_block(streams, pos, M, device, first, local);
     if (dump_logprobs.empty()) {
       losses.push_back(eval_block(model, x, y, caches));
     } else {

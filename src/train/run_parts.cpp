@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "spanformer/data/batches.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/train/evaluate.h"
 #include "spanformer/util/build_info.h"
@@ -90,10 +91,10 @@ class TokenBatches : public Batches {
     if (contexts()) {
       auto draw = torch::randint(corpus_.train->size() - M, {shard_.batch}, torch::kLong);  // every rank draws all B
       const int64_t* d = draw.data_ptr<int64_t>() + shard_.first;
-      return make_contexts(*corpus_.train, std::vector<int64_t>(d, d + shard_.local), M, device);
+      return data::make_contexts(*corpus_.train, std::vector<int64_t>(d, d + shard_.local), M, device);
     }
     const int64_t e = family_.context(p.train_pos);
-    return make_block(*train_, p.train_pos - e, e + M, device, shard_.first, shard_.local);  // (b, e + M)
+    return data::make_block(*train_, p.train_pos - e, e + M, device, shard_.first, shard_.local);  // (b, e + M)
   }
 
   void advance(Position& p) override {

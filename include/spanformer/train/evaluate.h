@@ -23,16 +23,6 @@ struct EvalResult {
   double ppl() const;
 };
 
-// inputs/targets for block `pos` of streams [first, first + count) (all when count < 0) as int64
-// (count, M) tensors on `device`.
-std::pair<torch::Tensor, torch::Tensor> make_block(const data::Streams& streams, int64_t pos, int64_t M,
-                                                   torch::Device device, int64_t first = 0, int64_t count = -1);
-
-// inputs/targets of contexts starting at `starts` (tokens [s, s + T) / [s + 1, s + T + 1); each
-// s + T < tokens.size()) as int64 (starts.size(), T) tensors on `device`.
-std::pair<torch::Tensor, torch::Tensor> make_contexts(const data::TokenFile& tokens, const std::vector<int64_t>& starts,
-                                                      int64_t T, torch::Device device);
-
 // Mean NLL (nats) of one block with the model in eval mode; updates caches. Returns a 0-dim tensor.
 torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, const torch::Tensor& y,
                          std::vector<torch::Tensor>& caches);

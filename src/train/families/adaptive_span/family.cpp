@@ -6,6 +6,7 @@
 // gradients are averaged over processes, the optimizer steps, spans are clamped to [0, 1].
 // Validation: eval_blocks blocks of the valid streams, continuing the stream and its caches from one
 // interval to the next (the reference's rule). Evaluation: train/evaluate.h.
+#include "spanformer/data/batches.h"
 #include "spanformer/util/precision.h"
 #include "spanformer/train/adaptive_span.h"
 
@@ -99,7 +100,7 @@ class AdaptiveSpanFamily : public ConfiguredFamily<Config>,
     model_->eval();
     auto sum = torch::zeros({}, torch::kDouble);
     for (int64_t i = 0; i < config_.train.eval_blocks; ++i) {
-      auto [vx, vy] = make_block(streams, valid_pos, M, device(), first, count);
+      auto [vx, vy] = data::make_block(streams, valid_pos, M, device(), first, count);
       sum = sum + eval_block(model_, vx, vy, valid_caches_).to(torch::kCPU, torch::kDouble);
       valid_pos += M;
       if (valid_pos >= streams.length() - M) {

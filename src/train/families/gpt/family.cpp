@@ -11,6 +11,7 @@
 // only its last S (or fewer, at the end), so every token is scored once with at least T - S tokens of
 // context (except the first T). Reported per token (bpc or perplexity), the same for every attention.
 #include "train/families/families.h"
+#include "spanformer/data/batches.h"
 #include "spanformer/train/formats.h"
 
 #include <ATen/ATen.h>
@@ -117,7 +118,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
         const int64_t w = i * batch + b;
         starts.push_back(windows > 1 ? w * (valid.size() - T - 1) / (windows - 1) : 0);
       }
-      auto [vx, vy] = make_contexts(valid, starts, T, device());
+      auto [vx, vy] = data::make_contexts(valid, starts, T, device());
       auto logits = model_->logits(model_->forward(vx));  // (b, T, V)
       sum += torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), vy.reshape({-1})).item<double>();
     }
@@ -146,7 +147,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
       const size_t n = std::min(mine.size() - i, static_cast<size_t>(batch));
       std::vector<int64_t> starts;
       for (size_t j = 0; j < n; ++j) starts.push_back(mine[i + j].start);
-      auto [x, y] = make_contexts(tokens, starts, length, device());
+      auto [x, y] = data::make_contexts(tokens, starts, length, device());
       auto lp = torch::log_softmax(model_->logits(model_->forward(x)).to(torch::kDouble), -1)
                     .gather(-1, y.unsqueeze(-1))
                     .squeeze(-1)

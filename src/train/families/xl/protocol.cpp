@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "spanformer/data/batches.h"
 #include "spanformer/train/evaluate.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
@@ -52,7 +53,7 @@ EvalResult evaluate(XlModel& model, const data::TokenFile& tokens, const EvalOpt
     if (o.max_segments > 0 && result.segments >= o.max_segments) break;
     const int64_t seq = std::min(o.tgt_len, S - 1 - i), begin = std::max<int64_t>(0, i - o.lengths.ext_len);
     const int64_t Q = i + seq - begin;
-    auto [x, y] = make_block(streams, begin, Q, device, o.first, B);              // (B, Q)
+    auto [x, y] = data::make_block(streams, begin, Q, device, o.first, B);              // (B, Q)
     auto h = model->forward(x, mems, o.lengths, weights);                          // (B, Q, H)
     auto nll = model->nll(h.narrow(1, Q - seq, seq), y.narrow(1, Q - seq, seq));   // (B, seq)
     if (!o.dump_logprobs.empty()) dumped.push_back((-nll).to(torch::kCPU, torch::kDouble));
