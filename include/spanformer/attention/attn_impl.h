@@ -24,7 +24,7 @@
 //                        on the CPU": 1.2-1.5x SDPA's forward + backward at T 1k-4k, 2-3x the banded tiles);
 //   dense_sdpa           GPT dense and flash on CUDA: PyTorch's fused scaled_dot_product_attention when no KV
 //                        cache (N == C) and no attention dropout in training (docs/benchmarks.md,
-//                        "Beside PyTorch 2.x": faster than the flash op's tiles on the CPU, 0.80-0.88,
+//                        "What changed": faster than the flash op's tiles on the CPU, 0.80-0.88,
 //                        and on CUDA, 0.205 vs 5.1 ms at T 1k, docs/kernels.md);
 //   flash_kernels        GPT flash where SDPA does not take it (attention dropout in training): the
 //                        CUDA kernels' version 1 for bf16 / fp16 with D 32, 64 or 128 and no KV cache

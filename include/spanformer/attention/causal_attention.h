@@ -59,7 +59,7 @@
 //          and memory grow as N^1.5 with l ~ sqrt(N);
 //   auto   dense without a KV cache (N = C) and without attention dropout: PyTorch's own fused kernel
 //          (at::scaled_dot_product_attention, LibTorch 2.x; measured faster than both above on the CPU,
-//          docs/benchmarks.md "Beside PyTorch 2.x"); otherwise
+//          docs/benchmarks.md "What changed"); otherwise
 //          fused where the tiles (or blocks) skip a quarter of the query-key pairs or more, else plain;
 //          flash: the flash op for fused and auto (on CUDA, fused takes its hand-written kernels and
 //          auto its ATen tiles, until the kernels are measured faster: ops/flash_attention.h).
