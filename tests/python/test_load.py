@@ -315,8 +315,8 @@ def test_ctrl_c_in_python_stops_the_run_with_its_checkpoint(shared, tmp_path):
 
     threading.Thread(target=interrupt_after_first_record, daemon=True).start()
     try:
-        returned = spanformer.train(config, run, data=data, threads=1, quiet=True, nb_steps=100000,
-                                    checkpoint_interval=100000)
+        returned = spanformer.train(config, run, data=data, threads=1, quiet=True, nb_steps=10**9,
+                                    checkpoint_interval=10**9)
     except KeyboardInterrupt:
         pass
     else:
