@@ -313,6 +313,9 @@ def test_ctrl_c_in_python_stops_the_run_with_its_checkpoint(shared, tmp_path):
         # process-wide kill may land in this thread and leave the main thread blocked in its read).
         signal.pthread_kill(main, signal.SIGINT)
 
+    # Python leaves SIGINT ignored when it started that way (a background job of a non-interactive shell):
+    # Ctrl-C's handler, as an interactive session has it, for the length of the test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_after_first_record, daemon=True).start()
     try:
         returned = spanformer.train(config, run, data=data, threads=1, quiet=True, nb_steps=10**9,
@@ -321,6 +324,8 @@ def test_ctrl_c_in_python_stops_the_run_with_its_checkpoint(shared, tmp_path):
         pass
     else:
         pytest.fail(f"spanformer.train returned instead of raising KeyboardInterrupt: {returned}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     saved = spanformer.load(str(run / "checkpoint.pt"))
     assert saved is not None
     step = json.loads(open(run / "log.jsonl").readlines()[-1])["step"]
