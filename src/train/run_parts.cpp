@@ -51,11 +51,11 @@ void Batches::save_identity(CheckpointWriter& out) const {
 
 namespace {
 
-// Token streams of a corpus directory (TokenStreams): B contiguous streams walked block by block
-// (adaptive span, XL), or B independent contexts drawn at random each step (GPT).
-class TokenBatches : public Batches {
+// Token streams of a corpus directory (TokenStreams): what both ways of reading them share (the
+// corpus, its identity, validation and the family's recurrent state).
+class CorpusBatches : public Batches {
  public:
-  TokenBatches(TokenStreams& family, Family& core, const std::string& path) : family_(family) {
+  CorpusBatches(TokenStreams& family, Family& core, const std::string& path) : family_(family) {
     path_ = path;
     corpus_ = data::load_corpus(path);
     core.set_vocab_size(corpus_.vocab.size(), path + "/vocab.txt");
@@ -71,43 +71,9 @@ class TokenBatches : public Batches {
 
   void prepare(const Shard& shard) override {
     shard_ = shard;
-    const int64_t B = shard.batch, M = block();
-    train_ = std::make_unique<data::Streams>(*corpus_.train, B);
-    valid_ = std::make_unique<data::Streams>(*corpus_.valid, B);
-    if (contexts()) {
-      if (corpus_.train->size() <= M + 1) fail("{}/train.bin is too short for contexts of {} tokens", path_, M);
-      if (corpus_.valid->size() <= M + 1) fail("{}/valid.bin is too short for contexts of {} tokens", path_, M);
-    } else {
-      const int64_t min_length = family_.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
-      if (train_->length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", path_, B, M);
-      if (valid_->length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", path_, B, M);
-    }
+    valid_ = std::make_unique<data::Streams>(*corpus_.valid, shard.batch);
   }
   void start() override { family_.init_state(shard_.local); }
-
-  std::pair<torch::Tensor, torch::Tensor> next(const Position& p, int64_t step, torch::Device device) override {
-    (void)step;
-    const int64_t M = block();
-    if (contexts()) {
-      auto draw = torch::randint(corpus_.train->size() - M, {shard_.batch}, torch::kLong);  // every rank draws all B
-      const int64_t* d = draw.data_ptr<int64_t>() + shard_.first;
-      return data::make_contexts(*corpus_.train, std::vector<int64_t>(d, d + shard_.local), M, device);
-    }
-    const int64_t e = family_.context(p.train_pos);
-    return data::make_block(*train_, p.train_pos - e, e + M, device, shard_.first, shard_.local);  // (b, e + M)
-  }
-
-  void advance(Position& p) override {
-    if (contexts()) return;
-    const int64_t M = block();
-    p.train_pos += M;
-    if (p.train_pos + M > train_->length() - 1) {  // no full block left
-      p.train_pos = family_.data_restart() == DataRestart::kRandomOffset
-                        ? torch::randint(M, {1}, torch::kLong).item<int64_t>()  // the reference's rule
-                        : 0;
-      family_.reset_train_state();
-    }
-  }
 
   Validation validate(Position& p) override {
     Validation v;
@@ -121,16 +87,75 @@ class TokenBatches : public Batches {
   }
 
  protected:
-  bool position_fits(const Position& p) const override {
-    return (contexts() || p.train_pos + block() < train_->length()) && p.valid_pos < valid_->length();
-  }
+  bool position_fits(const Position& p) const override { return p.valid_pos < valid_->length(); }
   void load_state(const Checkpoint& ck) override { family_.load_state(ck, shard_.batch, shard_.first, shard_.local); }
 
- private:
-  bool contexts() const { return family_.data_restart() == DataRestart::kRandomContexts; }
   TokenStreams& family_;
   data::Corpus corpus_;
-  std::unique_ptr<data::Streams> train_, valid_;
+  std::unique_ptr<data::Streams> valid_;
+};
+
+// B contiguous streams walked block by block (adaptive span, XL): block [pos - context(pos), pos + M)
+// of each, restarting by the family's rule when a stream has no full block left.
+class StreamBatches : public CorpusBatches {
+ public:
+  using CorpusBatches::CorpusBatches;
+
+  void prepare(const Shard& shard) override {
+    CorpusBatches::prepare(shard);
+    const int64_t M = block();
+    train_ = std::make_unique<data::Streams>(*corpus_.train, shard.batch);
+    const int64_t min_length = family_.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
+    if (train_->length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", path_, shard.batch, M);
+    if (valid_->length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", path_, shard.batch, M);
+  }
+
+  std::pair<torch::Tensor, torch::Tensor> next(const Position& p, int64_t step, torch::Device device) override {
+    (void)step;
+    const int64_t e = family_.context(p.train_pos), M = block();
+    return data::make_block(*train_, p.train_pos - e, e + M, device, shard_.first, shard_.local);  // (b, e + M)
+  }
+
+  void advance(Position& p) override {
+    const int64_t M = block();
+    p.train_pos += M;
+    if (p.train_pos + M > train_->length() - 1) {  // no full block left
+      p.train_pos = family_.data_restart() == DataRestart::kRandomOffset
+                        ? torch::randint(M, {1}, torch::kLong).item<int64_t>()  // the reference's rule
+                        : 0;
+      family_.reset_train_state();
+    }
+  }
+
+ protected:
+  bool position_fits(const Position& p) const override {
+    return p.train_pos + block() < train_->length() && CorpusBatches::position_fits(p);
+  }
+
+ private:
+  std::unique_ptr<data::Streams> train_;
+};
+
+// B independent contexts of M tokens drawn at random each step (GPT): starts uniform in [0, n - M - 1]
+// from LibTorch's CPU generator (which checkpoints keep), every process drawing all B and taking its share.
+class ContextBatches : public CorpusBatches {
+ public:
+  using CorpusBatches::CorpusBatches;
+
+  void prepare(const Shard& shard) override {
+    CorpusBatches::prepare(shard);
+    const int64_t M = block();
+    if (corpus_.train->size() <= M + 1) fail("{}/train.bin is too short for contexts of {} tokens", path_, M);
+    if (corpus_.valid->size() <= M + 1) fail("{}/valid.bin is too short for contexts of {} tokens", path_, M);
+  }
+
+  std::pair<torch::Tensor, torch::Tensor> next(const Position& p, int64_t step, torch::Device device) override {
+    (void)p, (void)step;
+    const int64_t M = block();
+    auto draw = torch::randint(corpus_.train->size() - M, {shard_.batch}, torch::kLong);  // (B)
+    const int64_t* d = draw.data_ptr<int64_t>() + shard_.first;
+    return data::make_contexts(*corpus_.train, std::vector<int64_t>(d, d + shard_.local), M, device);  // (b, M) each
+  }
 };
 
 // A family's example sets (ExampleSets): batch j of epoch e is examples perm_e[j B, (j + 1) B) (drop-last
@@ -186,7 +211,11 @@ class ExampleBatches : public Batches {
 }  // namespace
 
 std::unique_ptr<Batches> open_batches(Family& family, const TrainConfig& train) {
-  if (auto* streams = family.as<TokenStreams>()) return std::make_unique<TokenBatches>(*streams, family, train.data);
+  if (auto* streams = family.as<TokenStreams>()) {
+    if (streams->data_restart() == DataRestart::kRandomContexts)
+      return std::make_unique<ContextBatches>(*streams, family, train.data);
+    return std::make_unique<StreamBatches>(*streams, family, train.data);
+  }
   if (auto* sets = family.as<ExampleSets>()) return std::make_unique<ExampleBatches>(*sets, train);
   fail("the {} family reads neither token streams nor example sets", family.name());
 }
