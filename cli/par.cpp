@@ -4,10 +4,9 @@
 #include <fmt/format.h>
 
 #include "command.h"
-#include "spanformer/config/xl_config.h"
 #include "spanformer/models/par.h"
-#include "spanformer/models/xl.h"
 #include "spanformer/train/checkpoint.h"
+#include "spanformer/train/family.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 #include "spanformer/viz/search_plot.h"
@@ -34,18 +33,13 @@ void add_par(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
     run = [o] {
       if (o->rule != "argmax" && o->rule != "par") fail("--rule must be argmax or par (got '{}')", o->rule);
       train::Checkpoint ck(o->checkpoint);
-      if (ck.family() != "xl") fail("{} is a {} checkpoint, not a PAR super-network", o->checkpoint, ck.family());
-      const XlConfig config = xl_config_from_json(ck.config(), ck.path());
-      if (!config.model.search) fail("{} is not a super-network (model.search is false)", o->checkpoint);
-      models::xl::XlModel model(config.model);
-      ck.read_parameters(model->named_parameters());
-      auto p = model->probs().to(torch::kDouble);  // (N, 3)
-      models::par::BlockProbs probs;
-      for (int64_t b = 0; b < p.size(0); ++b)
-        probs.push_back({p[b][0].item<double>(), p[b][1].item<double>(), p[b][2].item<double>()});
+      auto family = train::family_from_checkpoint(ck);
+      auto& search = family->need<train::ArchitectureSearch>();  // "the gpt family has no architecture search"
+      const auto probs = search.block_probs();  // per block {attention, feed-forward, identity}
+      if (probs.empty()) fail("{} is not a super-network (model.search is false)", o->checkpoint);
       const std::string layers =
           o->rule == "argmax" ? models::par::derive_argmax(probs) : models::par::derive_par(probs, o->ratio);
-      auto j = to_json(models::par::derived_config(config, layers));
+      auto j = search.derived_config(layers);
       j["description"] = fmt::format("PAR model derived from {} by the {} rule{}", o->checkpoint, o->rule,
                                      o->rule == "par" ? fmt::format(" (ratio {})", o->ratio) : "");
       write_file_atomic(o->out, j.dump(2) + "\n");

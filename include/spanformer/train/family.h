@@ -14,6 +14,7 @@
 #include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -301,6 +302,18 @@ class AttentionPictures {
   static constexpr const char* kWhat = "attention pictures";
   virtual ~AttentionPictures() = default;
   virtual void draw_attention(const AttentionRequest& request) = 0;
+};
+
+// `spanformer par derive`: a trained super-network's block-type probabilities and the plain model a
+// rule (models/par.h) derives from them.
+class ArchitectureSearch {
+ public:
+  static constexpr const char* kWhat = "architecture search";
+  virtual ~ArchitectureSearch() = default;
+  // Per block P(attention), P(feed-forward), P(identity); empty when the model is not a super-network.
+  virtual std::vector<std::array<double, 3>> block_probs() const = 0;
+  // The config of the plain model whose blocks are `layers` (one of "afi" per block), as JSON.
+  virtual nlohmann::json derived_config(const std::string& layers) const = 0;
 };
 
 // Weights from / to another implementation's format (`kind`, e.g. "adaptive-span": the Python

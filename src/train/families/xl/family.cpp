@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/ranges.h>
@@ -20,13 +21,14 @@
 #include "spanformer/config/xl_config.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/io/xl_reference.h"
+#include "spanformer/models/par.h"
 #include "spanformer/models/xl.h"
 #include "spanformer/nn/gumbel.h"
 #include "spanformer/train/evaluate.h"
 #include "spanformer/train/optim.h"
-#include "spanformer/train/xl.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
+#include "train/families/xl/protocol.h"
 
 namespace spanformer::train {
 namespace {
@@ -45,7 +47,8 @@ class XlFamily : public ConfiguredFamily<XlConfig>,
                   public Sampling,
                   public Spans,
                   public AttentionPictures,
-                  public ReferenceWeights {
+                  public ReferenceWeights,
+                  public ArchitectureSearch {
  public:
   using ConfiguredFamily::ConfiguredFamily;
 
@@ -124,19 +127,28 @@ class XlFamily : public ConfiguredFamily<XlConfig>,
 
   void log_extras(int64_t, nlohmann::json& record, std::string& text) override {
     if (config_.model.search) {
-      auto p = model_->probs().to(torch::kCPU, torch::kDouble);  // (N, 3)
-      std::vector<std::vector<double>> rows;
+      const auto rows = block_probs();
       std::string argmax;
-      for (int64_t b = 0; b < p.size(0); ++b) {
-        rows.push_back({p[b][0].item<double>(), p[b][1].item<double>(), p[b][2].item<double>()});
-        argmax += "afi"[p[b].argmax().item<int64_t>()];
-      }
+      for (const auto& p : rows) argmax += "afi"[std::max_element(p.begin(), p.end()) - p.begin()];
       record["tau"] = last_tau_;
       record["probs"] = rows;
       record["argmax"] = argmax;
       text += fmt::format(" | tau {:.3f} | argmax {}", last_tau_, argmax);
     }
     if (config_.model.adapt_span) log_spans(model_->spans(), record, text);
+  }
+
+  // ---- ArchitectureSearch -------------------------------------------------------------------------
+  std::vector<std::array<double, 3>> block_probs() const override {
+    std::vector<std::array<double, 3>> rows;
+    if (!config_.model.search) return rows;
+    auto p = model_->probs().to(torch::kCPU, torch::kDouble).contiguous();  // (N, 3)
+    const double* d = p.data_ptr<double>();
+    for (int64_t b = 0; b < p.size(0); ++b) rows.push_back({d[3 * b], d[3 * b + 1], d[3 * b + 2]});
+    return rows;
+  }
+  nlohmann::json derived_config(const std::string& layers) const override {
+    return to_json(models::par::derived_config(config_, layers));
   }
 
   EvalReport evaluate(const data::TokenFile& tokens, const EvalRequest& r) override {
