@@ -14,7 +14,7 @@
 #include "spanformer/nn/linear.h"
 #include "spanformer/util/torch_compat.h"
 #include "spanformer/train/checkpoint.h"
-#include "spanformer/train/adaptive_span.h"
+#include "train/families/adaptive_span/train_step.h"
 #include "spanformer/train/runner.h"
 #include "spanformer/util/error.h"
 #include "util.h"

@@ -13,7 +13,7 @@
 #include "spanformer/nn/gumbel.h"
 #include "spanformer/train/checkpoint.h"
 #include "spanformer/train/runner.h"
-#include "spanformer/train/xl.h"
+#include "train/families/xl/protocol.h"
 #include "util.h"
 #include "xl_util.h"
 

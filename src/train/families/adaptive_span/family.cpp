@@ -8,7 +8,7 @@
 // interval to the next (the reference's rule). Evaluation: train/evaluate.h.
 #include "spanformer/data/batches.h"
 #include "spanformer/util/precision.h"
-#include "spanformer/train/adaptive_span.h"
+#include "train/families/adaptive_span/train_step.h"
 
 #include "train/families/families.h"
 

@@ -1,4 +1,4 @@
-#include "spanformer/train/xl.h"
+#include "train/families/xl/protocol.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
