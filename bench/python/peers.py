@@ -46,6 +46,7 @@ drift falls on all of them alike; a row prints the median of each over the round
             eager     bench/python/reference_semantics.py's model (the reference's operations: skew by
                       padding, memory trimmed to the largest span, per-tensor clipped Adagrad)
             compiled  that model's forward under torch.compile
+            eager fp32  (--amp bf16, CPU) that model's eager step without autocast, beside our bf16 step
   seq2seq the encoder-decoder Transformer's training step, configs/seq2seq/transformer.json (3 + 3 blocks
           of H 256, 4 heads, FFN 1024, dropout 0.1, shared 16000-word table, 8000 target words, label
           smoothing 0.1, Adam; batch 128 pairs of 16 + 17 tokens):
@@ -64,6 +65,7 @@ drift falls on all of them alike; a row prints the median of each over the round
 Prints a Markdown table (milliseconds per call or step; ratio = peer / ours, > 1 means ours is faster).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -473,13 +475,15 @@ def lm_twins(config_name, ours):
         out, _ = model(x, state["caches"])
         facts = twin_facts(model, F.nll_loss(out.view(-1, V).float(), y.view(-1)).item())
 
-    def step(net):
+    def step(net, amp=True):
+        st = state if amp else {"caches": [c.float() for c in state["caches"]]}  # its own float32 caches
+
         def run():
             x, y = torch.randint(V, (B, M), device=DEVICE), torch.randint(V, (B, M), device=DEVICE)
             for q in params:
                 q.grad = None
-            with autocast():
-                out, state["caches"] = net(x, state["caches"])
+            with autocast() if amp else contextlib.nullcontext():
+                out, st["caches"] = net(x, st["caches"])
                 loss = F.nll_loss(out.view(-1, V).float(), y.view(-1)) + sum(2e-6 * L * layer.ratio.mean() for layer in model.layers)
             loss.backward()
             with torch.no_grad():
@@ -491,7 +495,10 @@ def lm_twins(config_name, ours):
             loss.item()
         return run
 
-    return {"eager": step(model), "compiled": step(compiled)}, facts
+    impls = {"eager": step(model), "compiled": step(compiled)}
+    if AMP and DEVICE.type == "cpu":  # the twin's float32 eager step beside our bf16 one (the 3x target)
+        impls["eager fp32"] = step(model, amp=False)
+    return impls, facts
 
 
 def lm_row(config_name, spans, rounds, cli, threads):
@@ -724,8 +731,9 @@ def main():
         for config_name, spans in (("bench_small.json", 40), ("bench_small.json", 540), ("bench_span8k.json", "bimodal")):
             med = lm_row(config_name, spans, args.rounds, cli, args.threads)
             what = f"adaptive-span LM {config_name[:-5]} span {spans}, train step"
-            for peer in ("eager", "compiled"):
-                print(f"| {what} | {med['ours']:.0f} | PyTorch {peer} | {med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
+            for peer in ("eager", "compiled", "eager fp32"):
+                if peer in med:
+                    print(f"| {what} | {med['ours']:.0f} | PyTorch {peer} | {med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
             memory_rows(what, med)
     if "seq2seq" in rows:
         med = seq2seq_row(args.rounds, cli, args.threads)
