@@ -24,15 +24,15 @@ using namespace spanformer;
 using tu::error_of;
 
 namespace {
-Config valid_config() {
-  Config c;
+AdaptiveSpanConfig valid_config() {
+  AdaptiveSpanConfig c;
   c.model.vocab_size = 10;
   return c;
 }
 }  // namespace
 
 TEST(Config, OverridesParseTypesAndRejectUnknownKeys) {
-  Config c = valid_config();
+  AdaptiveSpanConfig c = valid_config();
   apply_overrides(c, {"--dropout=0.3", "--nb_layers=12", "--adapt-span-cache=false", "--optim=adam", "--train.lr=0.5"});
   EXPECT_DOUBLE_EQ(c.model.dropout, 0.3);
   EXPECT_EQ(c.model.nb_layers, 12);
@@ -46,30 +46,30 @@ TEST(Config, OverridesParseTypesAndRejectUnknownKeys) {
 
 TEST(Config, ValidationNamesTheBadValue) {
   struct Bad {
-    std::function<void(Config&)> edit;
+    std::function<void(AdaptiveSpanConfig&)> edit;
     std::string message;
   };
   std::vector<Bad> cases = {
-      {[](Config& c) { c.model.hidden_size = 0; }, "hidden_size must be positive"},
-      {[](Config& c) { c.model.nb_layers = -1; }, "nb_layers must be positive"},
-      {[](Config& c) { c.model.hidden_size = 30; c.model.nb_heads = 4; }, "divisible by nb_heads"},
-      {[](Config& c) { c.model.attn_span = 0; }, "attn_span must be at least 1"},
-      {[](Config& c) { c.model.dropout = 1.5; }, "dropout"},
-      {[](Config& c) { c.model.adapt_span_init = 2; }, "adapt_span_init"},
-      {[](Config& c) { c.train.batch_size = 6; c.train.batch_split = 4; }, "divisible by batch_split"},
-      {[](Config& c) { c.train.lr_min = 1; }, "lr_min"},
-      {[](Config& c) { c.train.eval_blocks = 0; }, "eval_blocks must be positive"},
-      {[](Config& c) { c.train.lr = -1; }, "lr must be positive"},
+      {[](AdaptiveSpanConfig& c) { c.model.hidden_size = 0; }, "hidden_size must be positive"},
+      {[](AdaptiveSpanConfig& c) { c.model.nb_layers = -1; }, "nb_layers must be positive"},
+      {[](AdaptiveSpanConfig& c) { c.model.hidden_size = 30; c.model.nb_heads = 4; }, "divisible by nb_heads"},
+      {[](AdaptiveSpanConfig& c) { c.model.attn_span = 0; }, "attn_span must be at least 1"},
+      {[](AdaptiveSpanConfig& c) { c.model.dropout = 1.5; }, "dropout"},
+      {[](AdaptiveSpanConfig& c) { c.model.adapt_span_init = 2; }, "adapt_span_init"},
+      {[](AdaptiveSpanConfig& c) { c.train.batch_size = 6; c.train.batch_split = 4; }, "divisible by batch_split"},
+      {[](AdaptiveSpanConfig& c) { c.train.lr_min = 1; }, "lr_min"},
+      {[](AdaptiveSpanConfig& c) { c.train.eval_blocks = 0; }, "eval_blocks must be positive"},
+      {[](AdaptiveSpanConfig& c) { c.train.lr = -1; }, "lr must be positive"},
   };
   for (const auto& bad : cases) {
-    Config c = valid_config();
+    AdaptiveSpanConfig c = valid_config();
     bad.edit(c);
     auto message = error_of([&] { validate(c); });
     EXPECT_NE(message.find(bad.message), std::string::npos) << "got: " << message;
   }
   EXPECT_EQ(error_of([] { validate(valid_config()); }), "");
   // Closed choices are refused where they are parsed, naming the key and the choices.
-  Config c = valid_config();
+  AdaptiveSpanConfig c = valid_config();
   EXPECT_NE(error_of([&] { apply_overrides(c, {"--optim=rmsprop"}); }).find("'optim': optim must be adagrad, sgd, adam or adamw"),
             std::string::npos);
   EXPECT_NE(error_of([&] { apply_overrides(c, {"--scheduler=step"}); }).find("scheduler must be"), std::string::npos);
@@ -120,7 +120,7 @@ TEST(Config, ShippedConfigsCarryTheReferenceValues) {
            {"text8", 12, 512, 2048, 8, 8192, 512, 0.3, 32000, 5e-7, 900000, 0, 1},
            {"text8_large", 24, 768, 4096, 8, 8192, 512, 0.4, 32000, 5e-7, 250000, 0, 2},
        }) {
-    Config c = load_config(dir + e.file + ".json");
+    AdaptiveSpanConfig c = load_config(dir + e.file + ".json");
     EXPECT_EQ(c.model.nb_layers, e.layers) << e.file;
     EXPECT_EQ(c.model.hidden_size, e.hidden) << e.file;
     EXPECT_EQ(c.model.inner_hidden_size, e.inner) << e.file;

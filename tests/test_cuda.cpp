@@ -293,7 +293,7 @@ TEST(MixedPrecisionCuda, Bf16RunsStayCloseToFloat32) {
   }
   for (auto impl : {attention::AttnImpl::kPlain, attention::AttnImpl::kFused}) {  // fused: kernel v1's forward in bf16
     SCOPED_TRACE(std::string("adaptive span ") + attention::attn_impl_name(impl));
-    Config a;
+    AdaptiveSpanConfig a;
     a.model.nb_layers = 2;
     a.model.hidden_size = 64;
     a.model.inner_hidden_size = 128;

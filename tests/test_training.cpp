@@ -23,8 +23,8 @@ using namespace spanformer;
 using tu::error_of;
 
 namespace {
-Config tiny(const std::string& data) {
-  Config c;
+AdaptiveSpanConfig tiny(const std::string& data) {
+  AdaptiveSpanConfig c;
   c.model.nb_layers = 2;
   c.model.hidden_size = 16;
   c.model.inner_hidden_size = 32;
@@ -51,7 +51,7 @@ train::StepContext lr_of(double lr) {
 }
 
 // A run of the adaptive-span family on the one runner.
-train::RunResult run(const Config& config, const std::string& out, bool resume = false, int64_t stop_after = -1) {
+train::RunResult run(const AdaptiveSpanConfig& config, const std::string& out, bool resume = false, int64_t stop_after = -1) {
   return tu::run_family(to_json(config), out, resume, stop_after);
 }
 
@@ -157,7 +157,7 @@ TEST(Training, SpanParametersStayClampedAfterEveryStep) {
 TEST(Training, ResumeContinuesBitForBit) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 12000);  // short: the run wraps around the data
-  Config config = tiny(tmp.path());
+  AdaptiveSpanConfig config = tiny(tmp.path());
   run(config, tmp.file("a"));
   EXPECT_EQ(run(config, tmp.file("b"), false, 37).steps, 37);  // stops mid-interval
   EXPECT_EQ(run(config, tmp.file("b"), true).steps, 100);
@@ -239,7 +239,7 @@ TEST(Training, MixedPrecisionBf16TrainsAndResumesBitForBit) {
     SCOPED_TRACE(attention::attn_impl_name(impl));
     tu::TempDir tmp;
     tu::prepare_dickens_slice(tmp.path(), 12000);
-    Config config = tiny(tmp.path());
+    AdaptiveSpanConfig config = tiny(tmp.path());
     config.model.attn_impl = impl;
     config.train.nb_steps = 30;
     config.train.eval_interval = 15;
@@ -250,7 +250,7 @@ TEST(Training, MixedPrecisionBf16TrainsAndResumesBitForBit) {
 TEST(Training, LossFallsOnRealText) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 400000);
-  Config config = tiny(tmp.path());
+  AdaptiveSpanConfig config = tiny(tmp.path());
   config.model.hidden_size = 64;
   config.model.inner_hidden_size = 128;
   config.model.dropout = 0;
@@ -285,7 +285,7 @@ TEST(Training, LossFallsOnRealText) {
 TEST(Training, DivergenceStopsWithAClearError) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 12000);
-  Config config = tiny(tmp.path());
+  AdaptiveSpanConfig config = tiny(tmp.path());
   config.train.optim = OptimKind::kSgd;
   config.train.grad_clip = 0;
   config.train.lr = 1e30;
@@ -297,7 +297,7 @@ TEST(Training, DivergenceStopsWithAClearError) {
 TEST(Checkpoint, BadCheckpointsAreRefusedClearly) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 12000);
-  Config config = tiny(tmp.path());
+  AdaptiveSpanConfig config = tiny(tmp.path());
   config.train.nb_steps = 3;
   run(config, tmp.file("run"));
   const std::string good = tmp.file("run/checkpoint.pt");
@@ -309,14 +309,14 @@ TEST(Checkpoint, BadCheckpointsAreRefusedClearly) {
   EXPECT_NE(error_of([&] { train::Checkpoint c(tmp.file("none.pt")); }).find("not found"), std::string::npos);
   // Another model config.
   train::Checkpoint checkpoint(good);
-  Config other = config;
+  AdaptiveSpanConfig other = config;
   other.model.nb_heads = 4;
   other.model.vocab_size = checkpoint.vocab().size();
   auto family = train::family_from_json(to_json(other), "test");
   family->build();
   EXPECT_NE(error_of([&] { family->load_weights(checkpoint); }).find("another model: nb_heads"), std::string::npos);
   // Resuming with a different model config is refused, the checkpoint is left as it was.
-  Config changed = config;
+  AdaptiveSpanConfig changed = config;
   changed.model.hidden_size = 32;
   changed.train.nb_steps = 6;
   EXPECT_NE(error_of([&] { run(changed, tmp.file("run"), true); }).find("another model"), std::string::npos);
@@ -327,7 +327,7 @@ TEST(Checkpoint, BadCheckpointsAreRefusedClearly) {
 TEST(Checkpoint, FlippedBytesFailTheirChecksum) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 12000);
-  Config config = tiny(tmp.path());
+  AdaptiveSpanConfig config = tiny(tmp.path());
   config.train.nb_steps = 3;
   run(config, tmp.file("run"));
   const std::string bytes = read_file(tmp.file("run/checkpoint.pt"));
@@ -370,7 +370,7 @@ TEST(Checkpoint, FlippedBytesFailTheirChecksum) {
 TEST(Checkpoint, StoredValuesAreCheckedAgainstTheirBounds) {
   tu::TempDir tmp;
   tu::prepare_dickens_slice(tmp.path(), 12000);
-  Config config = tiny(tmp.path());
+  AdaptiveSpanConfig config = tiny(tmp.path());
   config.train.nb_steps = 3;
   run(config, tmp.file("run"));
   const std::string good = tmp.file("run/checkpoint.pt");
@@ -388,7 +388,7 @@ TEST(Checkpoint, StoredValuesAreCheckedAgainstTheirBounds) {
     std::filesystem::copy_file(tmp.file("run/config.json"), tmp.file("bad/config.json"));
   };
   auto resume_error = [&] {
-    Config more = config;
+    AdaptiveSpanConfig more = config;
     more.train.nb_steps = 6;
     return error_of([&] { run(more, tmp.file("bad"), true); });
   };
@@ -420,7 +420,7 @@ TEST(Checkpoint, StoredValuesAreCheckedAgainstTheirBounds) {
 TEST(Checkpoint, VersionOneFilesOfBothFamiliesStillLoad) {
   tu::TempDir tmp;
   // adaptive span: "spanformer-checkpoint-v1"
-  Config config = tiny("");
+  AdaptiveSpanConfig config = tiny("");
   config.model.vocab_size = 3;
   torch::manual_seed(3);
   models::TransformerSeq model(config.model);

@@ -1,5 +1,7 @@
-// Experiment configuration: one flat set of keys, named as in the reference implementation's flags
-// (facebookresearch/adaptive-span, main.py), read from a JSON file plus `--key=value` overrides.
+// The adaptive-span family's configuration: its keys named as in the reference implementation's flags
+// (facebookresearch/adaptive-span, main.py), in the sections every family's config has (`model`, `run`,
+// `train`; config/train_config.h), read from a JSON file plus `--key=value` overrides. The key table
+// (section, help, JSON in and out) is src/train/families/adaptive_span/config.cpp; docs/config.md prints it.
 //
 // Dims legend used across the repository:
 //   B batch (streams), M block length (block_size), L maximum span (attn_span), H model width
@@ -42,30 +44,30 @@ struct ModelConfig {
 };
 
 // An adaptive-span config: its model section and the shared train section (config/train_config.h).
-struct Config {
+struct AdaptiveSpanConfig {
   ModelConfig model;
   TrainConfig train;
 };
 
-// JSON <-> Config. Unknown keys are an error (a typo must not silently fall back to a default).
-nlohmann::json to_json(const Config& config);
+// JSON <-> AdaptiveSpanConfig. Unknown keys are an error (a typo must not silently fall back to a default).
+nlohmann::json to_json(const AdaptiveSpanConfig& config);
 nlohmann::json to_json(const ModelConfig& config);
-Config config_from_json(const nlohmann::json& j, const std::string& origin);
+AdaptiveSpanConfig config_from_json(const nlohmann::json& j, const std::string& origin);
 // The first key of the model section that differs ("nb_layers 4 vs 2"; "" when a checkpoint made under
 // one config fits the other). Run and train keys may differ.
-std::string model_difference(const Config& a, const Config& b);
+std::string model_difference(const AdaptiveSpanConfig& a, const AdaptiveSpanConfig& b);
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& origin);
 
 // Reads a JSON config file (clear error for missing/corrupt files or unknown keys).
-Config load_config(const std::string& path);
+AdaptiveSpanConfig load_config(const std::string& path);
 
 // Applies "key=value" overrides (value parsed as JSON when possible, else as a string).
-void apply_overrides(Config& config, const std::vector<std::string>& overrides);
+void apply_overrides(AdaptiveSpanConfig& config, const std::vector<std::string>& overrides);
 
 // Throws Error naming the first invalid value (sizes, divisibility, ranges, names).
 void validate(const ModelConfig& config);
-void validate(const Config& config);
+void validate(const AdaptiveSpanConfig& config);
 // A training step's working memory, batch included, against the machine's (train, bench --mode train).
-void check_training_step_fits(const Config& config);
+void check_training_step_fits(const AdaptiveSpanConfig& config);
 
 }  // namespace spanformer

@@ -43,11 +43,11 @@ const std::vector<Field<ModelConfig>>& span_model_fields() {
 }
 
 // Adaptive-span files predate the "arch" tag: it is neither written nor required.
-const config_detail::Schema<Config>& span_schema() {
-  static const config_detail::Schema<Config> schema{
+const config_detail::Schema<AdaptiveSpanConfig>& span_schema() {
+  static const config_detail::Schema<AdaptiveSpanConfig> schema{
       nullptr, "adaptive-span",
-      {config_detail::model_section(&Config::model, span_model_fields),
-       config_detail::run_section(&Config::model, span_model_fields), config_detail::train_section(&Config::train)}};
+      {config_detail::model_section(&AdaptiveSpanConfig::model, span_model_fields),
+       config_detail::run_section(&AdaptiveSpanConfig::model, span_model_fields), config_detail::train_section(&AdaptiveSpanConfig::train)}};
   return schema;
 }
 
@@ -57,7 +57,7 @@ std::vector<ConfigKey> adaptive_span_config_keys() { return span_schema().keys()
 
 json to_json(const ModelConfig& config) { return struct_to_json(config, span_model_fields()); }
 
-json to_json(const Config& config) { return span_schema().to_json(config); }
+json to_json(const AdaptiveSpanConfig& config) { return span_schema().to_json(config); }
 
 ModelConfig model_config_from_json(const json& j, const std::string& origin) {
   ModelConfig config;
@@ -65,26 +65,26 @@ ModelConfig model_config_from_json(const json& j, const std::string& origin) {
   return config;
 }
 
-Config config_from_json(const json& j, const std::string& origin) { return span_schema().from_json(j, origin); }
+AdaptiveSpanConfig config_from_json(const json& j, const std::string& origin) { return span_schema().from_json(j, origin); }
 
-std::string model_difference(const Config& a, const Config& b) { return span_schema().model_difference(a, b); }
+std::string model_difference(const AdaptiveSpanConfig& a, const AdaptiveSpanConfig& b) { return span_schema().model_difference(a, b); }
 
-Config load_config(const std::string& path) {
+AdaptiveSpanConfig load_config(const std::string& path) {
   return config_from_json(config_detail::read_json_file(path), path);
 }
 
-void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
+void apply_overrides(AdaptiveSpanConfig& config, const std::vector<std::string>& overrides) {
   span_schema().apply_overrides(config, overrides);
 }
 
-void validate(const Config& config) {
+void validate(const AdaptiveSpanConfig& config) {
   validate(config.model);
   validate(config.train);
   if (config.train.eval_blocks <= 0)
     fail("config: eval_blocks must be positive (got {})", config.train.eval_blocks);
 }
 
-void check_training_step_fits(const Config& config) {
+void check_training_step_fits(const AdaptiveSpanConfig& config) {
   // A training step: the block's tokens through every layer, the logits, and the cache of attn_span
   // hidden states a layer carries per stream.
   const auto& m = config.model;

@@ -48,7 +48,7 @@ torch::Tensor train_step(models::TransformerSeq& model, Optimizer& optimizer, co
 
 namespace {
 
-class AdaptiveSpanFamily : public ConfiguredFamily<Config>,
+class AdaptiveSpanFamily : public ConfiguredFamily<AdaptiveSpanConfig>,
                   public TokenStreams,
                   public Sampling,
                   public Spans,
@@ -69,7 +69,7 @@ class AdaptiveSpanFamily : public ConfiguredFamily<Config>,
   }
   torch::nn::Module& module() override { return *model_; }
   models::TransformerSeq& model() { return model_; }
-  const Config& config() const { return config_; }
+  const AdaptiveSpanConfig& config() const { return config_; }
 
   void load_weights(const Checkpoint& in) override {
     Family::load_weights(in);
