@@ -43,6 +43,7 @@ expect_error "train.bin is empty" "$bin" train -c "$tmp/tiny.json" --data "$tmp/
 head -c 30 "$tmp/data/valid.bin" > "$tmp/broken/valid.bin"; cp "$tmp/data/train.bin" "$tmp/broken/train.bin"
 expect_error "truncated or corrupt" "$bin" train -c "$tmp/tiny.json" --data "$tmp/broken" --out "$tmp/r3"
 expect_error "unknown config key 'nb_layer'" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r4" --nb_layer=2
+expect_error "data/train.bin is too short for 2 streams of blocks of 20000" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r5" --block_size=20000
 expect_error "divisible by nb_heads" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r5" --hidden_size=9
 expect_error "attn_span must be at least 1" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r6" --attn_span=0
 expect_error "must be positive" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r7" --block_size=-4

@@ -122,6 +122,7 @@ expect_error "d_model (30) must be a multiple of n_head (4)" "$bin" train -c "$s
 expect_error "is for another model: n_layer 3 vs 2" "$bin" eval "$tmp/dense" --n_layer=3
 expect_error "is for another model: attention \"lsh\" vs \"dense\"" "$bin" eval "$tmp/dense" --attention=lsh
 expect_error "the gpt family has no architecture search" "$bin" par derive "$tmp/dense" --out "$tmp/bad.json"
+expect_error "data/valid.bin is too short for contexts of 20000 tokens" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" "${small[@]}" --context=20000 --attention=window --window=16
 expect_error "lsh_buckets must be even and >= 2" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=lsh --lsh_buckets=3
 expect_error "--span and --span-dist need model.attention = adaptive_span" "$bin" bench -c "$src/configs/gpt/demo.json" --span 10 --steps 1
 expect_error "the xl family has no bench --mode generate" "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1

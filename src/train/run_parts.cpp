@@ -89,6 +89,12 @@ class CorpusBatches : public Batches {
  protected:
   bool position_fits(const Position& p) const override { return p.valid_pos < valid_->length(); }
   void load_state(const Checkpoint& ck) override { family_.load_state(ck, shard_.batch, shard_.first, shard_.local); }
+  // Refuses the train and valid splits unless each is longer than `min_length` (its tokens, or its
+  // streams' length): "<path>/train.bin is too short for <what>".
+  void require_longer(int64_t train_length, int64_t valid_length, int64_t min_length, const std::string& what) const {
+    if (train_length <= min_length) fail("{}/train.bin is too short for {}", path_, what);
+    if (valid_length <= min_length) fail("{}/valid.bin is too short for {}", path_, what);
+  }
 
   TokenStreams& family_;
   data::Corpus corpus_;
@@ -106,8 +112,7 @@ class StreamBatches : public CorpusBatches {
     const int64_t M = block();
     train_ = std::make_unique<data::Streams>(*corpus_.train, shard.batch);
     const int64_t min_length = family_.data_restart() == DataRestart::kRandomOffset ? 2 * M : M + 1;
-    if (train_->length() <= min_length) fail("{}/train.bin is too short for {} streams of blocks of {}", path_, shard.batch, M);
-    if (valid_->length() <= min_length) fail("{}/valid.bin is too short for {} streams of blocks of {}", path_, shard.batch, M);
+    require_longer(train_->length(), valid_->length(), min_length, fmt::format("{} streams of blocks of {}", shard.batch, M));
   }
 
   std::pair<torch::Tensor, torch::Tensor> next(const Position& p, int64_t step, torch::Device device) override {
@@ -145,8 +150,7 @@ class ContextBatches : public CorpusBatches {
   void prepare(const Shard& shard) override {
     CorpusBatches::prepare(shard);
     const int64_t M = block();
-    if (corpus_.train->size() <= M + 1) fail("{}/train.bin is too short for contexts of {} tokens", path_, M);
-    if (corpus_.valid->size() <= M + 1) fail("{}/valid.bin is too short for contexts of {} tokens", path_, M);
+    require_longer(corpus_.train->size(), corpus_.valid->size(), M + 1, fmt::format("contexts of {} tokens", M));
   }
 
   std::pair<torch::Tensor, torch::Tensor> next(const Position& p, int64_t step, torch::Device device) override {
