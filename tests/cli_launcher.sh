@@ -49,9 +49,13 @@ LD_LIBRARY_PATH="$torch_dir" expect_runs "its own LibTorch on LD_LIBRARY_PATH" "
 # (same size); a different one is refused: Debian's where it is installed and is another file (then the
 # program started without the launcher shows what is prevented: the loader takes it and dies, exit 127),
 # else a stand-in of another size.
-mkdir -p "$tmp/copy" "$tmp/other"
-cp "$torch_dir/$soname" "$tmp/copy/$soname"
-LD_LIBRARY_PATH="$tmp/copy" expect_runs "a copy of the same LibTorch on LD_LIBRARY_PATH" "$bin"
+# The copy keeps its neighbours' places: PyPI's torch finds its CUDA runtime libraries (libcupti,
+# libcudart) at $ORIGIN/../../nvidia, which a lone copy elsewhere loses on a machine without a CUDA toolkit.
+copy="$tmp/copy/torch/lib"
+mkdir -p "$copy" "$tmp/other"
+cp "$torch_dir/$soname" "$copy/$soname"
+if [ -d "$torch_dir/../../nvidia" ]; then ln -s "$(realpath "$torch_dir/../../nvidia")" "$tmp/copy/nvidia"; fi
+LD_LIBRARY_PATH="$copy" expect_runs "a copy of the same LibTorch on LD_LIBRARY_PATH" "$bin"
 rm -rf "$tmp/copy"
 system=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 if [ -e "$system/$soname" ] && [ "$(stat -Lc %s "$system/$soname")" != "$(stat -Lc %s "$torch_dir/$soname")" ]; then
