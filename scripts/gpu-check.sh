@@ -88,11 +88,11 @@ EOF
     grep -E "Test +#|tests passed|FAILED|Failure|measured:" "$LOG" | sed "s/^[0-9]*: //" | tail -80 | tee -a "$FIG"
     ;;
   ops)
-    # The perf mode of the ops' case lists (tests/op_cases.h): each perf case on its CUDA row beside the
-    # reference composition, bf16 and fp32.
+    # The perf mode of the ops' case lists (tests/op_cases.h): each perf case on every row that takes
+    # CUDA tensors beside the reference composition, with GFLOP/s, bf16 and fp32.
     step op_perf_bf16 120 "$BUILD/tests/spanformer_tests" --op-perf all --device cuda --dtype bfloat16 --reps 5
     step op_perf_fp32 120 "$BUILD/tests/spanformer_tests" --op-perf all --device cuda --dtype float32 --reps 5
-    grep -E "^(op perf|adaptive_span|flash_attention|B[0-9])" "$LOG" | tail -20 | tee -a "$FIG"
+    grep -E "^(op perf|adaptive_span|flash_attention|B[0-9]|  [a-z])" "$LOG" | tail -60 | tee -a "$FIG"
     ;;
   compare)
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so

@@ -147,6 +147,18 @@ inline std::string span_label(const SpanCase& c) {
   return fmt::format("B{} K{} M{} W{} D{} L{} spans {}..{} dropout {}", c.B, c.K, c.M, c.W, c.D, c.L, *lo, *hi, c.dropout);
 }
 
+// The case's floating-point operations, closed form, as the reference composition computes them: the
+// scores q.k and q.key_pe and the value product over the whole window, 2 M W D each per (batch, head),
+// and in the backward twice that (dP = dO v^T, dv = A^T dO, dq from both score products, dk, dkey_pe).
+// Nominal: a kernel that skips the distances beyond a head's span shows it as a higher rate.
+struct Flops {
+  double forward, backward;
+};
+inline Flops span_flops(const SpanCase& c) {
+  const double f = 6.0 * c.B * c.K * c.M * c.W * c.D;
+  return {f, 2 * f};
+}
+
 // The case's inputs in double on the CPU (q, k, v, key_pe, span_ratio), from a seed of its own.
 inline std::vector<at::Tensor> span_inputs(const SpanCase& c) {
   at::manual_seed(11 + static_cast<uint64_t>(c.M));
@@ -237,6 +249,18 @@ inline ops::FlashOptions flash_options(const FlashCase& c) {
   return o;
 }
 
+// The case's floating-point operations, closed form: P (query, key) pairs inside the causal band
+// (queries whose position offset + i + 1 is under the band see every earlier key, the rest see `band`),
+// 4 P D per (batch, head) forward (QK^T, PV) and 10 P D backward (QK^T again, dO V^T, P^T dO, dS K,
+// dS^T Q), as FlashAttention counts them.
+inline Flops flash_flops(const FlashCase& c) {
+  const double band = static_cast<double>(c.band == 0 || c.band > c.C ? c.C : c.band), offset = double(c.C - c.N);
+  const double short_rows = std::clamp(band - offset - 1, 0.0, static_cast<double>(c.N));  // rows with fewer keys
+  const double pairs = short_rows * offset + short_rows * (short_rows + 1) / 2 + (c.N - short_rows) * band;
+  const double per_pair = static_cast<double>(c.B) * c.K * c.D;
+  return {4 * pairs * per_pair, 10 * pairs * per_pair};
+}
+
 // The case's inputs in double on the CPU (q, k, v), from a seed of its own.
 inline std::vector<at::Tensor> flash_inputs(const FlashCase& c) {
   at::manual_seed(17 + static_cast<uint64_t>(c.N) * 100 + static_cast<uint64_t>(c.C));
@@ -259,6 +283,33 @@ inline void expect_flash_within_reference_error(const FlashCase& c, at::ScalarTy
         return output_and_gradients(out, in, weights);
       },
       {"out", "q", "k", "v"}, flash_label(c), dtype, factor, device);
+}
+
+// ---- rows ---------------------------------------------------------------------------------------------
+
+// The rows of an op's table (`names`, in its order) that take inputs like q: those an Override (the
+// op's SpanBackendOverride or FlashBackendOverride) can force for q without the op refusing.
+template <class Override, class BackendOf>
+std::vector<std::string> rows_taking(const std::vector<std::string>& names, const at::Tensor& q, BackendOf backend_of) {
+  std::vector<std::string> rows;
+  for (const auto& name : names) {
+    const Override forced(name);
+    try {
+      if (backend_of(q) == name) rows.push_back(name);
+    } catch (const std::exception&) {  // "the <row> row cannot take ..."
+    }
+  }
+  return rows;
+}
+
+inline std::vector<std::string> span_rows(const at::Tensor& q) {
+  return rows_taking<ops::SpanBackendOverride>(ops::adaptive_span_attention_backends(), q,
+                                               [](const at::Tensor& x) { return std::string(ops::adaptive_span_attention_backend(x)); });
+}
+
+inline std::vector<std::string> flash_rows(const at::Tensor& q) {
+  return rows_taking<ops::FlashBackendOverride>(ops::flash_attention_backends(), q,
+                                                [](const at::Tensor& x) { return std::string(ops::flash_attention_backend(x)); });
 }
 
 }  // namespace spanformer::tu

@@ -28,7 +28,7 @@ namespace selftest = spanformer::cuda_emulator::selftest;
 namespace {
 
 // The rows of the CUDA backend (src/ops/backends.h) with the glue called directly on CPU tensors, under
-// the ops' own autograd functions: what the `spanformer::_*_cuda_*` operators do on a GPU.
+// the ops' own autograd functions: what the private operators do on a GPU for the cuda row.
 struct EmulatedSpanRow {
   static ops::Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
                              const at::Tensor& span_ratio, const ops::SpanCall& c) {
@@ -73,7 +73,7 @@ at::Tensor emulated_span(const tu::Inputs& in, const ops::SpanAttentionOptions& 
   EXPECT_TRUE(ops::cuda_glue::span_attention_supported(in[0]));
   return ops::SpanAttentionFunction<EmulatedSpanRow>::apply(in[0], in[1], in[2], in[3], in[4], o.attn_span, o.ramp,
                                                             o.dropout, o.training, static_cast<int64_t>(o.seed),
-                                                            std::vector<int64_t>{}, /*keep=*/true);
+                                                            std::vector<int64_t>{}, /*keep=*/true, "cuda");
 }
 
 at::Tensor emulated_flash(const tu::Inputs& in, const ops::FlashOptions& o) {

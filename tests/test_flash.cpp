@@ -63,7 +63,7 @@ at::Tensor loop_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 }
 
 // The rows of the op's table that take CPU tensors: the fused kernel (cpu) and the ATen tiles.
-const std::vector<std::string> kCpuRows = {"cpu", "tiles"};
+const std::vector<std::string> kCpuRows = tu::flash_rows(at::zeros({1, 1, 1, 8}, at::kDouble));
 
 }  // namespace
 
@@ -96,6 +96,7 @@ TEST(FlashAttention, MatchesTheLoopOracleAndItsBackwardMatchesAutogradOfThePlain
 
 // Without an override the CPU takes the fused kernel for every dtype it computes.
 TEST(FlashAttention, TheCpuTakesTheFusedKernel) {
+  EXPECT_EQ(kCpuRows, (std::vector<std::string>{"cpu", "tiles"}));
   for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf})
     EXPECT_STREQ(ops::flash_attention_backend(torch::zeros({1, 1, 2, 8}, dtype)), "cpu") << c10::toString(dtype);
   EXPECT_NE(tu::error_of([] { ops::FlashBackendOverride forced("no-such-row"); }).find("no row 'no-such-row'"),

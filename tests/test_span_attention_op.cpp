@@ -1,4 +1,4 @@
-// The fused adaptive-span attention op (its cpu row) against its reference composition over the op's one
+// The adaptive-span attention op (every CPU row of its table) against its reference composition over the one
 // case list (tests/op_cases.h): forward and every gradient equal in double, within the float32
 // reference's error in float32 and the bf16 one's in bf16 (with float32 spans); plus finite differences
 // of the hand-written backward and the link between the op's semantics and the model's plain attention.
@@ -45,38 +45,58 @@ Inputs make_inputs(const SpanCase& c, at::ScalarType dtype, uint64_t seed) {
 
 using tu::max_diff;
 
-// The cpu row: the op on CPU tensors.
+// The op on CPU tensors, on the row the table picks (cpu) or the one forced around it.
 at::Tensor cpu_row(const tu::Inputs& in, const SpanAttentionOptions& o) {
   return ops::adaptive_span_attention(in[0], in[1], in[2], in[3], in[4], o);
 }
 
+// Every row of the op's table that takes CPU tensors: the fused kernel, then the reference row.
+std::vector<std::string> cpu_rows() { return tu::span_rows(at::zeros({1, 1, 1, 8}, at::kDouble)); }
+
 }  // namespace
 
-// The op's one case list (tests/op_cases.h), on the cpu row.
+// The op's one case list (tests/op_cases.h), on every CPU row (forced in turn) where the test is about
+// the op, on the cpu row where it is about that kernel's 16-bit products.
 class SpanAttentionOp : public ::testing::TestWithParam<tu::SpanCase> {};
 
+TEST(SpanAttentionOpTest, TheCpuRowsAreTheKernelThenTheReference) {
+  EXPECT_EQ(cpu_rows(), (std::vector<std::string>{"cpu", "reference"}));
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf})
+    EXPECT_STREQ(ops::adaptive_span_attention_backend(at::zeros({1, 1, 2, 8}, dtype)), "cpu") << c10::toString(dtype);
+  EXPECT_NE(tu::error_of([] { ops::SpanBackendOverride forced("no-such-row"); }).find("no row 'no-such-row'"),
+            std::string::npos);
+}
+
 TEST_P(SpanAttentionOp, ForwardAndGradientsMatchTheReferenceInDouble) {
-  const auto& c = GetParam();
-  SCOPED_TRACE(tu::span_label(c));
-  std::vector<at::Tensor> in;
-  for (const auto& t : tu::span_inputs(c)) in.push_back(t.requires_grad_(true));
-  const auto o = tu::span_options(c);
-  auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
-  auto fused = cpu_row(in, o);
-  auto ref = ops::adaptive_span_attention_reference(in[0], in[1], in[2], in[3], in[4], o);
-  EXPECT_LT(max_diff(fused, ref), 1e-12);
-  auto gf = torch::autograd::grad({(fused * weights).sum()}, in);
-  auto gr = torch::autograd::grad({(ref * weights).sum()}, in);
-  const char* names[] = {"q", "k", "v", "key_pe", "span_ratio"};
-  for (size_t i = 0; i < gf.size(); ++i) {
-    // Same arithmetic in another order, in double: agreement to ~1e-12 relative.
-    const double scale = std::max(1.0, gr[i].abs().max().item<double>());
-    EXPECT_LT(max_diff(gf[i], gr[i]) / scale, 1e-11) << names[i];
+  for (const auto& row : cpu_rows()) {
+    const ops::SpanBackendOverride forced(row);
+    const auto& c = GetParam();
+    SCOPED_TRACE(row + ": " + tu::span_label(c));
+    ASSERT_EQ(ops::adaptive_span_attention_backend(at::zeros({1}, at::kDouble)), row);
+    std::vector<at::Tensor> in;
+    for (const auto& t : tu::span_inputs(c)) in.push_back(t.requires_grad_(true));
+    const auto o = tu::span_options(c);
+    auto weights = at::randn({c.B, c.K, c.M, c.D}, at::kDouble);
+    auto fused = cpu_row(in, o);
+    auto ref = ops::adaptive_span_attention_reference(in[0], in[1], in[2], in[3], in[4], o);
+    EXPECT_LT(max_diff(fused, ref), 1e-12);
+    auto gf = torch::autograd::grad({(fused * weights).sum()}, in);
+    auto gr = torch::autograd::grad({(ref * weights).sum()}, in);
+    const char* names[] = {"q", "k", "v", "key_pe", "span_ratio"};
+    for (size_t i = 0; i < gf.size(); ++i) {
+      // Same arithmetic in another order, in double: agreement to ~1e-12 relative.
+      const double scale = std::max(1.0, gr[i].abs().max().item<double>());
+      EXPECT_LT(max_diff(gf[i], gr[i]) / scale, 1e-11) << names[i];
+    }
   }
 }
 
 TEST_P(SpanAttentionOp, Float32WithinTheFloat32ReferenceError) {
-  tu::expect_span_within_reference_error(GetParam(), at::kFloat, 2.0, at::kCPU, cpu_row);
+  for (const auto& row : cpu_rows()) {
+    SCOPED_TRACE(row);
+    const ops::SpanBackendOverride forced(row);
+    tu::expect_span_within_reference_error(GetParam(), at::kFloat, 2.0, at::kCPU, cpu_row);
+  }
 }
 
 // The kinds of 16-bit products the CPU kernel has (ops/cpu/tile_gemm.h), each under its override:

@@ -14,8 +14,10 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "spanformer/ops/skew.h"
 #include "spanformer/util/error.h"
@@ -99,87 +101,126 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "adaptive_span_attention: all inputs must share dtype and device");
 }
 
-// ---- backend rows -------------------------------------------------------------------------------
-SpanAttentionOptions span_options(const at::Tensor& span_ratio, int64_t W, int64_t attn_span, double ramp, double dropout,
-                              bool training, int64_t seed, at::IntArrayRef visited) {
-  SpanAttentionOptions o{attn_span, ramp, dropout, training, static_cast<uint64_t>(seed), visited.vec()};
-  o.visited = resolve_visited(span_ratio, W, o);
+// ---- the backend table ----------------------------------------------------------------------------
+// The op's rows in the order the entry walks them: the first that takes the inputs runs, unless
+// SpanBackendOverride names one. The table is the one place that says which backend serves which
+// device, dtype and width, and what each kernel row keeps for its backward (the Meta kernel's shape).
+//   cuda       CUDA tensors the kernels take (float32 / bfloat16 / float16, D a multiple of 32 up to 256)
+//   cpu        CPU tensors, any floating dtype: the fused kernel with its hand-written backward
+//   reference  everything else (another device, width or dtype): autograd over the plain composition
+// A kernel row's two halves run inside the private operators `spanformer::_adaptive_span_attention_forward`
+// / `_backward`, which take the row's name; the reference row has no halves.
+struct SpanBackend {
+  const char* name;
+  bool (*takes)(const at::Tensor& q);
+  Forward (*forward)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                     const at::Tensor& span_ratio, const SpanAttentionOptions& o, bool keep);
+  SpanAttentionGrads (*backward)(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                 const at::Tensor& out, const at::Tensor& saved, const SpanAttentionOptions& o);
+  // What forward keeps, allocated without values (the Meta kernel): q (B, K, M, D), k (B, K, W + M, D).
+  at::Tensor (*saved_like)(const at::Tensor& q, const at::Tensor& k, bool keep);
+};
+
+const SpanBackend kSpanBackends[] = {
+#ifdef SPANFORMER_WITH_CUDA
+    {"cuda", [](const at::Tensor& q) { return q.is_cuda() && cuda_glue::span_attention_supported(q); },
+     [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+        const at::Tensor& span_ratio, const SpanAttentionOptions& o, bool /*keep*/) {
+       return cuda_glue::span_attention_forward(q, k, v, key_pe, span_ratio, o);
+     },
+     &cuda_glue::span_attention_backward,
+     [](const at::Tensor& q, const at::Tensor&, bool) {  // the rows' (max, Z, N): (3, B, K, M) float32
+       return at::empty({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+     }},
+#endif
+    {"cpu", [](const at::Tensor& q) { return q.device().is_cpu(); },
+     [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+        const at::Tensor& span_ratio, const SpanAttentionOptions& o, bool keep) {
+       return cpu::span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
+                                          span_ratio.contiguous(), o, keep);
+     },
+     [](const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+        const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& /*out*/, const at::Tensor& p,
+        const SpanAttentionOptions& o) {
+       return cpu::span_attention_backward(grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
+                                           key_pe.contiguous(), span_ratio.contiguous(), o, p);
+     },
+     [](const at::Tensor& q, const at::Tensor& k, bool keep) {  // p (K, B, M, W) when training, else nothing
+       const auto options = q.options().dtype(cpu::span_compute_dtype(q.scalar_type()));
+       return keep ? at::empty({q.size(1), q.size(0), q.size(2), k.size(2) - q.size(2)}, options)
+                   : at::empty({0}, options);
+     }},
+    {"reference", [](const at::Tensor&) { return true; }, nullptr, nullptr, nullptr},
+};
+
+// The row SpanBackendOverride names (an index into kSpanBackends), or -1.
+std::atomic<int> forced_span_row{-1};
+
+const SpanBackend& span_backend(const at::Tensor& q) {
+  return pick_row(kSpanBackends, forced_span_row, q, "adaptive_span_attention",
+                  [](const SpanBackend& row, const at::Tensor& x) { return row.takes(x); });
+}
+
+// The kernel row a private operator was called with (the entry asked the table; a direct call from
+// Python may name any row).
+const SpanBackend& kernel_row(c10::string_view name) {
+  for (const auto& row : kSpanBackends)
+    if (name == row.name && row.forward) return row;
+  fail("adaptive_span_attention: no kernel row '{}' in this build", std::string(name.data(), name.size()));
+}
+
+// The scalars of a call, as the private operators take them, in one struct.
+SpanCall span_call(int64_t attn_span, double ramp, double dropout, bool training, int64_t seed,
+                   at::IntArrayRef visited, bool keep, c10::string_view row) {
+  return SpanCall{attn_span, ramp, dropout, training, seed, visited.vec(), keep, std::string(row.data(), row.size())};
+}
+
+// A row's options: the call's scalars with the seed in use and the visited distances resolved.
+SpanAttentionOptions span_options(const at::Tensor& q, const at::Tensor& k, const at::Tensor& span_ratio,
+                                  const SpanCall& c, int64_t seed) {
+  SpanAttentionOptions o{c.attn_span, c.ramp, c.dropout, c.training, static_cast<uint64_t>(seed), c.visited};
+  o.visited = resolve_visited(span_ratio, k.size(2) - q.size(2), o);
   return o;
 }
 
 using SpanGradTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using SpanForwardOp = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                         int64_t, double, double, bool, int64_t, at::IntArrayRef, bool);
-using SpanBackwardOp = SpanGradTuple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double,
-                           double, bool, at::IntArrayRef);
+using SpanForwardOp = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, int64_t, double, double, bool, int64_t, at::IntArrayRef, bool,
+                             c10::string_view);
+using SpanBackwardOp = SpanGradTuple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, int64_t, double, double, bool, at::IntArrayRef,
+                                     c10::string_view);
 
-// A row whose halves are the private operators `spanformer::_adaptive_span_attention_<row>_forward` /
-// `_backward` (registered below for the row's device and for Meta, so torch.compile traces them).
-template <const char* kForward, const char* kBackward>
+// The autograd function's row: both halves through the private operators, the row named in the call.
 struct SpanDispatchedRow {
   static Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
                         const at::Tensor& span_ratio, const SpanCall& c) {
-    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kForward, "").typed<SpanForwardOp>();
-    return op.call(q, k, v, key_pe, span_ratio, c.attn_span, c.ramp, c.dropout, c.training, c.seed, c.visited, c.keep);
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("spanformer::_adaptive_span_attention_forward", "")
+                         .typed<SpanForwardOp>();
+    return op.call(q, k, v, key_pe, span_ratio, c.attn_span, c.ramp, c.dropout, c.training, c.seed, c.visited, c.keep,
+                   c.row);
   }
   static std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                           const at::Tensor& out, const at::Tensor& saved, const at::Tensor& seed,
                                           const SpanCall& c) {
-    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kBackward, "").typed<SpanBackwardOp>();
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("spanformer::_adaptive_span_attention_backward", "")
+                         .typed<SpanBackwardOp>();
     auto g = op.call(grad_out, q, k, v, key_pe, span_ratio, out, saved, seed, c.attn_span, c.ramp, c.dropout,
-                     c.training, c.visited);
+                     c.training, c.visited, c.row);
     return {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g), std::get<4>(g)};
   }
 };
-
-constexpr char kSpanCpuForward[] = "spanformer::_adaptive_span_attention_cpu_forward";
-constexpr char kSpanCpuBackward[] = "spanformer::_adaptive_span_attention_cpu_backward";
-constexpr char kSpanCudaForward[] = "spanformer::_adaptive_span_attention_cuda_forward";
-constexpr char kSpanCudaBackward[] = "spanformer::_adaptive_span_attention_cuda_backward";
-using SpanCpuRow = SpanDispatchedRow<kSpanCpuForward, kSpanCpuBackward>;
-using SpanCudaRow = SpanDispatchedRow<kSpanCudaForward, kSpanCudaBackward>;
-
-// ---- the backend table ----------------------------------------------------------------------------
-// The op's rows in the order the entry walks them: the first that takes the inputs runs. The table is
-// the one place that says which backend serves which device, dtype and width.
-//   cuda       CUDA tensors the kernels take (float32 / bfloat16 / float16, D a multiple of 32 up to 256)
-//   cpu        CPU tensors, any floating dtype: the fused kernel with its hand-written backward
-//   reference  everything else (another device, width or dtype): autograd over the plain composition
-struct SpanBackend {
-  const char* name;
-  bool (*takes)(const at::Tensor& q);
-  at::Tensor (*run)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
-                    const at::Tensor& span_ratio, const SpanCall& c);
-};
-
-template <class Row>
-at::Tensor run_span_row(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
-                        const at::Tensor& span_ratio, const SpanCall& c) {
-  return SpanAttentionFunction<Row>::apply(q, k, v, key_pe, span_ratio, c.attn_span, c.ramp, c.dropout, c.training, c.seed,
-                                           c.visited, c.keep);
-}
 
 at::Tensor run_span_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
                               const at::Tensor& span_ratio, const SpanCall& c) {
   SpanAttentionOptions o{c.attn_span, c.ramp, c.dropout, c.training,
                          static_cast<uint64_t>(resolve_seed(c.seed, c.training, c.dropout)), c.visited};
   return adaptive_span_attention_reference(q, k, v, key_pe, span_ratio, o);
-}
-
-const SpanBackend kSpanBackends[] = {
-#ifdef SPANFORMER_WITH_CUDA
-    {"cuda", [](const at::Tensor& q) { return q.is_cuda() && cuda_glue::span_attention_supported(q); }, &run_span_row<SpanCudaRow>},
-#endif
-    {"cpu", [](const at::Tensor& q) { return q.device().is_cpu(); }, &run_span_row<SpanCpuRow>},
-    {"reference", [](const at::Tensor&) { return true; }, &run_span_reference},
-};
-
-const SpanBackend& span_backend(const at::Tensor& q) {
-  for (const auto& row : kSpanBackends)
-    if (row.takes(q)) return row;
-  return kSpanBackends[std::size(kSpanBackends) - 1];
 }
 
 // ---- the operators' kernels ---------------------------------------------------------------------
@@ -194,76 +235,53 @@ at::Tensor span_attention_entry(const at::Tensor& q_in, const at::Tensor& k_in, 
   check_arguments(q, k, v, key_pe, span_ratio, o);
   const bool keep = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
                                                    key_pe.requires_grad() || span_ratio.requires_grad());
-  const SpanCall call{attn_span, ramp, dropout, training, seed, visited.vec(), keep};
-  return span_backend(q).run(q, k, v, key_pe, span_ratio, call);
+  const auto& row = span_backend(q);
+  const SpanCall call{attn_span, ramp, dropout, training, seed, visited.vec(), keep, row.name};
+  if (!row.forward) return run_span_reference(q, k, v, key_pe, span_ratio, call);
+  return SpanAttentionFunction<SpanDispatchedRow>::apply(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout,
+                                                         training, seed, visited.vec(), keep, call.row);
 }
 
-Triple span_cpu_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
-                   const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
-                   int64_t seed, at::IntArrayRef visited, bool keep) {
+// spanformer::_adaptive_span_attention_forward / _backward (any device): the named row's halves.
+Triple span_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+                           const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
+                           int64_t seed, at::IntArrayRef visited, bool keep, c10::string_view row_name) {
+  const auto c = span_call(attn_span, ramp, dropout, training, seed, visited, keep, row_name);
+  const auto& row = kernel_row(row_name);
+  if (!row.takes(q)) fail("adaptive_span_attention: the {} row cannot take {} inputs on {}", row.name,
+                          c10::toString(q.scalar_type()), q.device().str());
   const int64_t used = resolve_seed(seed, training, dropout);
-  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training, used, visited);
-  auto f = cpu::span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
-                                       span_ratio.contiguous(), o, keep);
+  auto f = row.forward(q, k, v, key_pe, span_ratio, span_options(q, k, span_ratio, c, used), keep);
   return {f.out, f.saved, seed_tensor(used, q)};
 }
 
-SpanGradTuple span_cpu_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& /*out*/,
-                     const at::Tensor& p, const at::Tensor& seed, int64_t attn_span, double ramp, double dropout,
-                     bool training, at::IntArrayRef visited) {
-  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training,
-                    seed_value(seed, training, dropout), visited);
-  auto g = cpu::span_attention_backward(grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
-                                        key_pe.contiguous(), span_ratio.contiguous(), o, p);
+SpanGradTuple span_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                   const at::Tensor& out, const at::Tensor& saved, const at::Tensor& seed,
+                                   int64_t attn_span, double ramp, double dropout, bool training,
+                                   at::IntArrayRef visited, c10::string_view row_name) {
+  const auto c = span_call(attn_span, ramp, dropout, training, -1, visited, true, row_name);
+  const auto o = span_options(q, k, span_ratio, c, seed_value(seed, training, dropout));
+  auto g = kernel_row(row_name).backward(grad_out, q, k, v, key_pe, span_ratio, out, saved, o);
   return {g.q, g.k, g.v, g.key_pe, g.span_ratio};
 }
 
-// What the forwards and backwards return, without computing anything (Meta: torch.compile's fake tensors).
-Triple span_cpu_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
-                        const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
-                        int64_t seed, at::IntArrayRef visited, bool keep) {
-  const int64_t B = q.size(0), K = q.size(1), M = q.size(2), W = k.size(2) - M;
-  const auto p_options = q.options().dtype(cpu::span_compute_dtype(q.scalar_type()));
-  auto p = keep ? at::empty({K, B, M, W}, p_options) : at::empty({0}, p_options);          // (K, B, M, W)
-  return {at::empty(q.sizes(), q.options()), p, at::empty({}, q.options().dtype(at::kLong))};
-}
-
-Triple span_cuda_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
+// What the halves return, without computing anything (Meta: torch.compile's fake tensors).
+Triple span_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
                          const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
-                         int64_t seed, at::IntArrayRef visited, bool keep) {
-  auto stats = at::empty({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));  // (3, B, K, M)
-  return {at::empty(q.sizes(), q.options()), stats, at::empty({}, q.options().dtype(at::kLong))};
+                         int64_t seed, at::IntArrayRef visited, bool keep, c10::string_view row_name) {
+  return {at::empty(q.sizes(), q.options()), kernel_row(row_name).saved_like(q, k, keep),
+          at::empty({}, q.options().dtype(at::kLong))};
 }
 
-SpanGradTuple span_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& out,
-                      const at::Tensor& saved, const at::Tensor& seed, int64_t attn_span, double ramp, double dropout,
-                      bool training, at::IntArrayRef visited) {
+SpanGradTuple span_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
+                                 const at::Tensor& out, const at::Tensor& saved, const at::Tensor& seed,
+                                 int64_t attn_span, double ramp, double dropout, bool training,
+                                 at::IntArrayRef visited, c10::string_view row_name) {
   auto like = [](const at::Tensor& t) { return at::empty(t.sizes(), t.options()); };
   return {like(q), like(k), like(v), like(key_pe), like(span_ratio)};
 }
-
-#ifdef SPANFORMER_WITH_CUDA
-Triple span_cuda_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
-                    const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
-                    int64_t seed, at::IntArrayRef visited, bool keep) {
-  const int64_t used = resolve_seed(seed, training, dropout);
-  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training, used, visited);
-  auto f = cuda_glue::span_attention_forward(q, k, v, key_pe, span_ratio, o);
-  return {f.out, f.saved, seed_tensor(used, q)};
-}
-
-SpanGradTuple span_cuda_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& out,
-                      const at::Tensor& stats, const at::Tensor& seed, int64_t attn_span, double ramp, double dropout,
-                      bool training, at::IntArrayRef visited) {
-  auto o = span_options(span_ratio, k.size(2) - q.size(2), attn_span, ramp, dropout, training,
-                    seed_value(seed, training, dropout), visited);
-  auto g = cuda_glue::span_attention_backward(grad_out, q, k, v, key_pe, span_ratio, out, stats, o);
-  return {g.q, g.k, g.v, g.key_pe, g.span_ratio};
-}
-#endif
 
 at::Tensor span_reference_entry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
                            const at::Tensor& span_ratio, int64_t attn_span, double ramp, double dropout, bool training,
@@ -276,25 +294,19 @@ at::Tensor span_reference_entry(const at::Tensor& q, const at::Tensor& k, const 
 }  // namespace spanformer::ops
 
 // The operators (torch.ops.spanformer.* from Python; the C++ entry points below call them). The public
-// two take the seed -1 for "draw one"; the private four are the rows' halves.
+// two take the seed -1 for "draw one"; the private two are the halves of the kernel row they name.
 TORCH_LIBRARY_FRAGMENT(spanformer, m) {
   m.def("adaptive_span_attention(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, int attn_span, "
         "float ramp=32., float dropout=0., bool training=False, int seed=-1, int[] visited=[]) -> Tensor");
   m.def("adaptive_span_attention_reference(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, "
         "int attn_span, float ramp=32., float dropout=0., bool training=False, int seed=-1) -> Tensor");
-  // The rows' halves: `saved` is what the row's forward keeps for its backward (src/ops/backends.h).
-  m.def("_adaptive_span_attention_cpu_forward(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, "
-        "int attn_span, float ramp, float dropout, bool training, int seed, int[] visited, bool keep) "
+  // `saved` is what the row's forward keeps for its backward (src/ops/backends.h).
+  m.def("_adaptive_span_attention_forward(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, "
+        "int attn_span, float ramp, float dropout, bool training, int seed, int[] visited, bool keep, str row) "
         "-> (Tensor out, Tensor saved, Tensor seed)");
-  m.def("_adaptive_span_attention_cpu_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor key_pe, "
+  m.def("_adaptive_span_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor key_pe, "
         "Tensor span_ratio, Tensor out, Tensor saved, Tensor seed, int attn_span, float ramp, float dropout, "
-        "bool training, int[] visited) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("_adaptive_span_attention_cuda_forward(Tensor q, Tensor k, Tensor v, Tensor key_pe, Tensor span_ratio, "
-        "int attn_span, float ramp, float dropout, bool training, int seed, int[] visited, bool keep) "
-        "-> (Tensor out, Tensor saved, Tensor seed)");
-  m.def("_adaptive_span_attention_cuda_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor key_pe, "
-        "Tensor span_ratio, Tensor out, Tensor saved, Tensor seed, int attn_span, float ramp, float dropout, "
-        "bool training, int[] visited) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "bool training, int[] visited, str row) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(spanformer, CompositeImplicitAutograd, m) {
@@ -302,24 +314,16 @@ TORCH_LIBRARY_IMPL(spanformer, CompositeImplicitAutograd, m) {
   m.impl("adaptive_span_attention_reference", &spanformer::ops::span_reference_entry);
 }
 
-TORCH_LIBRARY_IMPL(spanformer, CPU, m) {
-  m.impl("_adaptive_span_attention_cpu_forward", &spanformer::ops::span_cpu_forward);
-  m.impl("_adaptive_span_attention_cpu_backward", &spanformer::ops::span_cpu_backward);
+// Any device: the named row says whether it takes the inputs.
+TORCH_LIBRARY_IMPL(spanformer, CompositeExplicitAutograd, m) {
+  m.impl("_adaptive_span_attention_forward", &spanformer::ops::span_forward_kernel);
+  m.impl("_adaptive_span_attention_backward", &spanformer::ops::span_backward_kernel);
 }
 
 TORCH_LIBRARY_IMPL(spanformer, Meta, m) {
-  m.impl("_adaptive_span_attention_cpu_forward", &spanformer::ops::span_cpu_forward_meta);
-  m.impl("_adaptive_span_attention_cpu_backward", &spanformer::ops::span_backward_meta);
-  m.impl("_adaptive_span_attention_cuda_forward", &spanformer::ops::span_cuda_forward_meta);
-  m.impl("_adaptive_span_attention_cuda_backward", &spanformer::ops::span_backward_meta);
+  m.impl("_adaptive_span_attention_forward", &spanformer::ops::span_forward_meta);
+  m.impl("_adaptive_span_attention_backward", &spanformer::ops::span_backward_meta);
 }
-
-#ifdef SPANFORMER_WITH_CUDA
-TORCH_LIBRARY_IMPL(spanformer, CUDA, m) {
-  m.impl("_adaptive_span_attention_cuda_forward", &spanformer::ops::span_cuda_forward);
-  m.impl("_adaptive_span_attention_cuda_backward", &spanformer::ops::span_cuda_backward);
-}
-#endif
 
 namespace spanformer::ops {
 
@@ -329,6 +333,13 @@ at::Tensor span_mask_unclamped(const at::Tensor& span_ratio, int64_t S, int64_t 
 }
 
 const char* adaptive_span_attention_backend(const at::Tensor& q) { return span_backend(q).name; }
+
+std::vector<std::string> adaptive_span_attention_backends() { return row_names(kSpanBackends); }
+
+SpanBackendOverride::SpanBackendOverride(const std::string& row)
+    : previous_(force_row(kSpanBackends, forced_span_row, row, "adaptive_span_attention")) {}
+
+SpanBackendOverride::~SpanBackendOverride() { forced_span_row.store(previous_); }
 
 at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& key_pe, const at::Tensor& span_ratio,

@@ -2,7 +2,8 @@
 // with two static functions: forward (returns the output, what backward reads and the dropout seed it
 // used, as a 0-dim int64 tensor on the inputs' device) and backward. The ops' dispatcher entries use rows
 // that call the private `spanformer::_*_forward / _*_backward` operators (so torch.compile traces both
-// halves through their fake kernels); the tests of the CPU model of CUDA use rows that call the CUDA
+// halves through their fake kernels; the span pair takes the row's name, its Meta kernel the row's
+// saved shape); the tests of the CPU model of CUDA use rows that call the CUDA
 // glue directly. Either way the same forward saves the same tensors for the same backward.
 //
 //   SpanRow:  forward(q, k, v, key_pe, span_ratio, SpanCall)            -> (out, saved, seed)
@@ -15,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -29,6 +31,7 @@ struct SpanCall {
   int64_t seed;                  // -1: drawn by the forward when it drops anything
   std::vector<int64_t> visited;  // empty: read from span_ratio by the forward
   bool keep;                     // a backward will follow: keep what it needs
+  std::string row;               // the backend row that runs both halves (src/ops/backends.h)
 };
 
 struct FlashCall {
@@ -46,8 +49,8 @@ class SpanAttentionFunction : public torch::autograd::Function<SpanAttentionFunc
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& key_pe, const at::Tensor& span_ratio,
                             int64_t attn_span, double ramp, double dropout, bool training, int64_t seed,
-                            std::vector<int64_t> visited, bool keep) {
-    const SpanCall call{attn_span, ramp, dropout, training, seed, std::move(visited), keep};
+                            std::vector<int64_t> visited, bool keep, std::string row) {
+    const SpanCall call{attn_span, ramp, dropout, training, seed, std::move(visited), keep, std::move(row)};
     auto [out, saved, seed_used] = Row::forward(q, k, v, key_pe, span_ratio, call);
     ctx->save_for_backward({q, k, v, key_pe, span_ratio, out, saved, seed_used});
     ctx->saved_data["attn_span"] = attn_span;
@@ -55,6 +58,7 @@ class SpanAttentionFunction : public torch::autograd::Function<SpanAttentionFunc
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["training"] = training;
     ctx->saved_data["visited"] = call.visited;
+    ctx->saved_data["row"] = call.row;
     return out;
   }
 
@@ -63,9 +67,9 @@ class SpanAttentionFunction : public torch::autograd::Function<SpanAttentionFunc
     const auto s = ctx->get_saved_variables();
     const SpanCall call{ctx->saved_data["attn_span"].toInt(), ctx->saved_data["ramp"].toDouble(),
                         ctx->saved_data["dropout"].toDouble(),  ctx->saved_data["training"].toBool(),
-                        -1, ctx->saved_data["visited"].toIntVector(), true};
+                        -1, ctx->saved_data["visited"].toIntVector(), true, ctx->saved_data["row"].toStringRef()};
     auto g = Row::backward(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], call);
-    return {g[0], g[1], g[2], g[3], g[4], {}, {}, {}, {}, {}, {}, {}};
+    return {g[0], g[1], g[2], g[3], g[4], {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 

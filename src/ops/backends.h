@@ -12,14 +12,23 @@
 //                            cuda         logsumexp (B, K, N) fp32              cuda/flash_attention_cuda.cpp
 // Which row serves which inputs is each op's backend table, walked in order by its entry (kSpanBackends
 // in adaptive_span_attention.cpp: cuda, cpu, reference; kFlashBackends in flash_attention.cpp: cuda,
-// cpu, tiles); adaptive_span_attention_backend(q) and flash_attention_backend(q) name the row. The tests
-// run one case list per op on every row a build has (tests/op_cases.h).
+// cpu, tiles); adaptive_span_attention_backend(q) and flash_attention_backend(q) name the row, and
+// SpanBackendOverride / FlashBackendOverride force one. The tests run one case list per op on every row
+// of the device (tests/op_cases.h), and `--op-perf` times every row with its GFLOP/s.
 // Dims: B batch, K heads, M / N queries, W window, C keys, D head width, L max span.
 #pragma once
 #include <ATen/ATen.h>
 
+#include <atomic>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <fmt/ranges.h>
+
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
+#include "spanformer/util/error.h"
 
 namespace spanformer::ops {
 
@@ -41,6 +50,40 @@ struct FlashGrads {
 // in the spans' dtype. The reference composition and the CPU kernel both take it from here: their
 // masks must round alike (in float32 x is 0 at z = 1.2e-6, S = 33, R = 32, where double gives 3.7e-8).
 at::Tensor span_mask_unclamped(const at::Tensor& span_ratio, int64_t S, int64_t attn_span, double ramp);
+
+// The names of a backend table's rows, in the order they are asked.
+template <class Row, size_t N>
+std::vector<std::string> row_names(const Row (&table)[N]) {
+  std::vector<std::string> names;
+  for (const auto& row : table) names.emplace_back(row.name);
+  return names;
+}
+
+// A table's forced row (an index; -1: none) and the override that sets it for its lifetime: the one
+// implementation behind SpanBackendOverride and FlashBackendOverride. A name not in the table is a
+// one-line error that lists the rows.
+template <class Row, size_t N>
+int force_row(const Row (&table)[N], std::atomic<int>& forced, const std::string& name, const char* op) {
+  for (size_t r = 0; r < N; ++r)
+    if (name == table[r].name) return forced.exchange(static_cast<int>(r));
+  fail("{}: no row '{}' in this build (rows: {})", op, name, fmt::join(row_names(table), ", "));
+}
+
+// The row serving q: the forced one (refusing inputs it cannot take), else the first that takes them.
+// Takes is a callable (row, q) -> bool.
+template <class Row, size_t N, class Takes>
+const Row& pick_row(const Row (&table)[N], const std::atomic<int>& forced, const at::Tensor& q, const char* op,
+                    Takes takes) {
+  if (const int r = forced.load(); r >= 0) {
+    if (!takes(table[r], q))
+      fail("{}: the {} row cannot take {} inputs on {}", op, table[r].name, c10::toString(q.scalar_type()),
+           q.device().str());
+    return table[r];
+  }
+  for (const auto& row : table)
+    if (takes(row, q)) return row;
+  return table[N - 1];
+}
 
 namespace cpu {
 // The dtype the CPU kernel computes in: float32 for bf16 / fp16 inputs (products accumulated and

@@ -253,19 +253,11 @@ const FlashBackend kFlashBackends[] = {
 };
 
 // The row FlashBackendOverride names (an index into kFlashBackends), or -1.
-std::atomic<int> forced_row{-1};
+std::atomic<int> forced_flash_row{-1};
 
 const FlashBackend& flash_backend(const at::Tensor& q, bool cuda_kernel) {
-  if (const int forced = forced_row.load(); forced >= 0) {
-    const auto& row = kFlashBackends[forced];
-    if (!row.takes(q, cuda_kernel))
-      fail("flash attention: the {} row cannot take {} inputs on {}", row.name, c10::toString(q.scalar_type()),
-           q.device().str());
-    return row;
-  }
-  for (const auto& row : kFlashBackends)
-    if (row.takes(q, cuda_kernel)) return row;
-  return kFlashBackends[std::size(kFlashBackends) - 1];
+  return pick_row(kFlashBackends, forced_flash_row, q, "flash attention",
+                  [cuda_kernel](const FlashBackend& row, const at::Tensor& x) { return row.takes(x, cuda_kernel); });
 }
 
 Triple flash_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
@@ -338,27 +330,17 @@ namespace spanformer::ops {
 
 const char* flash_attention_backend(const at::Tensor& q, bool cuda_kernel) { return flash_backend(q, cuda_kernel).name; }
 
-std::vector<std::string> flash_attention_backends() {
-  std::vector<std::string> names;
-  for (const auto& row : kFlashBackends) names.emplace_back(row.name);
-  return names;
-}
+std::vector<std::string> flash_attention_backends() { return row_names(kFlashBackends); }
 
 std::string cpu_half_products(const std::string& mode) {
   if (!mode.empty()) cpu::set_half_products(mode);
   return cpu::half_products_native(at::kBFloat16) ? "native" : "widened";
 }
 
-FlashBackendOverride::FlashBackendOverride(const std::string& row) : previous_(forced_row.load()) {
-  for (size_t r = 0; r < std::size(kFlashBackends); ++r)
-    if (row == kFlashBackends[r].name) {
-      forced_row.store(static_cast<int>(r));
-      return;
-    }
-  fail("flash attention: no row '{}' in this build (rows: {})", row, fmt::join(flash_attention_backends(), ", "));
-}
+FlashBackendOverride::FlashBackendOverride(const std::string& row)
+    : previous_(force_row(kFlashBackends, forced_flash_row, row, "flash attention")) {}
 
-FlashBackendOverride::~FlashBackendOverride() { forced_row.store(previous_); }
+FlashBackendOverride::~FlashBackendOverride() { forced_flash_row.store(previous_); }
 
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, FlashOptions o) {
   static auto op = c10::Dispatcher::singleton()

@@ -189,7 +189,7 @@ OPCHECK_CASES = {
     "adaptive_span_attention_reference": lambda t: (*t, 32, 4.0),
     "flash_attention": lambda t: (t[0], t[0], t[0], 5),
     "flash_attention_reference": lambda t: (t[0], t[0], t[0], 5),
-    "_adaptive_span_attention_cpu_forward": lambda t: (*[x.detach() for x in t], 32, 4.0, 0.0, False, 3, [], True),
+    "_adaptive_span_attention_forward": lambda t: (*[x.detach() for x in t], 32, 4.0, 0.0, False, 3, [], True, "cpu"),
     "_flash_attention_forward": lambda t: (*[t[0].detach()] * 3, 8, 0.0, False, 3, 256, False),
 }
 
@@ -202,6 +202,18 @@ def test_opcheck(name, dtype):
     probabilities too), autograd registration, AOT dispatch."""
     args = OPCHECK_CASES[name](small_inputs(dtype))
     torch.library.opcheck(getattr(torch.ops.spanformer, name).default, args)
+
+
+def test_the_span_halves_run_the_row_they_name():
+    """The private pair takes the row's name: the cpu row's halves give the public op's output, and a row
+    without halves (the reference) or not in the build is a one-line error."""
+    t = [x.detach() for x in small_inputs()]
+    out, saved, _ = torch.ops.spanformer._adaptive_span_attention_forward(*t, 32, 4.0, 0.0, False, 3, [], True, "cpu")
+    assert torch.equal(out, torch.ops.spanformer.adaptive_span_attention(*t, 32, 4.0))
+    assert saved.shape == (3, 2, 8, 24)  # the cpu row keeps p (K, B, M, W)
+    for row in ("reference", "tpu"):
+        with pytest.raises(RuntimeError, match=f"no kernel row '{row}'"):
+            torch.ops.spanformer._adaptive_span_attention_forward(*t, 32, 4.0, 0.0, False, 3, [], True, row)
 
 
 class TwoOps(torch.nn.Module):

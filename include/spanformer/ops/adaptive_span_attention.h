@@ -28,6 +28,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace spanformer::ops {
@@ -49,6 +50,22 @@ at::Tensor adaptive_span_attention(const at::Tensor& q, const at::Tensor& k, con
                                    const SpanAttentionOptions& options);
 // The name of the row that serves inputs like q: "cuda", "cpu" or "reference".
 const char* adaptive_span_attention_backend(const at::Tensor& q);
+// The rows of the table in this build, in the order they are asked.
+std::vector<std::string> adaptive_span_attention_backends();
+
+// For tests and benchmarks: while it lives, every call of the op (forward and backward, any thread)
+// runs on the named row, and a call that row cannot take is a one-line error. Not for concurrent use
+// with other overrides.
+class SpanBackendOverride {
+ public:
+  explicit SpanBackendOverride(const std::string& row);
+  ~SpanBackendOverride();
+  SpanBackendOverride(const SpanBackendOverride&) = delete;
+  SpanBackendOverride& operator=(const SpanBackendOverride&) = delete;
+
+ private:
+  int previous_;
+};
 
 // The executable spec: the reference's operations over the whole window with plain ATen ops (any dtype,
 // differentiable by autograd). Used by the tests as the oracle, and by devices without a kernel.

@@ -58,15 +58,15 @@ const char* flash_attention_backend(const at::Tensor& q, bool cuda_kernel = true
 // The rows of the table in this build, in the order they are asked.
 std::vector<std::string> flash_attention_backends();
 
-// For tests and benchmarks: while it lives, every call of the op (forward and backward, any thread)
-// runs on the named row, and a call that row cannot take is a one-line error. Not for concurrent use
-// with other overrides.
 // How the CPU kernels multiply bfloat16 / float16 inputs, for the whole process (src/ops/cpu/tile_gemm.h):
 // "native" (16-bit operands, float32 accumulation; `auto` picks it where the CPU has AMX) or "widened"
 // (converted to float32 first). A non-empty mode ("auto", "widened", "native") sets it; returns what
 // bfloat16 inputs get now. SPANFORMER_CPU_HALF_PRODUCTS sets the starting mode.
 std::string cpu_half_products(const std::string& mode = "");
 
+// For tests and benchmarks: while it lives, every call of the op (forward and backward, any thread)
+// runs on the named row, and a call that row cannot take is a one-line error. Not for concurrent use
+// with other overrides.
 class FlashBackendOverride {
  public:
   explicit FlashBackendOverride(const std::string& row);
