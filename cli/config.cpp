@@ -26,7 +26,7 @@ void add_config(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
                  "they run (a command reading a checkpoint may override these)\n",
                  *arch, shape);
       for (const auto& k : keys)
-        fmt::print("{:<28} {:<12} {:<12} {}\n", k.section + "." + k.name, k.type, k.default_value, k.help);
+        fmt::print("{:<28} {:<12} {:<12} {}\n", k.section + "." + k.name, k.type, k.default_value, k.described());
     };
   });
   auto* list = config->add_subcommand("families", "list the model families (a config's \"arch\"), one per line");

@@ -21,7 +21,8 @@ type, default, meaning. This page is that printout (`bash scripts/config-docs.sh
 these sections; any key can also be given after a command as `--key=value` or `--section.key=value`.
 `model` keys are what the weights mean (a checkpoint fits a config whose `model` keys are equal), `run`
 keys how they run (commands reading a checkpoint may override them), `train` the optimisation, shared by
-every family ([usage](usage.md#what-a-run-writes): sections, checkpoints and overrides).
+every family ([usage](usage.md#what-a-run-writes): sections, checkpoints and overrides). A key of type
+`choice` takes one of the names in brackets, which come from the one name table its parser reads.
 HEAD
   "$bin" config families | while read -r arch what; do
     printf '\n## %s\n%s\n\n```text\n' "$arch" "$what"

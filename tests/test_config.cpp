@@ -159,11 +159,15 @@ TEST(ConfigSections, RunKeysNeverMakeAnotherModelAndOldFilesStillLoad) {
       if (k.section != "run") continue;
       ++run_keys;
       const auto& d = defaults["run"][k.name];
+      const auto other_choice = [&] {  // the first name the key lists that is not its default
+        for (const auto& c : k.choices)
+          if (c != d) return nlohmann::json(c);
+        return d;
+      };
       nlohmann::json changed = k.type == "bool" ? nlohmann::json(!d.get<bool>())
                                : k.type == "int" ? nlohmann::json(d.get<int64_t>() + 1)
                                : k.type == "float" ? nlohmann::json(d.get<double>() + 0.05)
-                               : k.name == "attn_impl" ? nlohmann::json("plain")
-                               : k.name == "search_eval" ? nlohmann::json("argmax") : d;
+                               : k.type == "choice" ? other_choice() : d;
       ASSERT_NE(changed, d) << k.name << ": no other value to try";
       auto family = info.make(base, "test", {"--run." + k.name + "=" + (changed.is_string() ? changed.get<std::string>() : changed.dump())});
       const auto j = family->config_json();
@@ -189,6 +193,31 @@ TEST(ConfigSections, RunKeysNeverMakeAnotherModelAndOldFilesStillLoad) {
     EXPECT_NE(error_of([&] { info.make(base, "test", {"--run." + model_int_key + "=3"}); }).find("unknown config key"),
               std::string::npos);
   }
+}
+
+// A closed choice's names are written once, in its name table: the names `config keys` lists for every
+// enum key of every family (and so docs/config.md) are exactly, and in order, the ones its parser takes
+// and names when it refuses another; the default is one of them, and the printed help starts with them.
+TEST(ConfigSections, EveryChoiceKeyListsTheNamesItsTableTakes) {
+  int choice_keys = 0;
+  for (const auto& info : train::families()) {
+    const nlohmann::json base = {{"arch", info.name}};
+    for (const auto& k : info.config_keys()) {
+      if (k.type != "choice") continue;
+      SCOPED_TRACE(info.name + std::string(" ") + k.section + "." + k.name);
+      ++choice_keys;
+      ASSERT_GE(k.choices.size(), 2u);
+      std::string listed;  // "a, b or c", as a name table's error says it
+      for (size_t i = 0; i < k.choices.size(); ++i)
+        listed += (i == 0 ? "" : i + 1 == k.choices.size() ? " or " : ", ") + k.choices[i];
+      const auto error = error_of([&] { info.make(base, "test", {"--" + k.section + "." + k.name + "=bogus"}); });
+      EXPECT_NE(error.find("must be " + listed + " (got 'bogus')"), std::string::npos) << error;
+      EXPECT_NE(std::find(k.choices.begin(), k.choices.end(), nlohmann::json::parse(k.default_value).get<std::string>()),
+                k.choices.end());
+      EXPECT_EQ(k.described().rfind("[" + k.choices[0] + " | " + k.choices[1], 0), 0u) << k.described();
+    }
+  }
+  EXPECT_GE(choice_keys, 15);  // optim, scheduler, amp, dist_backend per family, and the families' own
 }
 
 // train.threads / --threads 0: OMP_NUM_THREADS where it is a positive number (as PyTorch's default), else

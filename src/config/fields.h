@@ -33,7 +33,7 @@ struct Field {
   std::function<json(const T&)> get;
   std::function<void(T&, const json&)> set;
   const char* help = "";
-  const char* choices = "";  // a closed choice's names, "a | b | c"
+  std::vector<std::string> choices;  // a closed choice's names, from its name table (enum_field)
   bool run = false;          // how the model runs, not what its weights mean (see Role)
 };
 
@@ -93,21 +93,37 @@ Field<T> field(const char* name, V T::*member, const char* help) {
           help};
 }
 
+// The names of a closed choice in its enum's order, asked of its name table through to_name: the enums
+// number their values 0, 1, ... and a name table answers "?" past its last entry (util/names.h).
+template <typename E>
+std::vector<std::string> choice_names(const char* (*to_name)(E)) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 64; ++i) {
+    const std::string name = to_name(static_cast<E>(i));
+    if (name == "?") return names;
+    names.push_back(name);
+  }
+  fail("config: a name table of more than 64 choices");  // a to_name that never says "?"
+}
+
 // A closed choice: an enum read from and written as its name, parsed once here at the config boundary
-// (parse fails with a one-line error listing the choices).
+// (parse fails with a one-line error listing the choices). The names the key lists (`config keys`,
+// docs/config.md) come from the same name table; help says what the choice means.
 template <typename T, typename E>
 Field<T> enum_field(const char* name, E T::*member, E (*parse)(const std::string&), const char* (*to_name)(E),
                     const char* help) {
-  return {name, [member, to_name](const T& t) { return json(to_name(t.*member)); },
-          [member, name, parse](T& t, const json& j) {
-            if (!j.is_string()) fail("config key '{}': expected a string (got {})", name, j.dump());
-            try {
-              t.*member = parse(j.get<std::string>());
-            } catch (const Error& e) {
-              fail("config key '{}': {}", name, e.what());
-            }
-          },
-          help};
+  Field<T> f{name, [member, to_name](const T& t) { return json(to_name(t.*member)); },
+             [member, name, parse](T& t, const json& j) {
+               if (!j.is_string()) fail("config key '{}': expected a string (got {})", name, j.dump());
+               try {
+                 t.*member = parse(j.get<std::string>());
+               } catch (const Error& e) {
+                 fail("config key '{}': {}", name, e.what());
+               }
+             },
+             help};
+  f.choices = choice_names(to_name);
+  return f;
 }
 
 template <typename T>
@@ -214,9 +230,9 @@ void describe(std::vector<ConfigKey>& out, const std::string& section, const T& 
   for (const auto& f : fields) {
     if (!has_role(f, role)) continue;
     const json v = f.get(defaults);
-    std::string type = v.is_boolean() ? "bool" : v.is_number_integer() ? "int" : v.is_number() ? "float"
-                       : v.is_array()  ? "list of int" : "string";
-    out.push_back({section, f.name, type, v.dump(), f.help});
+    std::string type = !f.choices.empty() ? "choice" : v.is_boolean() ? "bool" : v.is_number_integer() ? "int"
+                       : v.is_number() ? "float" : v.is_array() ? "list of int" : "string";
+    out.push_back({section, f.name, type, v.dump(), f.help, f.choices});
   }
 }
 

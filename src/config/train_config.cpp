@@ -61,6 +61,13 @@ void validate(const TrainConfig& t) {
   config_detail::require_positive("eval_batch_size", t.eval_batch_size);
 }
 
+std::string ConfigKey::described() const {
+  std::string names;
+  for (const auto& c : choices) names += (names.empty() ? "" : " | ") + c;
+  if (names.empty()) return help;
+  return "[" + names + "]" + (help.empty() ? "" : " " + help);
+}
+
 double learning_rate(const TrainConfig& c, int64_t k) {
   if (c.lr_warmup > 0 && k <= c.lr_warmup) return c.lr * static_cast<double>(k) / static_cast<double>(c.lr_warmup);
   if (c.scheduler == Schedule::kConstant) return c.lr;
@@ -78,12 +85,12 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("data", &C::data, "prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)"),
       field("batch_size", &C::batch_size, "B streams per step (global, over all processes)"),
       field("batch_split", &C::batch_split, "gradient accumulation over B / batch_split stream groups"),
-      enum_field("optim", &C::optim, parse_optim, optim_name, "adagrad (reference clip) | sgd | adam | adamw"),
+      enum_field("optim", &C::optim, parse_optim, optim_name, "the optimizer (adagrad with the reference's gradient clip)"),
       field("weight_decay", &C::weight_decay, "adamw: decoupled decay of weight matrices (dim >= 2); adam: L2 term"),
       field("adam_beta2", &C::adam_beta2, "adam/adamw second-moment decay"),
       field("lr", &C::lr, "learning rate (after the warmup; see scheduler)"),
       field("lr_min", &C::lr_min, "cosine schedule's floor"),
-      enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name, "after the warmup: constant | cosine | inverse_sqrt"),
+      enum_field("scheduler", &C::scheduler, parse_schedule, schedule_name, "the learning rate after the warmup"),
       field("lr_warmup", &C::lr_warmup, "linear warmup updates (0 = none)"),
       field("momentum", &C::momentum, "sgd only"),
       field("grad_clip", &C::grad_clip, "adagrad: per-tensor lr scaling; sgd/adam: global norm (0 = none)"),
@@ -96,10 +103,10 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       field("eval_batch_size", &C::eval_batch_size, "streams of the full evaluation"),
       field("device", &C::device, "cpu | cuda | cuda:N"),
       enum_field("amp", &C::amp, parse_amp, amp_name,
-                 "off | bf16: training forward under bf16 autocast; weights, optimizer and loss in fp32"),
+                 "bf16 = the training forward under bf16 autocast; weights, optimizer and loss stay fp32"),
       field("dist_timeout", &C::dist_timeout, "seconds a rank waits for the others (multi-process runs)"),
       enum_field("dist_backend", &C::dist_backend, dist::parse_backend, dist::backend_name,
-                 "auto (gloo on CPU, nccl on CUDA) | gloo | nccl"),
+                 "auto = gloo on CPU, nccl on CUDA"),
       field("dist_bucket_kb", &C::dist_bucket_kb, "gradient buckets all-reduced during backward (0 = one bucket after it)"),
   };
   return fields;

@@ -63,6 +63,9 @@ struct TrainConfig {
 // One config key, for `spanformer config keys` (each family lists its own: train/registry.h).
 struct ConfigKey {
   std::string section, name, type, default_value, help;
+  std::vector<std::string> choices;  // type "choice": the names it takes, in order
+  // The help line `config keys` prints: a choice's names first ("[a | b | c] help").
+  std::string described() const;
 };
 
 // Refuses, before anything is allocated, a model whose estimated parameter count does not fit in this

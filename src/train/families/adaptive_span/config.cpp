@@ -37,7 +37,7 @@ const std::vector<Field<ModelConfig>>& span_model_fields() {
       field("adapt_span_loss", &ModelConfig::adapt_span_loss, "span-loss coefficient"),
       run_key(field("adapt_span_cache", &ModelConfig::adapt_span_cache, "keep only the cache the current spans need")),
       field("pers_mem_size", &ModelConfig::pers_mem_size, "N > 0: all-attention layers with persistent memory, no FFN"),
-      run_key(config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "auto | fused | plain: how attention is computed (attention/attn_impl.h); checkpoints load under any.")),
+      run_key(config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "how attention is computed (attention/attn_impl.h); checkpoints load under any.")),
   };
   return fields;
 }
