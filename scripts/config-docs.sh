@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/config.md, written from the key tables themselves (`spanformer config keys --arch A` for every
 # family `spanformer config families` lists): a key's name, type, default and help have one home, the
-# family's key table (src/train/families/<name>/config.cpp), and the docs are its printout.
+# family's key table (src/config/<name>_config.cpp), and the docs are its printout.
 #   bash scripts/config-docs.sh [SPANFORMER]           rewrite docs/config.md (default build/spanformer)
 #   bash scripts/config-docs.sh --check [SPANFORMER]   exit 1 naming the first difference (test docs.config_keys)
 set -euo pipefail

@@ -1,7 +1,8 @@
 // The adaptive-span family's configuration: its keys named as in the reference implementation's flags
 // (facebookresearch/adaptive-span, main.py), in the sections every family's config has (`model`, `run`,
 // `train`; config/train_config.h), read from a JSON file plus `--key=value` overrides. The key table
-// (section, help, JSON in and out) is src/train/families/adaptive_span/config.cpp; docs/config.md prints it.
+// (section, help, JSON in and out) and the validation are src/config/adaptive_span_config.cpp;
+// docs/config.md prints the table.
 //
 // Dims legend used across the repository:
 //   B batch (streams), M block length (block_size), L maximum span (attn_span), H model width
