@@ -355,4 +355,19 @@ cudaError_t launch_with_shared(Kernel kernel, int64_t blocks, int threads, size_
   return cudaGetLastError();
 }
 
+// The head widths the tensor-core kernels are instantiated for, and the one switch from a runtime width
+// to an instantiation: with_mma_width(D, f) is f(std::integral_constant<int, D>{}) for D 32, 64 or 128,
+// cudaErrorInvalidValue for any other. A new width is one case here (and its shared-memory check).
+inline bool mma_width(int64_t D) { return D == 32 || D == 64 || D == 128; }
+
+template <typename F>
+cudaError_t with_mma_width(int64_t D, F&& f) {
+  switch (D) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace spanformer::ops::cuda

@@ -468,22 +468,15 @@ cudaError_t forward_at(const FlashParams& p, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t forward_for_width(const FlashParams& p, cudaStream_t stream) {
-  switch (p.D) {
-    case 32: return forward_at<T, 32>(p, stream);
-    case 64: return forward_at<T, 64>(p, stream);
-    case 128: return forward_at<T, 128>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_mma_width(p.D, [&](auto d) { return forward_at<T, decltype(d)::value>(p, stream); });
 }
 
 template <typename T>
 cudaError_t backward_for_width(const FlashParams& p, cudaStream_t stream) {
-  switch (p.D) {
-    case 32: return launch(backward_mma_kernel<T, 32, true>, backward_bytes<T, 32, true>(), p, stream);
-    case 64: return launch(backward_mma_kernel<T, 64, true>, backward_bytes<T, 64, true>(), p, stream);
-    case 128: return launch(backward_mma_kernel<T, 128, true>, backward_bytes<T, 128, true>(), p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_mma_width(p.D, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return launch(backward_mma_kernel<T, D, true>, backward_bytes<T, D, true>(), p, stream);
+  });
 }
 
 // The key-major form: dq by the query-major kernel without its atomics, then dk and dv by key tiles.
@@ -497,11 +490,11 @@ cudaError_t backward_by_keys(const FlashParams& p, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t backward_by_keys_for_width(const FlashParams& p, cudaStream_t stream) {
-  switch (p.D) {
-    case 32: return backward_by_keys<T, 32>(p, stream);
-    case 64: return backward_by_keys<T, 64>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_mma_width(p.D, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if constexpr (D <= 64) return backward_by_keys<T, D>(p, stream);
+    return cudaErrorInvalidValue;  // the key-major form is built for D 32 / 64 only
+  });
 }
 
 bool aligned(const void* x) { return x != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
@@ -509,7 +502,7 @@ bool aligned(const void* x) { return x != nullptr && reinterpret_cast<uintptr_t>
 }  // namespace
 
 bool flash_mma_forward_supported(const FlashParams& p) {
-  return p.dtype != DType::kFloat32 && (p.D == 32 || p.D == 64 || p.D == 128) && aligned(p.q) && aligned(p.k) &&
+  return p.dtype != DType::kFloat32 && mma_width(p.D) && aligned(p.q) && aligned(p.k) &&
          aligned(p.v) && p.C < (int64_t{1} << 31);
 }
 

@@ -372,12 +372,7 @@ cudaError_t launch_mma(const SpanAttentionParams& p, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t launch_mma_for_width(const SpanAttentionParams& p, cudaStream_t stream) {
-  switch (p.D) {
-    case 32: return launch_mma<T, 32>(p, stream);
-    case 64: return launch_mma<T, 64>(p, stream);
-    case 128: return launch_mma<T, 128>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_mma_width(p.D, [&](auto d) { return launch_mma<T, decltype(d)::value>(p, stream); });
 }
 
 // ---- Backward, version 2 (tensor cores) -----------------------------------------------------------
@@ -582,19 +577,14 @@ cudaError_t launch_backward_mma(const SpanAttentionParams& p, cudaStream_t strea
 
 template <typename T>
 cudaError_t launch_backward_for_width(const SpanAttentionParams& p, cudaStream_t stream) {
-  switch (p.D) {
-    case 32: return launch_backward_mma<T, 32>(p, stream);
-    case 64: return launch_backward_mma<T, 64>(p, stream);
-    case 128: return launch_backward_mma<T, 128>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_mma_width(p.D, [&](auto d) { return launch_backward_mma<T, decltype(d)::value>(p, stream); });
 }
 
 }  // namespace
 
 bool span_attention_mma_supported(const SpanAttentionParams& p) {
   const auto aligned = [](const void* x) { return x != nullptr && reinterpret_cast<uintptr_t>(x) % 16 == 0; };
-  return p.dtype != DType::kFloat32 && (p.D == 32 || p.D == 64 || p.D == 128) && aligned(p.k) && aligned(p.v) &&
+  return p.dtype != DType::kFloat32 && mma_width(p.D) && aligned(p.k) && aligned(p.v) &&
          aligned(p.key_pe_by_distance) &&  // 16-byte tile loads
          p.W + p.M + kKeys < (int64_t{1} << 31);  // 32-bit distances and rows in the score loops
 }
