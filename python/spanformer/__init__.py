@@ -42,6 +42,28 @@ def _library_path():
 torch.ops.load_library(_library_path())
 
 
+def _compile_caches_know_this_library(path):
+    """torch.compile caches what it compiled under a key made from the traced program, which names the
+    public operators but not the private ones they expand into (`_adaptive_span_attention_forward`, ...):
+    after this library changes (a rebuild, an upgrade), a graph cached with an older one would call
+    operators that no longer exist or compute otherwise. The loaded library's SHA-256 joins the key
+    (torch.compiler.config.cache_key_tag, kept after any tag of the user's). Returns the tag, or None
+    where this PyTorch has no such key."""
+    import hashlib
+    config = getattr(getattr(torch, "compiler", None), "config", None)
+    if config is None or not hasattr(config, "cache_key_tag"):
+        return None
+    with open(path, "rb") as f:
+        ours = "spanformer-" + hashlib.sha256(f.read()).hexdigest()[:16]
+    tag = config.cache_key_tag or ""
+    if ours not in tag:
+        config.cache_key_tag = f"{tag}+{ours}" if tag else ours
+    return config.cache_key_tag
+
+
+_compile_caches_know_this_library(_library_path())
+
+
 def _inductor_links_this_torch():
     """torch.compile's CPU kernels are linked with -L<Python's LIBDIR> ahead of torch/lib. Where another
     LibTorch sits in that LIBDIR (Debian's libtorch-dev in /usr/lib/x86_64-linux-gnu, which a machine

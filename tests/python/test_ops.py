@@ -216,6 +216,53 @@ def test_the_span_halves_run_the_row_they_name():
             torch.ops.spanformer._adaptive_span_attention_forward(*t, 32, 4.0, 0.0, False, 3, [], True, row)
 
 
+_CACHE_PROBE = """
+import torch, spanformer
+from torch._dynamo.utils import counters
+q = torch.randn(1, 2, 16, 8, requires_grad=True)
+f = torch.compile(lambda q: spanformer.adaptive_span_attention(q, torch.cat([q, q], 2), torch.cat([q, q], 2),
+                  torch.ones(8, 16), torch.full((2,), 0.5), 16, 4.0).square().sum(), fullgraph=True)
+f(q).backward()
+hits = sum(v for k, v in list(counters["inductor"].items()) + list(counters["aot_autograd"].items()) if k.endswith("cache_hit"))
+print("hits", hits)
+"""
+
+
+@pytest.mark.skipif(not hasattr(getattr(torch, "compiler", None), "config")
+                    or not hasattr(torch.compiler.config, "cache_key_tag"), reason="no compile cache key tag")
+def test_compile_caches_do_not_outlive_the_library(tmp_path):
+    """A graph torch.compile cached with one build of the library is not replayed with another (the
+    traced program names the public operators only; the private ones it expands into may differ): the
+    same library compiled again hits the cache; a different library file (here a copy with one byte
+    appended, which loads the same) misses it. A user's own cache tag is kept in front of ours."""
+    import shutil
+    import subprocess
+    import sys
+    lib = spanformer._library_path()
+    other = tmp_path / "libspanformer_torch_ops.so"
+    shutil.copy(lib, other)
+    with open(other, "ab") as f:
+        f.write(b"\0")
+
+    def hits(library, tag=""):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "SPANFORMER_TORCH_OPS": str(library),
+               "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1", "TORCH_COMPILE_CACHE_KEY_TAG": tag,
+               "PYTHONPATH": os.path.dirname(os.path.dirname(spanformer.__file__))}
+        run = subprocess.run([sys.executable, "-c", _CACHE_PROBE], capture_output=True, text=True, timeout=300, env=env)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return int(run.stdout.split()[-1])
+
+    assert hits(lib) == 0
+    assert hits(lib) > 0
+    assert hits(other) == 0
+    assert torch.compiler.config.cache_key_tag.startswith("spanformer-")
+    code = "import spanformer, torch; print(torch.compiler.config.cache_key_tag)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TORCH_COMPILE_CACHE_KEY_TAG": "mine",
+                              "PYTHONPATH": os.path.dirname(os.path.dirname(spanformer.__file__))})
+    assert run.stdout.strip() == "mine+" + torch.compiler.config.cache_key_tag, run.stdout + run.stderr[-500:]
+
+
 class TwoOps(torch.nn.Module):
     """A PyTorch module calling both operators, as a user's model would."""
 
