@@ -42,14 +42,7 @@ void validate(const ModelConfig& c) {
 
 namespace {
 
-using nlohmann::json;
-using config_detail::Field;
-using config_detail::field;
-using config_detail::run_key;
-using config_detail::struct_to_json;
-using config_detail::find_field;
-using config_detail::read_section;
-using config_detail::train_fields;
+using namespace config_detail;  // the key tables' and schema's parts (fields.h, schema.h)
 
 const std::vector<Field<ModelConfig>>& span_model_fields() {
   static const std::vector<Field<ModelConfig>> fields = {
@@ -68,7 +61,7 @@ const std::vector<Field<ModelConfig>>& span_model_fields() {
       field("adapt_span_loss", &ModelConfig::adapt_span_loss, "span-loss coefficient"),
       run_key(field("adapt_span_cache", &ModelConfig::adapt_span_cache, "keep only the cache the current spans need")),
       field("pers_mem_size", &ModelConfig::pers_mem_size, "N > 0: all-attention layers with persistent memory, no FFN"),
-      run_key(config_detail::enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "how attention is computed (attention/attn_impl.h); checkpoints load under any.")),
+      run_key(enum_field("attn_impl", &ModelConfig::attn_impl, attention::parse_attn_impl, attention::attn_impl_name, "how attention is computed (attention/attn_impl.h); checkpoints load under any.")),
   };
   return fields;
 }
@@ -77,8 +70,8 @@ const std::vector<Field<ModelConfig>>& span_model_fields() {
 const config_detail::Schema<AdaptiveSpanConfig>& span_schema() {
   static const config_detail::Schema<AdaptiveSpanConfig> schema{
       nullptr, "adaptive-span",
-      {config_detail::model_section(&AdaptiveSpanConfig::model, span_model_fields),
-       config_detail::run_section(&AdaptiveSpanConfig::model, span_model_fields), config_detail::train_section(&AdaptiveSpanConfig::train)}};
+      {model_section(&AdaptiveSpanConfig::model, span_model_fields),
+       run_section(&AdaptiveSpanConfig::model, span_model_fields), train_section(&AdaptiveSpanConfig::train)}};
   return schema;
 }
 

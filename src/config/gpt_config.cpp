@@ -85,12 +85,7 @@ TrainConfig gpt_train_defaults() {
 
 namespace {
 
-using nlohmann::json;
-using config_detail::Field;
-using config_detail::field;
-using config_detail::run_key;
-using config_detail::read_section;
-using config_detail::struct_to_json;
+using namespace config_detail;  // the key tables' and schema's parts (fields.h, schema.h)
 
 const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
   using C = GptModelConfig;
@@ -101,15 +96,15 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
       field("d_model", &C::d_model, "H, a multiple of n_head"),
       field("d_inner", &C::d_inner, "I, feed-forward width (0 = 4 d_model)"),
       field("context", &C::context, "T: tokens per training example, the longest context"),
-      config_detail::enum_field("positions", &C::positions, parse_positions, positions_name,
+      enum_field("positions", &C::positions, parse_positions, positions_name,
                                 "learned = GPT-2's, sinusoidal = Vaswani et al.'s"),
-      config_detail::enum_field("activation", &C::activation, parse_activation, activation_name,
+      enum_field("activation", &C::activation, parse_activation, activation_name,
                                 "the feed-forward GELU: gelu = exact (erf), gelu_tanh = GPT-2's tanh approximation"),
       field("tie_weights", &C::tie_weights, "output projection = token embedding"),
       run_key(field("dropout", &C::dropout, "embeddings and each residual branch")),
       run_key(field("attn_dropout", &C::attn_dropout, "attention probabilities")),
       field("init_std", &C::init_std, "N(0, init_std) weights; residual projections / sqrt(2 n_layer)"),
-      config_detail::enum_field("attention", &C::attention, attention::parse_causal_kind, attention::causal_kind_name,
+      enum_field("attention", &C::attention, attention::parse_causal_kind, attention::causal_kind_name,
                                 "the attention pattern (docs/usage.md: the GPT family)"),
       field("window", &C::window, "window: keys per query, itself included"),
       field("attn_span", &C::attn_span, "adaptive_span: L, the largest span (0 = context)"),
@@ -118,12 +113,12 @@ const std::vector<Field<GptModelConfig>>& gpt_model_fields() {
       field("adapt_span_loss", &C::adapt_span_loss, "adaptive_span: span-loss coefficient"),
       field("sparse_stride", &C::sparse_stride, "sparse_*: l, the stride (0 = round(sqrt(context)))"),
       field("sparse_summary", &C::sparse_summary, "sparse_fixed: c, summary keys at the end of every block of l"),
-      config_detail::enum_field("sparse_combine", &C::sparse_combine, attention::parse_sparse_combine,
+      enum_field("sparse_combine", &C::sparse_combine, attention::parse_sparse_combine,
                                 attention::sparse_combine_name, "sparse_*: merged = A1 u A2 in every head, alternating = by layer, per_head = A1 in the first half of the heads, A2 in the rest"),
       run_key(field("lsh_hashes", &C::lsh_hashes, "lsh: R, hashing rounds (may differ at evaluation)")),
       field("lsh_buckets", &C::lsh_buckets, "lsh: buckets, even (0 = about context / lsh_chunk)"),
       field("lsh_chunk", &C::lsh_chunk, "lsh: m, most recent same-bucket keys read per round"),
-      run_key(config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
+      run_key(enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
                                 "plain = one masked T x T product, fused = query tiles over their band; checkpoints load under any")),
       field("reversible", &C::reversible, "reversible residual layers: activations recomputed in backward"),
       run_key(field("ff_chunks", &C::ff_chunks, "feed-forward over this many slices of the positions (1 = whole)")),
@@ -139,8 +134,8 @@ namespace {
 const config_detail::Schema<GptConfig>& gpt_schema() {
   static const config_detail::Schema<GptConfig> schema{
       "gpt", "GPT",
-      {config_detail::model_section(&GptConfig::model, gpt_model_fields),
-       config_detail::run_section(&GptConfig::model, gpt_model_fields), config_detail::train_section(&GptConfig::train)},
+      {model_section(&GptConfig::model, gpt_model_fields),
+       run_section(&GptConfig::model, gpt_model_fields), train_section(&GptConfig::train)},
       nullptr,
       [](json& model) {  // dense and flash compute the same function with the same weights
         if (model["attention"] == "flash") model["attention"] = "dense";

@@ -69,17 +69,12 @@ void validate(const Seq2SeqModelConfig& c) {
 
 namespace {
 
-using nlohmann::json;
-using config_detail::Field;
-using config_detail::field;
-using config_detail::run_key;
-using config_detail::read_section;
-using config_detail::struct_to_json;
+using namespace config_detail;  // the key tables' and schema's parts (fields.h, schema.h)
 
 const std::vector<Field<Seq2SeqModelConfig>>& seq2seq_model_fields() {
   using C = Seq2SeqModelConfig;
   static const std::vector<Field<C>> fields = {
-      config_detail::enum_field("kind", &C::kind, parse_seq2seq_kind, seq2seq_kind_name,
+      enum_field("kind", &C::kind, parse_seq2seq_kind, seq2seq_kind_name,
                                 "the model (gru has no attention)"),
       field("vocab_size", &C::vocab_size, "V, the joint vocabulary; taken from the data when 0"),
       field("target_vocab", &C::target_vocab, "Vt, the decoder's outputs (ids below it); taken from the data when 0"),
@@ -88,7 +83,7 @@ const std::vector<Field<Seq2SeqModelConfig>>& seq2seq_model_fields() {
       field("n_head", &C::n_head, "K, attention heads (transformer)"),
       field("d_inner", &C::d_inner, "I, feed-forward width (transformer; 0 = 4 d_model)"),
       run_key(field("dropout", &C::dropout, "embeddings, recurrent layers' outputs, residual branches, attention weights")),
-      config_detail::enum_field("score", &C::score, attention::parse_score_kind, attention::score_kind_name,
+      enum_field("score", &C::score, attention::parse_score_kind, attention::score_kind_name,
                                 "the attention score (luong: dot or general)"),
       field("input_feeding", &C::input_feeding, "luong: the previous attentional vector joins the input"),
       field("bidirectional", &C::bidirectional,
@@ -114,9 +109,9 @@ const std::vector<Field<data::PairsOptions>>& data_fields() {
       field("lowercase", &C::lowercase, "lower-case both sides"),
       field("max_length", &C::max_length, "keep pairs of at most this many tokens a side"),
       field("min_freq", &C::min_freq, "training words seen fewer times become <unk> (tokenizer words)"),
-      config_detail::enum_field("tokenizer", &C::tokenizer, data::parse_tokenizer, data::tokenizer_name,
+      enum_field("tokenizer", &C::tokenizer, data::parse_tokenizer, data::tokenizer_name,
                                 "sentencepiece = subwords learned on the training split, both sides"),
-      config_detail::enum_field("subword_kind", &C::subword_kind, data::parse_subword_kind, data::subword_kind_name,
+      enum_field("subword_kind", &C::subword_kind, data::parse_subword_kind, data::subword_kind_name,
                                 "the sentencepiece model's type"),
       field("subword_vocab", &C::subword_vocab, "sentencepiece: vocabulary size, the 4 specials included"),
       field("valid_pairs", &C::valid_pairs, "pairs held out for validation"),
@@ -150,9 +145,9 @@ const config_detail::Schema<Seq2SeqConfig>& seq2seq_schema() {
   static const config_detail::Schema<Seq2SeqConfig> schema{
       "seq2seq",
       "seq2seq",
-      {config_detail::model_section(&Seq2SeqConfig::model, seq2seq_model_fields),
-       config_detail::run_section(&Seq2SeqConfig::model, seq2seq_model_fields),
-       config_detail::section("data", &Seq2SeqConfig::data, data_fields), config_detail::train_section(&Seq2SeqConfig::train)},
+      {model_section(&Seq2SeqConfig::model, seq2seq_model_fields),
+       run_section(&Seq2SeqConfig::model, seq2seq_model_fields),
+       config_detail::section("data", &Seq2SeqConfig::data, data_fields), train_section(&Seq2SeqConfig::train)},
       nullptr,
       [](json& model) {  // the scoring function is a Luong model's only
         if (model["kind"] != seq2seq_kind_name(Seq2SeqKind::kLuong)) model.erase("score");

@@ -35,12 +35,7 @@ void validate(const VitModelConfig& c) {
 
 namespace {
 
-using nlohmann::json;
-using config_detail::Field;
-using config_detail::field;
-using config_detail::run_key;
-using config_detail::read_section;
-using config_detail::struct_to_json;
+using namespace config_detail;  // the key tables' and schema's parts (fields.h, schema.h)
 
 const std::vector<Field<VitModelConfig>>& vit_model_fields() {
   using C = VitModelConfig;
@@ -87,8 +82,8 @@ namespace {
 const config_detail::Schema<VitConfig>& vit_schema() {
   static const config_detail::Schema<VitConfig> schema{
       "vit", "ViT",
-      {config_detail::model_section(&VitConfig::model, vit_model_fields),
-       config_detail::run_section(&VitConfig::model, vit_model_fields), config_detail::train_section(&VitConfig::train)}};
+      {model_section(&VitConfig::model, vit_model_fields),
+       run_section(&VitConfig::model, vit_model_fields), train_section(&VitConfig::train)}};
   return schema;
 }
 

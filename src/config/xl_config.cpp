@@ -146,13 +146,7 @@ TrainConfig xl_train_defaults() {
 
 namespace {
 
-using nlohmann::json;
-using config_detail::Field;
-using config_detail::field;
-using config_detail::run_key;
-using config_detail::find_field;
-using config_detail::read_section;
-using config_detail::struct_to_json;
+using namespace config_detail;  // the key tables' and schema's parts (fields.h, schema.h)
 
 const std::vector<Field<XlModelConfig>>& xl_model_fields() {
   using C = XlModelConfig;
@@ -170,11 +164,11 @@ const std::vector<Field<XlModelConfig>>& xl_model_fields() {
       field("tie_weight", &C::tie_weight, "output cluster weights = input embeddings"),       field("tie_projs", &C::tie_projs, "output projections of clusters 1.. = input projections"),
       field("init_std", &C::init_std, "N(0, init_std) weights; LayerNorm weight N(1, init_std)"),           field("proj_init_std", &C::proj_init_std, "N(0, proj_init_std) for adaptive projections"),
       field("search", &C::search, "PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}"),               field("search_hard", &C::search_hard, "straight-through one-hot samples instead of soft ones"),
-      run_key(config_detail::enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name, "weights without noise at evaluation")),
+      run_key(enum_field("search_eval", &C::search_eval, parse_search_eval, search_eval_name, "weights without noise at evaluation")),
       field("adapt_span", &C::adapt_span, "adaptive span (Sukhbaatar et al. 2019) inside every attention block"),
       field("attn_span", &C::attn_span, "L, the largest span (0 = mem_len + tgt_len)"),         field("adapt_span_ramp", &C::adapt_span_ramp, "R"),
       field("adapt_span_init", &C::adapt_span_init, "initial z / L"), field("adapt_span_loss", &C::adapt_span_loss, "span-loss coefficient"),
-      run_key(config_detail::enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
+      run_key(enum_field("attn_impl", &C::attn_impl, attention::parse_attn_impl, attention::attn_impl_name,
                                 "with adapt_span: plain = one masked product per block, fused = per-head windows; checkpoints load under any")),
       run_key(field("eval_tgt_len", &C::eval_tgt_len, "evaluation segment length (0 = tgt_len; validation during training uses the training lengths)")),   run_key(field("eval_mem_len", &C::eval_mem_len, "evaluation memory length (-1 = mem_len)")),
       run_key(field("eval_clamp_len", &C::eval_clamp_len, "evaluation clamp_len (-1 = clamp_len)")), run_key(field("eval_same_length", &C::eval_same_length, "evaluation: every query sees the same number of keys")),
@@ -188,7 +182,7 @@ const std::vector<Field<XlSearchConfig>>& search_fields() {
       field("arch_lr", &C::arch_lr, "Adam on the architecture logits alpha"),         field("arch_weight_decay", &C::arch_weight_decay, "L2 term added to alpha's gradient (PyTorch Adam weight_decay)"),
       field("arch_freeze_steps", &C::arch_freeze_steps, "alpha stays fixed for the first N steps (weights warm up)"), field("tau0", &C::tau0, "Gumbel-softmax temperature from tau0 to tau1 over the run"),
       field("tau1", &C::tau1, "Gumbel-softmax temperature at the end of the run"),
-      config_detail::enum_field("tau_schedule", &C::tau_schedule, parse_tau_schedule, tau_schedule_name, "the Gumbel-softmax temperature from tau0 to tau1"),
+      enum_field("tau_schedule", &C::tau_schedule, parse_tau_schedule, tau_schedule_name, "the Gumbel-softmax temperature from tau0 to tau1"),
   };
   return fields;
 }
@@ -203,8 +197,8 @@ const config_detail::Schema<XlConfig>& xl_schema() {
   static const config_detail::Schema<XlConfig> schema{
       "xl",
       "Transformer-XL/PAR",
-      {config_detail::model_section(&XlConfig::model, xl_model_fields),
-       config_detail::run_section(&XlConfig::model, xl_model_fields),
+      {model_section(&XlConfig::model, xl_model_fields),
+       run_section(&XlConfig::model, xl_model_fields),
        config_detail::section("search", &XlConfig::search, search_fields),
        config_detail::train_section<XlConfig>(&XlConfig::train,
                                               [](XlConfig& c, const std::string& key, const json& v) {
