@@ -19,6 +19,8 @@
 #include <limits>
 #include <string>
 
+#include <fmt/ranges.h>
+
 #include "spanformer/ops/skew.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/torch_compat.h"
@@ -170,6 +172,16 @@ const SpanBackend& kernel_row(c10::string_view name) {
   fail("adaptive_span_attention: no kernel row '{}' in this build", std::string(name.data(), name.size()));
 }
 
+// A private operator's inputs: checked as the public entry checks them (a direct call from Python must
+// not reach a kernel with shapes it would read past), and the row must take them.
+void check_row_call(const SpanBackend& row, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& key_pe, const at::Tensor& span_ratio, const SpanCall& c) {
+  check_arguments(q, k, v, key_pe, span_ratio, SpanAttentionOptions{c.attn_span, c.ramp, c.dropout, c.training, 0, {}});
+  if (!row.takes(q))
+    fail("adaptive_span_attention: the {} row cannot take {} inputs on {}", row.name, c10::toString(q.scalar_type()),
+         q.device().str());
+}
+
 // The scalars of a call, as the private operators take them, in one struct.
 SpanCall span_call(int64_t attn_span, double ramp, double dropout, bool training, int64_t seed,
                    at::IntArrayRef visited, bool keep, c10::string_view row) {
@@ -248,8 +260,7 @@ Triple span_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::T
                            int64_t seed, at::IntArrayRef visited, bool keep, c10::string_view row_name) {
   const auto c = span_call(attn_span, ramp, dropout, training, seed, visited, keep, row_name);
   const auto& row = kernel_row(row_name);
-  if (!row.takes(q)) fail("adaptive_span_attention: the {} row cannot take {} inputs on {}", row.name,
-                          c10::toString(q.scalar_type()), q.device().str());
+  check_row_call(row, q, k, v, key_pe, span_ratio, c);
   const int64_t used = resolve_seed(seed, training, dropout);
   auto f = row.forward(q, k, v, key_pe, span_ratio, span_options(q, k, span_ratio, c, used), keep);
   return {f.out, f.saved, seed_tensor(used, q)};
@@ -261,8 +272,18 @@ SpanGradTuple span_backward_kernel(const at::Tensor& grad_out, const at::Tensor&
                                    int64_t attn_span, double ramp, double dropout, bool training,
                                    at::IntArrayRef visited, c10::string_view row_name) {
   const auto c = span_call(attn_span, ramp, dropout, training, -1, visited, true, row_name);
+  const auto& row = kernel_row(row_name);
+  check_row_call(row, q, k, v, key_pe, span_ratio, c);
+  // What the forward returned, as the row's forward returns it (the operator may be called directly).
+  const auto kept = row.saved_like(q, k, true);
+  if (grad_out.sizes() != q.sizes() || out.sizes() != q.sizes() || saved.sizes() != kept.sizes() ||
+      saved.scalar_type() != kept.scalar_type() || saved.device() != q.device())
+    fail("adaptive_span_attention backward: grad_out and out must be q's shape {} and saved the {} row's {} {} "
+         "(got {}, {}, {} {})", fmt::join(q.sizes(), "x"), row.name, fmt::join(kept.sizes(), "x"),
+         c10::toString(kept.scalar_type()), fmt::join(grad_out.sizes(), "x"), fmt::join(out.sizes(), "x"),
+         fmt::join(saved.sizes(), "x"), c10::toString(saved.scalar_type()));
   const auto o = span_options(q, k, span_ratio, c, seed_value(seed, training, dropout));
-  auto g = kernel_row(row_name).backward(grad_out, q, k, v, key_pe, span_ratio, out, saved, o);
+  auto g = row.backward(grad_out, q, k, v, key_pe, span_ratio, out, saved, o);
   return {g.q, g.k, g.v, g.key_pe, g.span_ratio};
 }
 

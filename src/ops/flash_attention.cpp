@@ -260,8 +260,17 @@ const FlashBackend& flash_backend(const at::Tensor& q, bool cuda_kernel) {
                   [cuda_kernel](const FlashBackend& row, const at::Tensor& x) { return row.takes(x, cuda_kernel); });
 }
 
+// A private operator's inputs, checked as the public entry checks them (a direct call from Python must
+// not reach a kernel with shapes it would read past); the band is resolved there, so here it is 1 .. C.
+void check_private_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
+                        int64_t tile) {
+  check(q, k, v, FlashOptions{band, dropout, false, 0, tile, false});
+  if (band < 1 || band > k.size(2)) fail("flash attention: band must be in [1, C = {}] here (got {})", k.size(2), band);
+}
+
 Triple flash_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
                             bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
+  check_private_call(q, k, v, band, dropout, tile);
   const int64_t used = resolve_seed(seed, training, dropout);
   const auto o = flash_options(FlashCall{band, dropout, training, seed, tile, cuda_kernel}, used);
   auto f = flash_backend(q, cuda_kernel).forward(q, k, v, o);
@@ -271,6 +280,12 @@ Triple flash_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::
 Triple flash_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, int64_t band,
                              double dropout, bool training, int64_t tile, bool cuda_kernel) {
+  check_private_call(q, k, v, band, dropout, tile);
+  if (grad_out.sizes() != q.sizes() || out.sizes() != q.sizes() ||
+      lse.sizes() != at::IntArrayRef{q.size(0), q.size(1), q.size(2)} || lse.scalar_type() != lse_dtype(q.scalar_type()))
+    fail("flash attention backward: grad_out and out must be q's shape {} and lse (B, K, N) {} (got {}, {}, {} {})",
+         fmt::join(q.sizes(), "x"), c10::toString(lse_dtype(q.scalar_type())), fmt::join(grad_out.sizes(), "x"),
+         fmt::join(out.sizes(), "x"), fmt::join(lse.sizes(), "x"), c10::toString(lse.scalar_type()));
   const auto o = flash_options(FlashCall{band, dropout, training, -1, tile, cuda_kernel},
                                seed_value(seed, training, dropout));
   auto g = flash_backend(q, cuda_kernel).backward(grad_out, q, k, v, out, lse, o);

@@ -216,6 +216,31 @@ def test_the_span_halves_run_the_row_they_name():
             torch.ops.spanformer._adaptive_span_attention_forward(*t, 32, 4.0, 0.0, False, 3, [], True, row)
 
 
+
+def test_the_private_halves_check_what_they_are_given():
+    """Called directly, the private operators refuse in one line what the public ones would: keys shorter
+    than the queries, a band outside 1 .. C, a backward given tensors of other shapes (none reaches a
+    kernel that would read past them)."""
+    t = [x.detach() for x in small_inputs()]
+    q, k = t[0], t[1]
+    ops = torch.ops.spanformer
+    with pytest.raises(RuntimeError, match="window .* outside"):
+        ops._adaptive_span_attention_forward(q, q, q, t[3], t[4], 32, 4.0, 0.0, False, 3, [], True, "cpu")
+    out, saved, seed = ops._adaptive_span_attention_forward(*t, 32, 4.0, 0.0, False, 3, [], True, "cpu")
+    with pytest.raises(RuntimeError, match="saved the cpu row's 3x2x8x24"):
+        ops._adaptive_span_attention_backward(out, *t, out, saved[:, :1], seed, 32, 4.0, 0.0, False, [], "cpu")
+    g = ops._adaptive_span_attention_backward(out, *t, out, saved, seed, 32, 4.0, 0.0, False, [], "cpu")
+    assert [x.shape for x in g] == [x.shape for x in t]
+    with pytest.raises(RuntimeError, match="C >= N >= 1"):
+        ops._flash_attention_forward(k, q, q, 8, 0.0, False, 3, 256, False)
+    for band in (0, 9):
+        with pytest.raises(RuntimeError, match=r"band must be in \[1, C = 8\]"):
+            ops._flash_attention_forward(q, q, q, band, 0.0, False, 3, 256, False)
+    out, lse, seed = ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False)
+    with pytest.raises(RuntimeError, match="lse \\(B, K, N\\)"):
+        ops._flash_attention_backward(out, q, q, q, out, lse[:, :, :2], seed, 8, 0.0, False, 256, False)
+
+
 _CACHE_PROBE = """
 import torch, spanformer
 from torch._dynamo.utils import counters
