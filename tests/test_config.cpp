@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "spanformer/config/config.h"
+#include "spanformer/config/adaptive_span_config.h"
 #include "spanformer/train/family.h"
 #include "spanformer/train/registry.h"
 #include "spanformer/util/error.h"

@@ -2,8 +2,8 @@
 // of the model section, which models/transformer_seq check when built), its key table (each key's name, section
 // and help, the only place a key's help is written), its train defaults and its schema (JSON in and
 // out, overrides, `config keys`, the model section a checkpoint must match). The structs the models
-// read are in spanformer/config/config.h.
-#include "spanformer/config/config.h"
+// read are in spanformer/config/adaptive_span_config.h.
+#include "spanformer/config/adaptive_span_config.h"
 
 #include <algorithm>
 #include <cmath>

@@ -163,7 +163,7 @@ void validate(const GptConfig& config) {
 }
 
 void check_training_step_fits(const GptConfig& config) {
-  // A training step, batch included (config.h's check counts one window of one sequence).
+  // A training step, batch included (validate's check counts one window of one sequence).
   const auto& m = config.model;
   const double B = micro_batch(config.train), T = static_cast<double>(m.context);
   if (step_in_host_memory(config.train))

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "spanformer/attention/seq_attention.h"
-#include "spanformer/config/config.h"
+#include "spanformer/config/adaptive_span_config.h"
 #include "spanformer/nn/linear.h"
 
 namespace spanformer::models {

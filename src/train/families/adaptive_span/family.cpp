@@ -19,7 +19,7 @@
 
 #include <fmt/ranges.h>
 
-#include "spanformer/config/config.h"
+#include "spanformer/config/adaptive_span_config.h"
 #include "spanformer/io/reference_import.h"
 #include "spanformer/models/transformer_seq.h"
 #include "spanformer/train/evaluate.h"
