@@ -254,7 +254,8 @@ print("hits", hits)
 
 
 @pytest.mark.skipif(not hasattr(getattr(torch, "compiler", None), "config")
-                    or not hasattr(torch.compiler.config, "cache_key_tag"), reason="no compile cache key tag")
+                    or not hasattr(torch.compiler.config, "cache_key_tag"),
+                    reason="needs PyTorch 2 with torch.compiler.config.cache_key_tag")
 def test_compile_caches_do_not_outlive_the_library(tmp_path):
     """A graph torch.compile cached with one build of the library is not replayed with another (the
     traced program names the public operators only; the private ones it expands into may differ): the
