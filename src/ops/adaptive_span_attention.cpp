@@ -274,8 +274,10 @@ SpanGradTuple span_backward_kernel(const at::Tensor& grad_out, const at::Tensor&
   const auto c = span_call(attn_span, ramp, dropout, training, -1, visited, true, row_name);
   const auto& row = kernel_row(row_name);
   check_row_call(row, q, k, v, key_pe, span_ratio, c);
-  // What the forward returned, as the row's forward returns it (the operator may be called directly).
-  const auto kept = row.saved_like(q, k, true);
+  // What the forward returned, as the row's forward returns it (the operator may be called directly);
+  // asked on the Meta device, so that no memory is allocated for the comparison.
+  const auto meta = [](const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kMeta)); };
+  const auto kept = row.saved_like(meta(q), meta(k), true);
   if (grad_out.sizes() != q.sizes() || out.sizes() != q.sizes() || saved.sizes() != kept.sizes() ||
       saved.scalar_type() != kept.scalar_type() || saved.device() != q.device())
     fail("adaptive_span_attention backward: grad_out and out must be q's shape {} and saved the {} row's {} {} "
