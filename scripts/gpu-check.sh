@@ -113,10 +113,11 @@ EOF
     ;;
   tune)
     # Version 1's variants A/B (forward, interleaved rounds), then forward + backward (version 2's
-    # backward; both blocks-an-SM choices of the forward): bench/python/gpu_span_tune.py.
+    # backward; both blocks-an-SM choices of the forward): bench/python/gpu_span_tune.py. The lab's
+    # span variants (src/ops/cuda/variants.h) run in both; its flash variants in the flash step.
     export SPANFORMER_TORCH_OPS=$PWD/$BUILD/libspanformer_torch_ops.so
-    step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b2,v1b3,v1b3-in-order,v1b2-async}" --out "$FIG"
-    step span_tune_backward 150 $PY bench/python/gpu_span_tune.py --backward --variants v1,v1b2,v1b3,v1b2-async --rounds 3 --out "$FIG"
+    step span_tune 150 $PY bench/python/gpu_span_tune.py --variants "${TUNE_VARIANTS:-v1,v1b2,v1b3,v1b3-in-order,v1b2-async,v1b2-shortcuts}" --out "$FIG"
+    step span_tune_backward 150 $PY bench/python/gpu_span_tune.py --backward --variants v1,v1b2,v1b3,v1b2-async,v1b2-shortcuts --rounds 3 --out "$FIG"
     ;;
   train)
     # Training steps on random tokens on CUDA: tokens/s and peak memory (the bench command), bf16

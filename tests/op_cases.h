@@ -19,12 +19,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "ops/cuda/variants.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
 #include "util.h"
@@ -311,5 +313,27 @@ inline std::vector<std::string> flash_rows(const at::Tensor& q) {
   return rows_taking<ops::FlashBackendOverride>(ops::flash_attention_backends(), q,
                                                 [](const at::Tensor& x) { return std::string(ops::flash_attention_backend(x)); });
 }
+
+// The CUDA kernels' lab variants (src/ops/cuda/variants.h): every lab row of a table, so that a new
+// variant is tested by adding its row.
+template <typename Id, size_t N>
+std::vector<std::string> lab_variants(const ops::cuda::KernelVariant<Id> (&table)[N]) {
+  std::vector<std::string> names;
+  for (const auto& row : table)
+    if (row.lab) names.push_back(row.name);
+  return names;
+}
+
+// SPANFORMER_SPAN_KERNEL or SPANFORMER_FLASH_KERNEL set for a scope (the glue reads it at each call),
+// unset after it, also when a check throws.
+struct KernelVariantEnv {
+  const char* variable;
+  KernelVariantEnv(const char* variable, const std::string& name) : variable(variable) {
+    ::setenv(variable, name.c_str(), 1);
+  }
+  ~KernelVariantEnv() { ::unsetenv(variable); }
+  KernelVariantEnv(const KernelVariantEnv&) = delete;
+  KernelVariantEnv& operator=(const KernelVariantEnv&) = delete;
+};
 
 }  // namespace spanformer::tu

@@ -113,16 +113,18 @@ TEST(SpanAttentionCuda, Float16WithinTheFloat16ReferenceError) {
   }
 }
 
-// The forward with cp.async double-buffered tiles (SPANFORMER_SPAN_KERNEL=v1b2-async, D 32 / 64).
-TEST(SpanAttentionCuda, DoubleBufferedForwardWithinTheReferenceError) {
+// The forward's lab variants (src/ops/cuda/variants.h, every lab row: v1b2-async, v1b2-shortcuts).
+TEST(SpanAttentionCuda, LabVariantsWithinTheReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ::setenv("SPANFORMER_SPAN_KERNEL", "v1b2-async", 1);
-  for (const auto& c : tu::span_test_cases()) {
-    SCOPED_TRACE(tu::span_label(c));
-    tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), span_kernel);
-    tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), span_kernel);
+  for (const auto& variant : tu::lab_variants(ops::cuda::kSpanVariants)) {
+    SCOPED_TRACE(variant);
+    const tu::KernelVariantEnv env("SPANFORMER_SPAN_KERNEL", variant);
+    for (const auto& c : tu::span_test_cases()) {
+      SCOPED_TRACE(tu::span_label(c));
+      tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), span_kernel);
+      tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), span_kernel);
+    }
   }
-  ::unsetenv("SPANFORMER_SPAN_KERNEL");
 }
 
 TEST(SpanAttentionCuda, DoubleFallsBackToTheReference) {
@@ -202,31 +204,30 @@ TEST(FlashCuda, Float16WithinTheFloat16ReferenceError) {
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
 }
 
-// Version 1's variants: the key-major backward (v1-keys) and the forward with 32 rows a warp (v1-m2) at
-// D 32 and 64, the forward with cp.async double-buffered tiles (v1-async) at every D.
-TEST(FlashCuda, Version1VariantsWithinTheReferenceError) {
+// The lab variants (src/ops/cuda/variants.h, every lab row): the key-major backward (v1-keys) and the
+// forward with 32 rows a warp (v1-m2) at D 32 and 64, the forward with cp.async double-buffered tiles
+// (v1-async) at every D.
+TEST(FlashCuda, LabVariantsWithinTheReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* variant : {"v1-keys", "v1-m2", "v1-async"}) {
+  for (const auto& variant : tu::lab_variants(ops::cuda::kFlashVariants)) {
     SCOPED_TRACE(variant);
-    ::setenv("SPANFORMER_FLASH_KERNEL", variant, 1);
+    const tu::KernelVariantEnv env("SPANFORMER_FLASH_KERNEL", variant);
     for (const auto& c : tu::flash_test_cases()) {
       tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
       tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
     }
   }
-  ::unsetenv("SPANFORMER_FLASH_KERNEL");
 }
 
 // The bf16 and fp16 tests above run version 1 (tensor cores) where it applies (D 32, 64, 128); here every
 // case takes version 0 (SPANFORMER_FLASH_KERNEL=v0), which fp32 and the other widths run.
 TEST(FlashCuda, Version0WithinTheReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ::setenv("SPANFORMER_FLASH_KERNEL", "v0", 1);
+  const tu::KernelVariantEnv env("SPANFORMER_FLASH_KERNEL", "v0");
   for (const auto& c : tu::flash_test_cases()) {
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::Device(at::kCUDA), flash_kernel);
     tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::Device(at::kCUDA), flash_kernel);
   }
-  ::unsetenv("SPANFORMER_FLASH_KERNEL");
 }
 
 // A small GPT trained for three steps with plain SGD, every attention with a fixed pattern and both

@@ -188,25 +188,52 @@ TEST(FlashEmulated, Float16WithinTheFloat16ReferenceError) {
 // D 96 and 256, and the backward's version 2 (tensor cores) for D 32, 64 and 128, version 0 for the
 // others; here every case takes version 0 forward and backward.
 TEST(SpanAttentionEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {
-  ::setenv("SPANFORMER_SPAN_KERNEL", "v0", 1);
+  const tu::KernelVariantEnv env("SPANFORMER_SPAN_KERNEL", "v0");
   for (const auto& c : tu::span_test_cases()) {
     SCOPED_TRACE(tu::span_label(c));
     tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
   }
-  ::unsetenv("SPANFORMER_SPAN_KERNEL");
 }
 
-// The forward's variant not yet measured on a GPU (SPANFORMER_SPAN_KERNEL=v1b2-async): tiles
-// double-buffered with cp.async, the next tile's copies in flight while one is computed, at D 32 / 64
-// (the default form at D 128). A tile read before its copies landed, or a buffer refilled while a warp
-// still reads it, is NaN here.
-TEST(SpanAttentionEmulated, DoubleBufferedForwardWithinTheReferenceError) {
-  ::setenv("SPANFORMER_SPAN_KERNEL", "v1b2-async", 1);
-  for (const auto& c : tu::span_test_cases()) {
-    SCOPED_TRACE(tu::span_label(c));
-    tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
+// The forward's lab variants (src/ops/cuda/variants.h, every lab row): v1b2-async double-buffers the
+// tiles with cp.async at D 32 / 64 (the mainline at D 128): a tile read before its copies landed, or a
+// buffer refilled while a warp still reads it, is NaN here; v1b2-shortcuts skips the validity selects and
+// the mask in whole tiles, which the case whose heads visit most of a 200-key window reaches.
+TEST(SpanAttentionEmulated, LabVariantsWithinTheReferenceError) {
+  const auto lab = tu::lab_variants(ops::cuda::kSpanVariants);
+  ASSERT_GE(lab.size(), 2u);
+  for (const auto& variant : lab) {
+    SCOPED_TRACE(variant);
+    const tu::KernelVariantEnv env("SPANFORMER_SPAN_KERNEL", variant);
+    for (const auto& c : tu::span_test_cases()) {
+      SCOPED_TRACE(tu::span_label(c));
+      tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
+#if SPANFORMER_HAS_CPU_HALF_MATMUL
+      tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_span);
+#endif
+    }
   }
-  ::unsetenv("SPANFORMER_SPAN_KERNEL");
+}
+
+// A name not in the table is one line naming the variable and listing the names (not a silent default).
+TEST(SpanAttentionEmulated, AnUnknownVariantIsRefusedWithTheNames) {
+  for (const char* variable : {"SPANFORMER_SPAN_KERNEL", "SPANFORMER_FLASH_KERNEL"}) {
+    const tu::KernelVariantEnv env(variable, "v1-async-keys");
+    const bool span = std::string(variable) == "SPANFORMER_SPAN_KERNEL";
+    try {
+      if (span) {
+        tu::expect_span_within_reference_error(tu::span_test_cases()[0], at::kBFloat16, 2.0, at::kCPU, emulated_span);
+      } else {
+        tu::expect_flash_within_reference_error(tu::flash_test_cases()[0], at::kBFloat16, 2.0, at::kCPU, emulated_flash);
+      }
+      ADD_FAILURE() << variable << "=v1-async-keys ran";
+    } catch (const std::exception& e) {
+      const std::string message = e.what(), first = message.substr(0, message.find('\n'));
+      EXPECT_NE(first.find(std::string(variable) + "=v1-async-keys names no kernel variant; it takes auto, v0, "),
+                std::string::npos) << first;
+      EXPECT_NE(first.find(span ? "v1b2-shortcuts" : "v1-async"), std::string::npos) << first;
+    }
+  }
 }
 
 TEST(FlashEmulated, Float32WithinTheFloat32ReferenceError) {
@@ -221,14 +248,16 @@ TEST(FlashEmulated, BFloat16WithinTheBFloat16ReferenceError) {
 // The bf16 test above (and the fp16 one where the CPU has half matmuls) runs the flash kernels'
 // version 1 (tensor cores, D 32, 64 or 128) and version 0 for the other widths; here every case takes
 // version 0 (SPANFORMER_FLASH_KERNEL=v0).
-// Version 1's variants not yet measured on a GPU: SPANFORMER_FLASH_KERNEL=v1-keys, the key-major
-// backward (dk and dv by key tiles, no atomics, every element written, so one it misses is NaN here) and
-// v1-m2, the forward with 32 rows a warp, at D 32 and 64 (the default form at D 128); v1-async, the forward
-// with cp.async double-buffered tiles, at every D (a tile read before its copies landed is NaN here).
-TEST(FlashEmulated, Version1VariantsWithinTheReferenceError) {
-  for (const char* variant : {"v1-keys", "v1-m2", "v1-async"}) {
+// The lab variants (src/ops/cuda/variants.h, every lab row): v1-keys, the key-major backward (dk and dv
+// by key tiles, no atomics, every element written, so one it misses is NaN here) and v1-m2, the forward
+// with 32 rows a warp, at D 32 and 64 (the mainline at D 128); v1-async, the forward with cp.async
+// double-buffered tiles, at every D (a tile read before its copies landed is NaN here).
+TEST(FlashEmulated, LabVariantsWithinTheReferenceError) {
+  const auto lab = tu::lab_variants(ops::cuda::kFlashVariants);
+  ASSERT_GE(lab.size(), 3u);
+  for (const auto& variant : lab) {
     SCOPED_TRACE(variant);
-    ::setenv("SPANFORMER_FLASH_KERNEL", variant, 1);
+    const tu::KernelVariantEnv env("SPANFORMER_FLASH_KERNEL", variant);
     for (const auto& c : tu::flash_test_cases()) {
       tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
 #if SPANFORMER_HAS_CPU_HALF_MATMUL
@@ -236,12 +265,10 @@ TEST(FlashEmulated, Version1VariantsWithinTheReferenceError) {
 #endif
     }
   }
-  ::unsetenv("SPANFORMER_FLASH_KERNEL");
 }
 
 TEST(FlashEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {
-  ::setenv("SPANFORMER_FLASH_KERNEL", "v0", 1);
+  const tu::KernelVariantEnv env("SPANFORMER_FLASH_KERNEL", "v0");
   for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
-  ::unsetenv("SPANFORMER_FLASH_KERNEL");
 }

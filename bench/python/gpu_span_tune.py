@@ -5,13 +5,14 @@ each variant once with triton's do_bench), medians of the rounds; the plain comp
 the ratio asked of the span kernels (bimodal >= 3x plain).
 
     SPANFORMER_TORCH_OPS=build-cuda/libspanformer_torch_ops.so python3 bench/python/gpu_span_tune.py \\
-        [--variants v1,v1b2,v1b3,v1b3-in-order,v1b2-async] [--rounds 5] [--backward] [--out figures.md]
+        [--variants v1,v1b2,v1b3,v1b3-in-order,v1b2-async,v1b2-shortcuts] [--rounds 5] [--backward] [--out figures.md]
 
 Variants: v1 (the default: the glue picks 2 or 3 blocks an SM from the spans), v1b2 (__launch_bounds__
 for 2 blocks an SM), v1b3 (3 blocks an SM, at most 168 registers a thread), v1b3-in-order (3 blocks,
-heads in their order instead of longest span first), v1b2-async (2 blocks, tiles double-buffered with
-cp.async), v1-bwd-v0 (version 0's backward after version 1),
-v0 (version 0's forward and backward). --backward times forward + backward (version 2's backward for
+heads in their order instead of longest span first), v1-bwd-v0 (version 0's backward after version 1),
+v0 (version 0's forward and backward), and the lab's variants not yet measured (src/ops/cuda/variants.h):
+v1b2-async (2 blocks, tiles double-buffered with cp.async), v1b2-shortcuts (2 blocks, the whole-tile
+shortcuts). --backward times forward + backward (version 2's backward for
 every variant but v0 and v1-bwd-v0).
 """
 import argparse
@@ -30,7 +31,7 @@ from gpu_table import bench, finish  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="v1,v1b2,v1b3,v1b3-in-order,v1b2-async")
+    ap.add_argument("--variants", default="v1,v1b2,v1b3,v1b3-in-order,v1b2-async,v1b2-shortcuts")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--backward", action="store_true",
                     help="time forward + backward (gradients of q, k, v, as gpu_compare.py) instead of the forward")

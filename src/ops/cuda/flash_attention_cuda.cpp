@@ -3,8 +3,6 @@
 // launches on the current stream. The forward keeps the fp32 logsumexp per row; gradients come back in
 // fp32 and are cast to the inputs' dtype.
 #include <ATen/ATen.h>
-#include <cstdlib>
-#include <string>
 
 #include "../backends.h"
 #include "glue.h"
@@ -29,16 +27,9 @@ cuda::FlashParams make_params(const at::Tensor& q, const at::Tensor& k, const at
   p.seed = o.seed;
   p.dtype = cuda::dtype_of(q, "flash_attention");
   // Version 1 (tensor cores) wherever it applies (FlashCuda on the H100 and the CPU model of CUDA hold
-  // it to the reference; 20-50x version 0's speed, docs/kernels.md); SPANFORMER_FLASH_KERNEL=v0 keeps
-  // version 0 both ways (measurements, tests). Variants of version 1 not yet measured on a GPU (tested on
-  // the CPU model of CUDA), named in the value: "keys" its key-major backward and "m2" its forward with 32
-  // rows a warp, both at D 32 / 64; "async" its forward with cp.async double-buffered tiles (v1-keys,
-  // v1-m2, v1-async, v1-keys-async, ..; m2 wins over async).
-  const std::string version = std::getenv("SPANFORMER_FLASH_KERNEL") ? std::getenv("SPANFORMER_FLASH_KERNEL") : "";
-  p.version0 = version == "v0";
-  p.backward_by_keys = !p.version0 && version.find("keys") != std::string::npos;
-  p.forward_rows32 = !p.version0 && version.find("m2") != std::string::npos;
-  p.forward_async = !p.version0 && version.find("async") != std::string::npos;
+  // it to the reference; 20-50x version 0's speed, docs/kernels.md); SPANFORMER_FLASH_KERNEL names another
+  // row of variants.h's table: v0 for A/B runs, or a lab variant not yet measured on a GPU.
+  p.variant = cuda::variant_named(cuda::kFlashVariants, "SPANFORMER_FLASH_KERNEL");
   return p;
 }
 

@@ -22,6 +22,7 @@
 // flash_attention_mma_kernels.cu; these kernels serve fp32 and the other widths.
 #include "../dropout_hash.h"
 #include "device.cuh"
+#include "lab/lab.h"
 #include "params.h"
 
 namespace spanformer::ops::cuda {
@@ -275,18 +276,18 @@ bool flash_supported(int64_t D) { return D >= 1 && D <= kWarp * kMaxPerLane; }
 
 cudaError_t flash_attention_forward(const FlashParams& p, cudaStream_t stream) {
   if (!flash_supported(p.D) || p.N < 1 || p.C < p.N || p.band < 1) return cudaErrorInvalidValue;
-  if (!p.version0 && flash_mma_forward_supported(p)) return flash_attention_forward_mma(p, stream);
+  if (p.variant != FlashVariant::v0 && flash_mma_forward_supported(p)) return flash_attention_forward_mma(p, stream);
   const size_t floats = 2 * kKeys * (p.D + 1) + kRowsPerBlock * p.D;
   return launch<Forward>(p, row_blocks(p), kRowsPerBlock * kWarp, floats, stream);
 }
 
 bool flash_backward_accumulates(const FlashParams& p) {
-  return !p.version0 && flash_mma_backward_supported(p) && !flash_mma_backward_by_keys(p);
+  return p.variant != FlashVariant::v0 && flash_mma_backward_supported(p) && !flash_lab_backward_applies(p);
 }
 
 cudaError_t flash_attention_backward(const FlashParams& p, cudaStream_t stream) {
   if (!flash_supported(p.D) || p.N < 1 || p.C < p.N || p.band < 1) return cudaErrorInvalidValue;
-  if (!p.version0 && flash_mma_backward_supported(p)) return flash_attention_backward_mma(p, stream);
+  if (p.variant != FlashVariant::v0 && flash_mma_backward_supported(p)) return flash_attention_backward_mma(p, stream);
   cudaError_t err = launch<DQ>(p, row_blocks(p), kRowsPerBlock * kWarp,
                                2 * kKeys * (p.D + 1) + 2 * kRowsPerBlock * p.D, stream);
   if (err != cudaSuccess) return err;

@@ -3,7 +3,10 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "params.h"
 #ifndef SPANFORMER_CUDA_EMULATE
@@ -39,6 +42,20 @@ inline at::Tensor uninitialized(at::IntArrayRef sizes, const at::TensorOptions& 
 #else
   return at::empty(sizes, options);
 #endif
+}
+
+// The row of a variant table (variants.h) an environment variable names: unset or empty is the table's
+// first row ("auto"); a name not in the table is one line listing the names it takes.
+template <typename Id, size_t N>
+Id variant_named(const KernelVariant<Id> (&table)[N], const char* variable) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0') return table[0].id;
+  std::string names;
+  for (const auto& row : table) {
+    if (std::strcmp(row.name, value) == 0) return row.id;
+    names += (names.empty() ? "" : ", ") + std::string(row.name);
+  }
+  TORCH_CHECK(false, variable, "=", value, " names no kernel variant; it takes ", names);
 }
 
 inline void check_launch(cudaError_t err, const char* what) {

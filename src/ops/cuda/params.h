@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 
+#include "variants.h"
+
 #ifdef SPANFORMER_CUDA_EMULATE
 #include "emulator.h"  // the CPU model of CUDA the CPU tests run these kernels on (tests/cuda_emulated/)
 #else
@@ -48,7 +50,7 @@ struct SpanAttentionParams {
   bool forward_v0;          // the forward takes version 0 even where version 1 could (A/B measurements)
   bool backward_v0;         // the backward takes version 0 even where version 2 could
   int forward_min_blocks;   // version 1's __launch_bounds__ blocks an SM: 2 or 3 (the glue's rule)
-  bool forward_async;       // version 1 with cp.async double-buffered tiles, 2 blocks, D 32 / 64 (v1b2-async)
+  SpanVariant variant;      // a row of variants.h's kSpanVariants (SPANFORMER_SPAN_KERNEL; automatic else)
 };
 
 // Host launchers (span_attention_kernels.cu). D must be a multiple of 32 and at most 256. The forward
@@ -79,17 +81,14 @@ struct FlashParams {
   bool training;
   uint64_t seed;
   DType dtype;
-  bool version0;            // version 0 both ways even where version 1 could (SPANFORMER_FLASH_KERNEL=v0)
-  bool backward_by_keys;    // version 1's backward with dk, dv key-major at D 32 / 64 (SPANFORMER_FLASH_KERNEL=v1-keys)
-  bool forward_rows32;      // version 1's forward with 32 rows a warp at D 32 / 64 (SPANFORMER_FLASH_KERNEL=v1-m2)
-  bool forward_async;       // version 1's forward with cp.async double-buffered tiles (SPANFORMER_FLASH_KERNEL=v1-async)
+  FlashVariant variant;     // a row of variants.h's kFlashVariants (SPANFORMER_FLASH_KERNEL; automatic else)
 };
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
 // Version 1 (tensor cores, flash_attention_mma_kernels.cu) runs for bf16 / fp16 with D 32, 64 or 128
-// unless the glue asks for version 0 (SPANFORMER_FLASH_KERNEL=v0); version 0 elsewhere. Version 1's
-// backward adds dk and dv into the buffers (flash_backward_accumulates: the caller zeroes them), except
-// its key-major form (backward_by_keys), which like version 0 writes every element.
+// unless the variant is v0; version 0 elsewhere; a lab variant where it applies (lab/lab.h). Version 1's
+// backward adds dk and dv into the buffers (flash_backward_accumulates: the caller zeroes them); version
+// 0 and the lab's key-major backward write every element.
 bool flash_supported(int64_t D);
 cudaError_t flash_attention_forward(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward(const FlashParams& params, cudaStream_t stream);
@@ -98,6 +97,5 @@ bool flash_mma_forward_supported(const FlashParams& params);
 bool flash_mma_backward_supported(const FlashParams& params);
 cudaError_t flash_attention_forward_mma(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward_mma(const FlashParams& params, cudaStream_t stream);
-bool flash_mma_backward_by_keys(const FlashParams& params);  // the key-major form runs
 
 }  // namespace spanformer::ops::cuda

@@ -4,7 +4,6 @@
 // fp32; gradients are accumulated in fp32 and cast back to the inputs' dtype.
 #include <ATen/ATen.h>
 #include <algorithm>
-#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -19,27 +18,29 @@ namespace {
 // Which kernels run. Version 1's blocks an SM: 3 (at most 168 registers a thread) where at least a
 // quarter of the window's distances lie beyond the heads' spans, whose tiles add to Z only and finish
 // sooner; 2 where (nearly) every head spans the window, whose equal blocks fill 2 waves of 2 on 132 SMs
-// better than 1.3 waves of 3 (measured, docs/kernels.md "v1 tuned"). SPANFORMER_SPAN_KERNEL overrides
-// the defaults for A/B measurements: v0 (version 0 both ways), v1-bwd-v0 (version 0's backward), v1b2,
-// v1b3, v1b3-in-order (3 blocks, heads not sorted), v1b2-async (2 blocks, tiles double-buffered with
-// cp.async at D 32 / 64; not yet measured on a GPU).
+// better than 1.3 waves of 3 (measured, docs/kernels.md "v1 tuned"). SPANFORMER_SPAN_KERNEL names another
+// row of variants.h's table: the mainline's forced choices for A/B runs (v0, v1-bwd-v0, v1b2, v1b3,
+// v1b3-in-order) or a lab variant not yet measured on a GPU (2 blocks an SM).
 struct KernelChoice {
-  bool forward_v0 = false, backward_v0 = false, heads_in_order = false, forward_async = false;
+  cuda::SpanVariant variant = cuda::SpanVariant::automatic;
+  bool forward_v0 = false, backward_v0 = false, heads_in_order = false;
   int min_blocks = 2;
 };
 
 KernelChoice kernel_choice(const SpanAttentionOptions& o, int64_t window) {
+  using cuda::SpanVariant;
   int64_t visited_sum = 0;
   for (const auto s : o.visited) visited_sum += s;
-  const char* env = std::getenv("SPANFORMER_SPAN_KERNEL");
-  const std::string chosen = env != nullptr ? env : "";
   KernelChoice c;
-  c.forward_v0 = chosen == "v0";
-  c.backward_v0 = chosen == "v0" || chosen == "v1-bwd-v0";
-  c.heads_in_order = chosen == "v1b3-in-order";
-  c.forward_async = chosen == "v1b2-async";
+  c.variant = cuda::variant_named(cuda::kSpanVariants, "SPANFORMER_SPAN_KERNEL");
+  const auto v = c.variant;
+  c.forward_v0 = v == SpanVariant::v0;
+  c.backward_v0 = v == SpanVariant::v0 || v == SpanVariant::v1_backward_v0;
+  c.heads_in_order = v == SpanVariant::v1b3_in_order;
   const auto K = static_cast<int64_t>(o.visited.size());
-  c.min_blocks = chosen.rfind("v1b2", 0) == 0 ? 2 : chosen.rfind("v1b3", 0) == 0 ? 3 : 4 * visited_sum <= 3 * window * K ? 3 : 2;
+  const bool two = v == SpanVariant::v1b2 || v == SpanVariant::lab_async || v == SpanVariant::lab_shortcuts;
+  const bool three = v == SpanVariant::v1b3 || v == SpanVariant::v1b3_in_order;
+  c.min_blocks = two ? 2 : three ? 3 : 4 * visited_sum <= 3 * window * K ? 3 : 2;
   return c;
 }
 
@@ -82,7 +83,7 @@ cuda::SpanAttentionParams make_params(const at::Tensor& q, const at::Tensor& k, 
   p.forward_v0 = c.forward_v0;
   p.backward_v0 = c.backward_v0;
   p.forward_min_blocks = c.min_blocks;
-  p.forward_async = c.forward_async;
+  p.variant = c.variant;
   return p;
 }
 
