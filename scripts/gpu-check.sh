@@ -141,7 +141,7 @@ EOF
     ;;
   train_ab)
     # What `auto` should take for the adaptive-span family on CUDA: the plain path against `fused` (the
-    # span kernels), bf16 autocast, in interleaved rounds (plain, fused, plain, fused, ..; AB_ROUNDS,
+    # span kernels), and whether the GPT step takes the fused step kernels, bf16 autocast, in interleaved rounds (plain, fused, plain, fused, ..; AB_ROUNDS,
     # default 3) and their medians, since two leases' sequential rows differed by up to 50%.
     cases=("bench_span8k:--span-dist bimodal" "bench_span8k:--span 8192" "enwik8_small:")
     AB=$OUT/train_ab.tsv; : > "$AB"
@@ -154,6 +154,13 @@ EOF
           ms=$(grep -E "^bench: [0-9.]+ ms/step" "$LOG" | tail -1 | awk '{print $2}')
           printf '%s\t%s\t%s\t%s\n' "$name $extra" "$impl" "$round" "$ms" >> "$AB"
         done
+      done
+      # The fused step kernels (include/spanformer/ops/step_ops.h) in the GPT step, against the composition.
+      for mode in composition kernels; do
+        step "ab $round gpt step ops $mode" 60 env SPANFORMER_STEP_KERNELS=$mode "$BUILD/spanformer" --device cuda bench \
+          -c configs/gpt/bench_attention.json --steps 10 --warmup 3 --amp=bf16 || continue
+        ms=$(grep -E "^bench: [0-9.]+ ms/step" "$LOG" | tail -1 | awk '{print $2}')
+        printf '%s\t%s\t%s\t%s\n' "gpt/bench_attention" "step ops $mode" "$round" "$ms" >> "$AB"
       done
     done
     $PY - "$AB" <<'EOF' 2>&1 | tee -a "$FIG"

@@ -336,4 +336,70 @@ struct KernelVariantEnv {
   KernelVariantEnv& operator=(const KernelVariantEnv&) = delete;
 };
 
+// The fused step ops (include/spanformer/ops/step_ops.h): rows of H not a multiple of a warp, one row,
+// H beyond a warp's 32 x 8 elements; each activation dtype with parameters of that dtype and, on
+// LibTorch 2.x, float32 (the master weights of autocast). `op(kernel, ...)` runs the kernels' path or
+// the composition; outputs and every gradient within 2x the same-dtype composition's error of the
+// double-precision composition.
+struct StepCase {
+  int64_t rows, H;
+};
+inline const std::vector<StepCase>& step_cases() {
+  static const std::vector<StepCase> cases = {{5, 32}, {37, 96}, {1, 40}, {9, 1000}};
+  return cases;
+}
+inline std::vector<std::pair<at::ScalarType, at::ScalarType>> step_dtypes() {  // (activations, parameters)
+  std::vector<std::pair<at::ScalarType, at::ScalarType>> t{{at::kFloat, at::kFloat}, {at::kBFloat16, at::kBFloat16}};
+#if SPANFORMER_HAS_CPU_HALF_MATMUL
+  t.insert(t.end(), {{at::kBFloat16, at::kFloat}, {at::kHalf, at::kHalf}, {at::kHalf, at::kFloat}});
+#endif
+  return t;
+}
+
+using AddLayerNormRun = std::function<std::vector<at::Tensor>(bool kernel, const at::Tensor& x, const at::Tensor& r,
+                                                              const at::Tensor& w, const at::Tensor& b)>;
+inline void expect_add_layer_norm_within_reference_error(const AddLayerNormRun& op, at::Device device) {
+  for (const auto& c : step_cases())
+    for (const auto& [dtype, param_dtype] : step_dtypes()) {
+      const std::string label = fmt::format("rows {} H {} params {}", c.rows, c.H, c10::toString(param_dtype));
+      SCOPED_TRACE(label);
+      at::manual_seed(c.rows * 1000 + c.H);
+      const auto x = at::randn({c.rows, c.H}, at::kDouble), r = at::randn({c.rows, c.H}, at::kDouble);
+      const auto w = 1 + 0.2 * at::randn({c.H}, at::kDouble), b = 0.1 * at::randn({c.H}, at::kDouble);
+      const auto gs = at::randn({c.rows, c.H}, at::kDouble), gy = at::randn({c.rows, c.H}, at::kDouble);
+      KernelRun run = [&, param_dtype = param_dtype](bool kernel, at::ScalarType t, at::Device on) {
+        auto in = inputs_on({x, r}, t, on);
+        auto params = inputs_on({w, b}, t == at::kDouble ? at::kDouble : param_dtype, on);
+        const auto out = op(kernel, in[0], in[1], params[0], params[1]);  // s, y: (rows, H) each
+        auto loss = (out[0].to(at::kCPU, at::kDouble) * gs).sum() + (out[1].to(at::kCPU, at::kDouble) * gy).sum();
+        auto g = torch::autograd::grad({loss}, {in[0], in[1], params[0], params[1]});
+        return std::vector<at::Tensor>{out[0].detach().cpu(), out[1].detach().cpu(), g[0].cpu(), g[1].cpu(), g[2].cpu(),
+                                       g[3].cpu()};
+      };
+      expect_within_reference_error(run, {"sum", "norm", "x", "r", "weight", "bias"}, label, dtype, 2.0, device);
+    }
+}
+
+using BiasGeluRun = std::function<at::Tensor(bool kernel, const at::Tensor& x, const at::Tensor& b, bool tanh)>;
+inline void expect_bias_gelu_within_reference_error(const BiasGeluRun& op, at::Device device) {
+  for (const bool tanh : {false, true})
+    for (const auto& c : step_cases())
+      for (const auto& [dtype, param_dtype] : step_dtypes()) {
+        const std::string label =
+            fmt::format("{} rows {} H {} bias {}", tanh ? "tanh" : "erf", c.rows, c.H, c10::toString(param_dtype));
+        SCOPED_TRACE(label);
+        at::manual_seed(c.rows * 1000 + c.H + 1);
+        const auto x = 2 * at::randn({c.rows, c.H}, at::kDouble), b = at::randn({c.H}, at::kDouble);
+        const auto gy = at::randn({c.rows, c.H}, at::kDouble);
+        KernelRun run = [&, param_dtype = param_dtype](bool kernel, at::ScalarType t, at::Device on) {
+          auto in = inputs_on({x}, t, on);
+          auto bias = inputs_on({b}, t == at::kDouble ? at::kDouble : param_dtype, on);
+          auto y = op(kernel, in[0], bias[0], tanh);  // (rows, H)
+          auto g = torch::autograd::grad({(y.to(at::kCPU, at::kDouble) * gy).sum()}, {in[0], bias[0]});
+          return std::vector<at::Tensor>{y.detach().cpu(), g[0].cpu(), g[1].cpu()};
+        };
+        expect_within_reference_error(run, {"gelu", "x", "bias"}, label, dtype, 2.0, device);
+      }
+}
+
 }  // namespace spanformer::tu

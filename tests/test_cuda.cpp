@@ -3,6 +3,8 @@
 // kernels on the CPU model of CUDA in every CI run; model-level CUDA runs are held to the CPU in double.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/cuda.h>
@@ -22,6 +24,7 @@
 #include "spanformer/ops/flash_attention.h"
 #include "gpt_util.h"
 #include "op_cases.h"
+#include "spanformer/ops/step_ops.h"
 #include "util.h"
 #include "xl_util.h"
 
@@ -240,31 +243,58 @@ TEST(GptCuda, TrainingStepsMatchTheCpu) {
   torch::manual_seed(5);
   const int64_t T = 80;
   const auto tokens = torch::randint(11, {2, T + 1}, torch::kLong);
-  for (auto kind : {CausalKind::kDense, CausalKind::kFlash, CausalKind::kWindow, CausalKind::kAdaptiveSpan,
-                    CausalKind::kSparseStrided, CausalKind::kSparseFixed}) {
-    SCOPED_TRACE(attention::causal_kind_name(kind));
-    expect_cuda_training_within_float32_error([&](attention::AttnImpl impl, torch::Dtype dtype, torch::Device device) {
-      auto config = tu::tiny_gpt(kind, T).model;
-      config.d_model = 64;  // 2 heads of 32
-      config.window = 20;
-      config.sparse_stride = 9;
-      config.adapt_span_init = 0.3;
-      config.attn_impl = impl;
-      torch::manual_seed(6);
-      models::GptModel model(config);
-      model->to(device, dtype);
-      model->clamp_spans();
-      model->train();
-      Trace trace;
-      auto x = tokens.narrow(1, 0, T).to(device), y = tokens.narrow(1, 1, T).to(device);
-      for (int step = 0; step < 3; ++step) {
-        auto logits = model->logits(model->forward(x));
-        sgd_step(*model, torch::cross_entropy_loss(logits.reshape({-1, 11}), y.reshape({-1})) + model->span_loss(), trace);
+  // Each kind with the step ops' composition and with the fused step kernels (include/spanformer/ops/step_ops.h).
+  for (const char* step_ops : {"composition", "kernels"}) {
+    for (auto kind : {CausalKind::kDense, CausalKind::kFlash, CausalKind::kWindow, CausalKind::kAdaptiveSpan,
+                      CausalKind::kSparseStrided, CausalKind::kSparseFixed}) {
+      SCOPED_TRACE(std::string(attention::causal_kind_name(kind)) + ", step ops " + step_ops);
+      const tu::KernelVariantEnv env("SPANFORMER_STEP_KERNELS", step_ops);
+      expect_cuda_training_within_float32_error([&](attention::AttnImpl impl, torch::Dtype dtype, torch::Device device) {
+        auto config = tu::tiny_gpt(kind, T).model;
+        config.d_model = 64;  // 2 heads of 32
+        config.window = 20;
+        config.sparse_stride = 9;
+        config.adapt_span_init = 0.3;
+        config.attn_impl = impl;
+        torch::manual_seed(6);
+        models::GptModel model(config);
+        model->to(device, dtype);
         model->clamp_spans();
-      }
-      return trace;
-    });
+        model->train();
+        Trace trace;
+        auto x = tokens.narrow(1, 0, T).to(device), y = tokens.narrow(1, 1, T).to(device);
+        for (int step = 0; step < 3; ++step) {
+          auto logits = model->logits(model->forward(x));
+          sgd_step(*model, torch::cross_entropy_loss(logits.reshape({-1, 11}), y.reshape({-1})) + model->span_loss(), trace);
+          model->clamp_spans();
+        }
+        return trace;
+      });
+    }
   }
+}
+
+// The fused step kernels (src/ops/cuda/step_kernels.cu) through the public ops, SPANFORMER_STEP_KERNELS
+// = kernels against the composition, every step case of tests/op_cases.h.
+TEST(StepKernelsCuda, WithinTheReferenceError) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto forced = [](bool kernel) {
+    return std::make_unique<tu::KernelVariantEnv>("SPANFORMER_STEP_KERNELS", kernel ? "kernels" : "composition");
+  };
+  tu::expect_add_layer_norm_within_reference_error(
+      [&](bool kernel, const at::Tensor& x, const at::Tensor& r, const at::Tensor& w, const at::Tensor& b) {
+        const auto env = forced(kernel);
+        EXPECT_EQ(ops::step_kernels_take(x), kernel && x.is_cuda());
+        const auto f = ops::add_layer_norm(x, r, w, b, 1e-5);
+        return std::vector<at::Tensor>{f.sum, f.out};
+      },
+      at::Device(at::kCUDA));
+  tu::expect_bias_gelu_within_reference_error(
+      [&](bool kernel, const at::Tensor& x, const at::Tensor& b, bool tanh) {
+        const auto env = forced(kernel);
+        return ops::bias_gelu(x, b, tanh);
+      },
+      at::Device(at::kCUDA));
 }
 
 // train.amp = bf16 on CUDA through the runner (tests/util.h, expect_bf16_run): a small GPT with flash

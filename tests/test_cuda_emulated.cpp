@@ -18,6 +18,8 @@
 #include "op_cases.h"
 #include "ops/autograd_function.h"
 #include "ops/backends.h"
+#include "ops/step_autograd.h"
+#include "spanformer/ops/step_ops.h"
 #include "spanformer/util/torch_compat.h"
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
@@ -272,3 +274,30 @@ TEST(FlashEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {
   for (const auto& c : tu::flash_test_cases())
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
 }
+
+// The fused step kernels (src/ops/cuda/step_kernels.cu) through their autograd functions on the CPU
+// model of CUDA, against the composition in double (tests/op_cases.h, every step case).
+TEST(StepKernelsEmulated, AddLayerNormWithinTheReferenceError) {
+  tu::expect_add_layer_norm_within_reference_error(
+      [](bool kernel, const at::Tensor& x, const at::Tensor& r, const at::Tensor& w, const at::Tensor& b) {
+        if (kernel) return ops::AddLayerNormFunction::apply(x, r, w, b, 1e-5);
+        const auto f = ops::add_layer_norm(x, r, w, b, 1e-5);
+        return std::vector<at::Tensor>{f.sum, f.out};
+      },
+      at::kCPU);
+}
+
+TEST(StepKernelsEmulated, BiasGeluWithinTheReferenceError) {
+  tu::expect_bias_gelu_within_reference_error(
+      [](bool kernel, const at::Tensor& x, const at::Tensor& b, bool tanh) {
+        return kernel ? ops::BiasGeluFunction::apply(x, b, tanh) : ops::bias_gelu(x, b, tanh);
+      },
+      at::kCPU);
+}
+
+// A bad SPANFORMER_STEP_KERNELS is one line naming the values it takes.
+TEST(StepKernelsEmulated, ABadModeIsRefusedInOneLine) {
+  const tu::KernelVariantEnv env("SPANFORMER_STEP_KERNELS", "fast");
+  EXPECT_ERROR_WITH(ops::step_kernels_take(at::zeros({2, 3})), "SPANFORMER_STEP_KERNELS=fast is not auto, kernels or composition");
+}
+

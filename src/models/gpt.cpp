@@ -1,6 +1,7 @@
 #include "spanformer/models/gpt.h"
 #include "spanformer/nn/dropout.h"
 #include "spanformer/nn/positional.h"
+#include "spanformer/ops/step_ops.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
@@ -97,22 +98,30 @@ torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tens
   return spanformer::nn::dropout(attn(ln1(h), k_cache, v_cache, keep), options_.dropout(), is_training());  // (B, N, H)
 }
 
+torch::Tensor GptBlockImpl::feed_forward(const torch::Tensor& z) {
+  const bool tanh = options_.activation() == Activation::kGeluTanh;
+  auto u = ops::step_kernels_take(z) ? ops::bias_gelu(at::linear(z, fc1->weight), fc1->bias, tanh)  // (B, n, I)
+                                     : torch::gelu(fc1(z), tanh ? "tanh" : "none");
+  return spanformer::nn::dropout(fc2(u), options_.dropout(), is_training());  // (B, n, H)
+}
+
 torch::Tensor GptBlockImpl::ff_branch(const torch::Tensor& h) {
-  const char* approximate = options_.activation() == Activation::kGeluTanh ? "tanh" : "none";
   const int64_t chunks = options_.ff_chunks();
-  auto mlp = [&](const torch::Tensor& x) {
-    return spanformer::nn::dropout(fc2(torch::gelu(fc1(ln2(x)), approximate)), options_.dropout(), is_training());  // (B, n, H)
-  };
-  if (chunks <= 1 || h.size(1) <= 1) return mlp(h);  // (B, N, H)
+  if (chunks <= 1 || h.size(1) <= 1) return feed_forward(ln2(h));  // (B, N, H)
   std::vector<torch::Tensor> parts;
-  for (const auto& x : h.chunk(std::min(chunks, h.size(1)), 1)) parts.push_back(mlp(x));  // (B, n, H) each
+  for (const auto& x : h.chunk(std::min(chunks, h.size(1)), 1)) parts.push_back(feed_forward(ln2(x)));  // (B, n, H) each
   return torch::cat(parts, 1);  // (B, N, H)
 }
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
                                     int64_t keep) {
-  auto x = h + attention_branch(h, k_cache, v_cache, keep);  // (B, N, H)
-  return x + ff_branch(x);                                   // (B, N, H)
+  auto a = attention_branch(h, k_cache, v_cache, keep);  // (B, N, H)
+  if (options_.ff_chunks() <= 1 && ops::step_kernels_take(h)) {  // x = h + a and ln2(x) in one op
+    const auto x = ops::add_layer_norm(h, a, ln2->weight, ln2->bias, ln2->options.eps());
+    return x.sum + feed_forward(x.out);  // (B, N, H)
+  }
+  auto x = h + a;             // (B, N, H)
+  return x + ff_branch(x);    // (B, N, H)
 }
 
 namespace {

@@ -134,6 +134,19 @@ bool flash_supported(const at::Tensor& q);
 Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& options);
 FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& out, const at::Tensor& lse, const FlashOptions& options);
+// The fused step kernels (step_kernels.cu): activations float32 / bfloat16 / float16 of one dtype, rows
+// of H = weight.numel() contiguous elements; parameters float32 or the activations' dtype.
+struct AddLayerNormForward {
+  at::Tensor sum, out, mean, rstd;  // (..., H) twice, then (rows) float32 twice
+};
+AddLayerNormForward add_layer_norm_forward(const at::Tensor& x, const at::Tensor& r, const at::Tensor& weight,
+                                           const at::Tensor& bias, double eps);
+// (ds, dweight, dbias); grad_sum may be undefined (nothing reaches s but through the norm).
+std::vector<at::Tensor> add_layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_sum,
+                                                const AddLayerNormForward& saved, const at::Tensor& weight);
+at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, bool tanh);
+std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& bias,
+                                           bool tanh);  // (dx, dbias)
 }  // namespace cuda_glue
 
 }  // namespace spanformer::ops

@@ -119,6 +119,9 @@ class GptBlockImpl : public torch::nn::Module {
   torch::Tensor attention_branch(const torch::Tensor& h, torch::Tensor* k_cache = nullptr,
                                  torch::Tensor* v_cache = nullptr, int64_t keep = -1);
   torch::Tensor ff_branch(const torch::Tensor& h);
+  // fc2(gelu(fc1(z))) with dropout, of the normed z (= ln2(h)): bias + GELU as one op (ops::bias_gelu)
+  // where the fused step kernels run (include/spanformer/ops/step_ops.h), else ATen's linear and gelu.
+  torch::Tensor feed_forward(const torch::Tensor& z);
 
  private:
   GptBlockOptions options_;
