@@ -3,10 +3,13 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 
+#include "op_cases.h"
 #include "spanformer/train/optim.h"
+#include "spanformer/util/torch_compat.h"
 
 using namespace spanformer::train;
 using spanformer::OptimKind;
@@ -113,16 +116,16 @@ TEST(Optim, SgdMomentumAndAdamWithGlobalClipMatchPlainLoops) {
 // Float32 tensors of a model's shapes (matrices, vectors, one over a million elements), several steps,
 // clipped and not, more than one thread: the fused kernels equal the plain composition to float rounding
 // (the two order the same float operations differently: a few units in the last place of each update).
-TEST(Optim, FusedKernelsEqualThePlainCompositionInFloat) {
-  const int threads = at::get_num_threads();
-  at::set_num_threads(3);
-  for (OptimKind kind : {OptimKind::kAdagrad, OptimKind::kAdam, OptimKind::kAdamW})
+namespace {
+
+void expect_fused_equals_plain(const std::vector<OptimKind>& kinds, const at::Device& device) {
+  for (OptimKind kind : kinds)
     for (double clip : {0.0, 0.05}) {
       SCOPED_TRACE(std::string(optim_name(kind)) + " clip " + std::to_string(clip));
       torch::manual_seed(17);
       std::vector<torch::Tensor> a, b;
       for (auto shape : std::vector<std::vector<int64_t>>{{1100, 1024}, {256}, {37, 5}, {1}}) {
-        a.push_back(torch::randn(shape).abs() + 1);  // positive, as are the gradients: no cancellation in g + wd p
+        a.push_back((torch::randn(shape).abs() + 1).to(device));  // positive, as are the gradients: no cancellation in g + wd p
         b.push_back(a.back().clone());
       }
       auto named = [](std::vector<torch::Tensor>& t) {
@@ -141,6 +144,8 @@ TEST(Optim, FusedKernelsEqualThePlainCompositionInFloat) {
           b[i].mutable_grad() = g.clone();
         }
         const double lr = 1e-2;
+        EXPECT_EQ(fused.runs_fused(), bool(SPANFORMER_HAS_FUSED_OPTIMIZERS));  // else this compares plain with plain
+        EXPECT_FALSE(plain.runs_fused());
         fused.step(lr);
         plain.step(lr);
         for (size_t i = 0; i < a.size(); ++i) {
@@ -154,7 +159,22 @@ TEST(Optim, FusedKernelsEqualThePlainCompositionInFloat) {
         }
       }
     }
+}
+
+}  // namespace
+
+TEST(Optim, FusedKernelsEqualThePlainCompositionInFloat) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(3);
+  expect_fused_equals_plain({OptimKind::kAdagrad, OptimKind::kAdam, OptimKind::kAdamW}, at::kCPU);
   at::set_num_threads(threads);
+}
+
+// On CUDA, Adam and AdamW's one-launch kernels (with SPANFORMER_STEP_KERNELS=kernels) to the same bound.
+TEST(OptimCuda, FusedKernelsEqualThePlainCompositionOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const spanformer::tu::KernelVariantEnv env("SPANFORMER_STEP_KERNELS", "kernels");
+  expect_fused_equals_plain({OptimKind::kAdam, OptimKind::kAdamW}, at::Device(at::kCUDA));
 }
 
 TEST(Optim, LinearWarmupThenConstant) {

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/ranges.h>
 
+#include "spanformer/ops/step_ops.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/torch_compat.h"
 
@@ -30,7 +32,7 @@ void Optimizer::zero_grad() {
 void Optimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
-  if (options_.fused && options_.kind != OptimKind::kSgd && fusable())
+  if (runs_fused())
     step_fused(lr);
   else
     step_plain(lr);
@@ -38,25 +40,35 @@ void Optimizer::step(double lr) {
 
 bool Optimizer::fusable() const {
   if (!SPANFORMER_HAS_FUSED_OPTIMIZERS) return false;
+  std::optional<at::Device> device;
   for (const auto& s : slots_) {
     const auto& g = s.param.grad();
     if (!g.defined()) continue;
-    // The kernels walk each tensor as one flat array: every one dense, contiguous, on the CPU, one dtype;
+    // The kernels walk each tensor as one flat array: every one dense, contiguous, on one device, one dtype;
     // float32 or 16-bit (their gradient scale is a float32 number: double parameters take the plain path).
     if (s.param.scalar_type() == at::kDouble) return false;
-    for (const auto& t : {s.param, g, s.state1})
-      if (!t.device().is_cpu() || !t.is_contiguous() || t.is_sparse() || t.scalar_type() != s.param.scalar_type())
-        return false;
+    for (const auto& t : {s.param, g, s.state1}) {
+      if (!t.is_contiguous() || t.is_sparse() || t.scalar_type() != s.param.scalar_type()) return false;
+      if (!device) device = t.device();
+      if (t.device() != *device) return false;
+    }
     if (s.state2.defined() && !s.state2.is_contiguous()) return false;
   }
-  return true;
+  if (!device || device->is_cpu()) return true;
+  // On CUDA: ATen's multi-tensor Adam / AdamW, one launch for all parameters, with the other fused step
+  // kernels (SPANFORMER_STEP_KERNELS=kernels, include/spanformer/ops/step_ops.h) until a GPU measures them.
+  return device->is_cuda() && options_.kind != OptimKind::kAdagrad && ops::step_kernels_take(slots_.front().param);
 }
 
 void Optimizer::step_fused(double lr) {
 #if SPANFORMER_HAS_FUSED_OPTIMIZERS
   const double c = options_.grad_clip;
   // The kernels read the step count (bias corrections; Adagrad's lr_decay, 0 here) from a float32 tensor.
-  const auto step = at::scalar_tensor(static_cast<double>(steps_), at::kFloat);
+  // On the parameters' device (CUDA's kernels read it there).
+  at::Device device = at::kCPU;
+  for (const auto& s : slots_)
+    if (s.param.grad().defined()) device = s.param.device();
+  const auto step = at::scalar_tensor(static_cast<double>(steps_), at::TensorOptions(at::kFloat).device(device));
   if (options_.kind == OptimKind::kAdagrad) {
     for (auto& s : slots_) {
       const auto& g = s.param.grad();

@@ -14,8 +14,10 @@
 // On the CPU (LibTorch 2.4 and later) each update is ATen's fused kernel for it (`_fused_adagrad_`, one call
 // per tensor with its clipped rate; `_fused_adam_` / `_fused_adamw_` over all tensors at once, the global clip
 // passed as their gradient scale): one vectorised pass over parameter, gradient and state, where the plain
-// composition (`fused = false`, the reference the tests hold the fused path to) makes five to eight. On other
-// devices, and for sgd, the plain composition runs, with every scale factor on the device: no host
+// composition (`fused = false`, the reference the tests hold the fused path to) makes five to eight. On CUDA
+// Adam and AdamW take ATen's multi-tensor kernels (one launch for all parameters) with the other fused
+// step kernels, SPANFORMER_STEP_KERNELS=kernels (include/spanformer/ops/step_ops.h), until a GPU measures
+// them. Elsewhere, and for sgd, the plain composition runs, with every scale factor on the device: no host
 // synchronisation per tensor. The fused Adagrad reads each tensor's norm on the host, as the reference does.
 #pragma once
 #include <torch/serialize/archive.h>
@@ -45,6 +47,8 @@ class Optimizer {
   // One update with learning rate `lr` (schedule already applied). Parameters without gradient are skipped.
   void step(double lr);
   int64_t steps() const { return steps_; }
+  // Whether the next step takes ATen's fused kernels (the gradients as they are now).
+  bool runs_fused() const { return options_.fused && options_.kind != OptimKind::kSgd && fusable(); }
 
   void save(CheckpointWriter& out, const std::string& prefix) const;
   void load(const Checkpoint& in, const std::string& prefix);
@@ -54,7 +58,7 @@ class Optimizer {
     std::string name;
     torch::Tensor param, state1, state2;  // adagrad: sum; sgd: momentum buffer; adam: m, v
   };
-  bool fusable() const;  // every slot with a gradient fits ATen's fused CPU kernels
+  bool fusable() const;  // every slot with a gradient fits ATen's fused kernels on its device
   void step_plain(double lr);
   void step_fused(double lr);
   std::vector<Slot> slots_;

@@ -168,21 +168,21 @@ __global__ void __launch_bounds__(kColumns) bias_grad_kernel(BiasGeluParams p) {
   atomicAdd(p.grad_bias + j, db);
 }
 
-// f.template operator()<T, W>() for the params' activation and parameter dtypes (W float32 or T).
-template <typename Params, typename F>
-cudaError_t with_dtypes(const Params& p, F&& f) {
+// Launch<T, W>::run(p, stream) for the params' activation and parameter dtypes (W float32 or T).
+template <template <typename, typename> class Launch, typename Params>
+cudaError_t with_dtypes(const Params& p, cudaStream_t stream) {
+  if (p.rows < 1 || p.H < 1 || (p.param_dtype != DType::kFloat32 && p.param_dtype != p.dtype))
+    return cudaErrorInvalidValue;
   const bool float_params = p.param_dtype == DType::kFloat32;
   switch (p.dtype) {
-    case DType::kFloat32: return f(float{}, float{});
-    case DType::kBFloat16: return float_params ? f(__nv_bfloat16{}, float{}) : f(__nv_bfloat16{}, __nv_bfloat16{});
-    case DType::kFloat16: return float_params ? f(__half{}, float{}) : f(__half{}, __half{});
+    case DType::kFloat32: return Launch<float, float>::run(p, stream);
+    case DType::kBFloat16:
+      return float_params ? Launch<__nv_bfloat16, float>::run(p, stream)
+                          : Launch<__nv_bfloat16, __nv_bfloat16>::run(p, stream);
+    case DType::kFloat16:
+      return float_params ? Launch<__half, float>::run(p, stream) : Launch<__half, __half>::run(p, stream);
   }
   return cudaErrorInvalidValue;
-}
-
-template <typename Params>
-bool valid(const Params& p) {
-  return p.rows >= 1 && p.H >= 1 && (p.param_dtype == DType::kFloat32 || p.param_dtype == p.dtype);
 }
 
 int64_t row_blocks(int64_t rows) { return (rows + kRowWarps - 1) / kRowWarps; }
@@ -191,48 +191,55 @@ int64_t column_blocks(int64_t rows, int64_t H) {
 }
 int64_t elementwise_blocks(int64_t n) { return std::min<int64_t>((n + kColumns - 1) / kColumns, 65535); }
 
-}  // namespace
-
-cudaError_t add_layer_norm_forward(const AddLayerNormParams& p, cudaStream_t stream) {
-  if (!valid(p)) return cudaErrorInvalidValue;
-  return with_dtypes(p, [&](auto t, auto w) {
-    using T = decltype(t);
-    using W = decltype(w);
+template <typename T, typename W>
+struct NormForward {
+  static cudaError_t run(const AddLayerNormParams& p, cudaStream_t stream) {
     return launch_with_shared(add_layer_norm_forward_kernel<T, W>, row_blocks(p.rows), kRowWarps * kWarp, 0, p, stream);
-  });
-}
+  }
+};
 
-cudaError_t add_layer_norm_backward(const AddLayerNormParams& p, cudaStream_t stream) {
-  if (!valid(p)) return cudaErrorInvalidValue;
-  return with_dtypes(p, [&](auto t, auto w) {
-    using T = decltype(t);
-    using W = decltype(w);
+// The rows' ds, then the column sums of dw and db.
+template <typename T, typename W>
+struct NormBackward {
+  static cudaError_t run(const AddLayerNormParams& p, cudaStream_t stream) {
     const cudaError_t err =
         launch_with_shared(add_layer_norm_backward_kernel<T, W>, row_blocks(p.rows), kRowWarps * kWarp, 0, p, stream);
     if (err != cudaSuccess) return err;
     return launch_with_shared(layer_norm_parameter_grads_kernel<T>, column_blocks(p.rows, p.H), kColumns, 0, p, stream);
-  });
-}
+  }
+};
 
-cudaError_t bias_gelu_forward(const BiasGeluParams& p, cudaStream_t stream) {
-  if (!valid(p)) return cudaErrorInvalidValue;
-  return with_dtypes(p, [&](auto t, auto w) {
-    using T = decltype(t);
-    using W = decltype(w);
+template <typename T, typename W>
+struct GeluForward {
+  static cudaError_t run(const BiasGeluParams& p, cudaStream_t stream) {
     return launch_with_shared(bias_gelu_forward_kernel<T, W>, elementwise_blocks(p.rows * p.H), kColumns, 0, p, stream);
-  });
-}
+  }
+};
 
-cudaError_t bias_gelu_backward(const BiasGeluParams& p, cudaStream_t stream) {
-  if (!valid(p)) return cudaErrorInvalidValue;
-  return with_dtypes(p, [&](auto t, auto w) {
-    using T = decltype(t);
-    using W = decltype(w);
+// The elements' du, then the column sums of db.
+template <typename T, typename W>
+struct GeluBackward {
+  static cudaError_t run(const BiasGeluParams& p, cudaStream_t stream) {
     const cudaError_t err =
         launch_with_shared(bias_gelu_backward_kernel<T, W>, elementwise_blocks(p.rows * p.H), kColumns, 0, p, stream);
     if (err != cudaSuccess) return err;
     return launch_with_shared(bias_grad_kernel<T>, column_blocks(p.rows, p.H), kColumns, 0, p, stream);
-  });
+  }
+};
+
+}  // namespace
+
+cudaError_t add_layer_norm_forward(const AddLayerNormParams& p, cudaStream_t stream) {
+  return with_dtypes<NormForward>(p, stream);
+}
+cudaError_t add_layer_norm_backward(const AddLayerNormParams& p, cudaStream_t stream) {
+  return with_dtypes<NormBackward>(p, stream);
+}
+cudaError_t bias_gelu_forward(const BiasGeluParams& p, cudaStream_t stream) {
+  return with_dtypes<GeluForward>(p, stream);
+}
+cudaError_t bias_gelu_backward(const BiasGeluParams& p, cudaStream_t stream) {
+  return with_dtypes<GeluBackward>(p, stream);
 }
 
 }  // namespace spanformer::ops::cuda
