@@ -155,10 +155,12 @@ EOF
           printf '%s\t%s\t%s\t%s\n' "$name $extra" "$impl" "$round" "$ms" >> "$AB"
         done
       done
-      # The fused step kernels (include/spanformer/ops/step_ops.h) in the GPT step, against the composition.
-      for mode in composition kernels; do
-        step "ab $round gpt step ops $mode" 60 env SPANFORMER_STEP_KERNELS=$mode "$BUILD/spanformer" --device cuda bench \
-          -c configs/gpt/bench_attention.json --steps 10 --warmup 3 --amp=bf16 || continue
+      # The fused step kernels (include/spanformer/ops/step_ops.h) in the GPT step, against the composition,
+      # each without and with train.cuda_graphs (the step captured once and replayed).
+      for mode in composition kernels composition+graphs kernels+graphs; do
+        graphs=false; [[ $mode == *+graphs ]] && graphs=true
+        step "ab $round gpt step ops $mode" 60 env SPANFORMER_STEP_KERNELS=${mode%+graphs} "$BUILD/spanformer" --device cuda \
+          bench -c configs/gpt/bench_attention.json --steps 10 --warmup 3 --amp=bf16 --cuda_graphs=$graphs || continue
         ms=$(grep -E "^bench: [0-9.]+ ms/step" "$LOG" | tail -1 | awk '{print $2}')
         printf '%s\t%s\t%s\t%s\n' "gpt/bench_attention" "step ops $mode" "$round" "$ms" >> "$AB"
       done

@@ -108,6 +108,8 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       enum_field("dist_backend", &C::dist_backend, dist::parse_backend, dist::backend_name,
                  "auto = gloo on CPU, nccl on CUDA"),
       field("dist_bucket_kb", &C::dist_bucket_kb, "gradient buckets all-reduced during backward (0 = one bucket after it)"),
+      field("cuda_graphs", &C::cuda_graphs,
+            "capture the training step as one CUDA graph after 3 eager steps and replay it (GPT on one GPU)"),
   };
   return fields;
 }

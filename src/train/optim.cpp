@@ -83,6 +83,16 @@ void Optimizer::step_fused(double lr) {
     }
     return;
   }
+  adam_fused(lr, step);
+#else
+  step_plain(lr);
+#endif
+}
+
+template <typename Lr>
+void Optimizer::adam_fused(const Lr& lr, const at::Tensor& step) {
+#if SPANFORMER_HAS_FUSED_OPTIMIZERS
+  const double c = options_.grad_clip;
   std::vector<at::Tensor> params[2], grads[2], m[2], v[2], steps[2];  // [0]: not decayed, [1]: decayed
   std::vector<at::Tensor> norms;
   for (auto& s : slots_) {
@@ -109,8 +119,37 @@ void Optimizer::step_fused(double lr) {
                         decayed ? options_.weight_decay : 0.0, eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale);
   }
 #else
-  step_plain(lr);
+  (void)lr, (void)step;
 #endif
+}
+
+std::string Optimizer::graph_refusal() const {
+  if (!SPANFORMER_HAS_FUSED_OPTIMIZERS) return "it needs ATen's fused optimizers (LibTorch 2.4 or later)";
+  if (options_.kind != OptimKind::kAdam && options_.kind != OptimKind::kAdamW)
+    return fmt::format("train.optim is {}; the captured update is Adam's or AdamW's", optim_name(options_.kind));
+  for (const auto& s : slots_) {
+    if (!s.param.is_cuda() || s.param.device() != slots_.front().param.device())
+      return "the parameters are not on one CUDA device";
+    if (s.param.scalar_type() == at::kDouble || !s.param.is_contiguous()) return "a parameter is double or not contiguous";
+  }
+  return "";
+}
+
+void Optimizer::begin_graph_step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  if (!graph_lr_.defined()) {
+    const auto options = at::TensorOptions(at::kFloat).device(slots_.front().param.device());
+    graph_lr_ = at::zeros({}, options);
+    graph_steps_ = at::full({}, static_cast<double>(steps_ - 1), options);  // graph_step adds this step
+  }
+  graph_lr_.fill_(lr);
+}
+
+void Optimizer::graph_step() {
+  torch::NoGradGuard no_grad;
+  graph_steps_.add_(1);
+  adam_fused(graph_lr_, graph_steps_);
 }
 
 void Optimizer::step_plain(double lr) {

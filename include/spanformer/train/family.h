@@ -288,6 +288,20 @@ class Spans {
   virtual int64_t span_ramp() const = 0;   // R, the mask's ramp
 };
 
+// train.cuda_graphs (src/train/step_graph.h): a training step whose device work can be captured once
+// as a CUDA graph and replayed, its host work (the learning rate, the step count) kept apart.
+class GraphedSteps {
+ public:
+  static constexpr const char* kWhat = "training step captured as a CUDA graph (train.cuda_graphs)";
+  virtual ~GraphedSteps() = default;
+  // Why this model's step cannot be captured, in one clause; empty when it can.
+  virtual std::string graph_refusal() const = 0;
+  // Before each step, outside the graph: what the step reads from the host.
+  virtual void begin_graph_step(const StepContext& ctx) = 0;
+  // The step's device work on (x, y), the loss as a 0-dim device tensor: captured once, replayed after.
+  virtual torch::Tensor graph_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) = 0;
+};
+
 // `spanformer translate`, Python's translate().
 class Translation {
  public:

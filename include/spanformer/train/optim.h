@@ -50,6 +50,15 @@ class Optimizer {
   // Whether the next step takes ATen's fused kernels (the gradients as they are now).
   bool runs_fused() const { return options_.fused && options_.kind != OptimKind::kSgd && fusable(); }
 
+  // train.cuda_graphs (src/train/step_graph.h): the host's share of a step, outside the graph (the count;
+  // the rate copied into a device tensor), and the device's, captured once and replayed (the count on the
+  // device, then ATen's fused Adam / AdamW over every parameter reading the rate there). graph_refusal():
+  // why these cannot run (empty: they can): Adam or AdamW, LibTorch 2.4 or later, parameters on one CUDA
+  // device.
+  std::string graph_refusal() const;
+  void begin_graph_step(double lr);
+  void graph_step();
+
   void save(CheckpointWriter& out, const std::string& prefix) const;
   void load(const Checkpoint& in, const std::string& prefix);
 
@@ -61,6 +70,9 @@ class Optimizer {
   bool fusable() const;  // every slot with a gradient fits ATen's fused kernels on its device
   void step_plain(double lr);
   void step_fused(double lr);
+  template <typename Lr>
+  void adam_fused(const Lr& lr, const at::Tensor& step);  // Adam / AdamW over every slot, lr a double or a tensor
+  torch::Tensor graph_lr_, graph_steps_;  // train.cuda_graphs: 0-dim float32 on the parameters' device
   std::vector<Slot> slots_;
   OptimizerOptions options_;
   int64_t steps_ = 0;

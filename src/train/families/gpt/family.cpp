@@ -11,6 +11,7 @@
 // only its last S (or fewer, at the end), so every token is scored once with at least T - S tokens of
 // context (except the first T). Reported per token (bpc or perplexity), the same for every attention.
 #include "train/families/families.h"
+#include "train/step_graph.h"
 #include "spanformer/data/batches.h"
 #include "spanformer/train/formats.h"
 
@@ -64,7 +65,8 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
                   public TokenStreams,
                   public Sampling,
                   public Spans,
-                  public AttentionPictures {
+                  public AttentionPictures,
+                  public GraphedSteps {
  public:
   using ConfiguredFamily::ConfiguredFamily;
 
@@ -92,18 +94,46 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
 
   torch::Tensor train_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) override {
     model_->train();
-    optimizer_->zero_grad();
-    std::vector<torch::Tensor> no_state;
-    auto loss = accumulate_gradients(x.size(0), config_.train.batch_split, no_state, ctx, model_->parameters(),
-                                     [&](int64_t first, int64_t count, std::vector<torch::Tensor>&) {
-                                       auto logits = widen_reduced(model_->logits(model_->forward(x.narrow(0, first, count))));  // (b, T, V)
-                                       auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
-                                                                            y.narrow(0, first, count).reshape({-1}));
-                                       return std::pair{nll, nll + model_->span_loss()};
-                                     });
+    auto loss = forward_backward(x, y, ctx);
     optimizer_->step(ctx.lr);
     model_->clamp_spans();
     return loss;
+  }
+
+  // train.cuda_graphs: dense or flash attention without its dropout (the attentions whose step reads
+  // nothing on the host), Adam or AdamW (the update that reads its rate on the device).
+  std::string graph_refusal() const override {
+    const auto& m = config_.model;
+    if (m.attention != attention::CausalKind::kDense && m.attention != attention::CausalKind::kFlash)
+      return fmt::format("its {} attention is not captured (dense and flash are)", attention::causal_kind_name(m.attention));
+    if (m.attention == attention::CausalKind::kFlash && m.attn_dropout > 0)
+      return "flash attention draws its dropout seed on the host (set model.attn_dropout to 0)";
+    if (m.reversible) return "the reversible layers recompute the forward in the backward, outside autograd's graph";
+    if (config_.train.optim != OptimKind::kAdam && config_.train.optim != OptimKind::kAdamW)
+      return fmt::format("train.optim is {}; the captured update is Adam's or AdamW's", optim_name(config_.train.optim));
+    return "";
+  }
+  void begin_graph_step(const StepContext& ctx) override {
+    model_->train();
+    optimizer_->begin_graph_step(ctx.lr);
+  }
+  torch::Tensor graph_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) override {
+    auto loss = forward_backward(x, y, ctx);
+    optimizer_->graph_step();
+    return loss;
+  }
+
+  // Gradients of the step's loss (zeroed first), the loss returned as a 0-dim device tensor.
+  torch::Tensor forward_backward(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) {
+    optimizer_->zero_grad();
+    std::vector<torch::Tensor> no_state;
+    return accumulate_gradients(x.size(0), config_.train.batch_split, no_state, ctx, model_->parameters(),
+                                [&](int64_t first, int64_t count, std::vector<torch::Tensor>&) {
+                                  auto logits = widen_reduced(model_->logits(model_->forward(x.narrow(0, first, count))));  // (b, T, V)
+                                  auto nll = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                                                       y.narrow(0, first, count).reshape({-1}));
+                                  return std::pair{nll, nll + model_->span_loss()};
+                                });
   }
 
   double validation_loss(const data::TokenFile& valid, int64_t batch, int64_t first, int64_t count, int64_t&) override {
@@ -263,6 +293,11 @@ void GptFamily::bench(const BenchRequest& r) {
   const StepContext ctx = bench_context(config_.train, r.device);
   double first_loss = std::nan("");  // the mean NLL of the first step, before any update (nats)
   const auto spans = model_->spans();  // per layer, per head (tokens), as the steps start
+  std::unique_ptr<StepGraph> graph;  // train.cuda_graphs: the timed steps replay the captured one
+  if (!r.eval() && config_.train.cuda_graphs) {
+    if (const auto why = graph_refusal(); !why.empty()) fail("train.cuda_graphs cannot capture this gpt step: {}", why);
+    graph = std::make_unique<StepGraph>(r.device, std::max<int64_t>(1, r.warmup - 1));  // captured in the warm-up
+  }
   per_step = time_steps(r, [&] {
     auto x = torch::randint(V, {B, T}, torch::kLong).to(r.device);
     auto y = torch::randint(V, {B, T}, torch::kLong).to(r.device);
@@ -272,14 +307,16 @@ void GptFamily::bench(const BenchRequest& r) {
       auto logits = model_->logits(model_->forward(x));
       torch::cross_entropy_loss(logits.reshape({-1, V}), y.reshape({-1})).item<double>();
     } else {
-      const double loss = train_step(x, y, ctx).item<double>();
+      if (graph) begin_graph_step(ctx);
+      const auto step = [&](const torch::Tensor& gx, const torch::Tensor& gy) { return graph_step(gx, gy, ctx); };
+      const double loss = (graph ? graph->run(x, y, step) : train_step(x, y, ctx)).item<double>();
       if (std::isnan(first_loss)) first_loss = loss;
     }
   });
   double band = 0;
   for (const auto& block : *model_->blocks)
     band += static_cast<double>(block->as<models::GptBlock>()->attn->band(T)) / static_cast<double>(c.n_layer);
-  what = r.eval() ? "eval forward" : "train step";
+  what = r.eval() ? "eval forward" : graph ? "train step (CUDA graph)" : "train step";
   report_bench(r, name(), "bench",
                fmt::format("{}, {} layers{}, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}",
                            what, c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
