@@ -139,11 +139,13 @@ stage_python() {
 # The Python tests against the package installed in a virtual environment, from outside the checkout
 # (so `import spanformer` finds the installed copy), with its `spanformer` command first on PATH. The
 # oracle tests need the test-only packages (sacrebleu, transformers, ...), which a user's environment
-# does not have: the suite stage runs them (CTest's python.oracles, with .venv).
+# does not have: the suite stage runs them (CTest's python.oracles, with .venv); test_cuda.py runs where a
+# GPU is (CTest's python.cuda).
 run_pytest() {
   local env=$1 src=$PWD
   (cd "$env" && env -u SPANFORMER_TORCH_OPS -u SPANFORMER_CLI PATH="$env/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 \
-     "$env/bin/python" -m pytest -q -p no:cacheprovider --ignore="$src/tests/python/test_oracles.py" "$src/tests/python")
+     "$env/bin/python" -m pytest -q -p no:cacheprovider --ignore="$src/tests/python/test_oracles.py" \
+     --ignore="$src/tests/python/test_cuda.py" "$src/tests/python")
 }
 
 for stage in "${stages[@]}"; do

@@ -23,6 +23,7 @@ import torch
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 import spanformer
+from hf_models import KINDS, hf_pair, prompt_ids
 
 torch.set_num_threads(1)
 
@@ -402,41 +403,14 @@ def test_a_transformers_users_gpt2_opens_in_generate(cli, byte_data, tmp_path):
 
 # ---- 5. transformers: its models on our attention (spanformer.hf) -------------------------------------
 
-def hf_pair(kind):
-    """A small random model of transformers' `kind` in float32 twice, the same weights: attention
-    `eager` (transformers' own) and `spanformer` (spanformer.hf)."""
-    import transformers
-    import spanformer.hf
-    transformers.logging.set_verbosity_error()
-    spanformer.hf.register()
-    torch.manual_seed(3)
-    if kind == "gpt2":
-        config = transformers.GPT2Config(vocab_size=97, n_positions=128, n_embd=64, n_layer=2, n_head=4)
-        cls = transformers.GPT2LMHeadModel
-    elif kind == "llama":  # grouped-query attention: 4 query heads share 2 key/value heads
-        config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-        cls = transformers.LlamaForCausalLM
-    else:  # mistral: sliding-window layers of 8 keys
-        config = transformers.MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                            sliding_window=8)
-        cls = transformers.MistralForCausalLM
-    eager = cls._from_config(config, attn_implementation="eager").eval()
-    ours = cls._from_config(config, attn_implementation="spanformer").eval()
-    ours.load_state_dict(eager.state_dict())
-    assert ours.config._attn_implementation == "spanformer"
-    return eager, ours
-
-
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_transformers_models_on_our_flash_attention_give_eagers_logits_and_tokens(kind):
     """GPT-2, a Llama with grouped-query attention and a Mistral with 8-key sliding windows (shorter than
     the 40 tokens, so the band matters), attn_implementation="spanformer" against transformers'
     eager: logits within 1e-5 (float32 rounding of the same sums in another order) and the same 20
     greedy tokens through generate(), which runs the KV cache (one query against C keys)."""
     eager, ours = hf_pair(kind)
-    ids = torch.tensor([[(7 * i + 3) % 97 for i in range(40)], [(11 * i + 5) % 97 for i in range(40)]])
+    ids = prompt_ids()
     with torch.no_grad():
         want, got = eager(ids).logits, ours(ids).logits
         assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
