@@ -1,8 +1,10 @@
-// spanformer generate: sampling from any family's checkpoint (temperature, top-k, top-p, seed).
+// spanformer generate: sampling from any family's checkpoint (temperature, top-k, top-p, seed; the gpt
+// family's per-token step as a CUDA graph with --cuda-graphs).
 #include <iostream>
 
 #include "command.h"
 #include "spanformer/train/family.h"
+#include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"
 
 namespace spanformer::cli {
@@ -28,12 +30,20 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--top-p", o->request.top_p, "nucleus sampling: the most likely tokens up to this mass (1 = all)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+  cmd->add_flag("--cuda-graphs", o->request.cuda_graphs,
+                "each new token's step as one CUDA graph, captured once and replayed (gpt family, --device cuda)");
   cmd->callback([o, g, &run] {
     run = [o, g] {
       set_threads(g->threads);
       train::Checkpoint ck(o->checkpoint);
       auto family = train::family_from_checkpoint(ck, execution_overrides(*g));
-      family->module().to(train::parse_device(g->device.empty() ? "cpu" : g->device));
+      const auto device = train::parse_device(g->device.empty() ? "cpu" : g->device);
+      if (o->request.cuda_graphs) {  // refused before any output
+        const auto why = family->need<train::GraphedSampling>().sampling_graph_refusal();
+        if (!why.empty()) fail("generate --cuda-graphs: {}", why);
+        if (!device.is_cuda()) fail("generate --cuda-graphs needs a CUDA device (--device cuda; this run's is {})", device.str());
+      }
+      family->module().to(device);
       torch::manual_seed(o->seed);
       auto request = o->request;
       request.on_text = [](const std::string& piece) { std::cout << piece << std::flush; };

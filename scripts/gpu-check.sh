@@ -165,6 +165,11 @@ EOF
         printf '%s\t%s\t%s\t%s\n' "gpt/bench_attention" "step ops $mode" "$round" "$ms" >> "$AB"
       done
     done
+    # Generation's per-token step (the last 256 tokens of the context): the growing KV cache, recomputing
+    # the context, and the fixed-shape step as a CUDA graph (generate --cuda-graphs), rounds interleaved.
+    step "gpt generate, cache vs graph" 60 "$BUILD/spanformer" --device cuda bench -c configs/gpt/bench_attention.json \
+      --mode generate --tokens 256 --steps 3 --warmup 1 --cuda_graphs=true &&
+      grep -E "^bench: .*tokens/s" "$LOG" | tail -1 | sed "s|^|gpt generate: |" | tee -a "$FIG"
     $PY - "$AB" <<'EOF' 2>&1 | tee -a "$FIG"
 import statistics, sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]

@@ -321,6 +321,44 @@ TEST(GraphCuda, ReplayEqualsEagerBitForBit) {
     EXPECT_TRUE(torch::equal(eager.second[i], replayed.second[i])) << "parameter " << i;
 }
 
+// generate --cuda-graphs: each new token's fixed-shape step (models/gpt.h) replayed as a CUDA graph
+// gives the hidden states of the same step run eagerly, bit for bit, through two context slides (the
+// prompt and each slide refill the buffers the graph reads); both within float rounding of the
+// growing KV cache. Dense and window attention (a band the mask must honour).
+TEST(GraphCuda, GenerationReplayEqualsEagerBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device device(torch::kCUDA);
+  const int64_t T = 24;
+  for (auto kind : {attention::CausalKind::kDense, attention::CausalKind::kWindow}) {
+    SCOPED_TRACE(attention::causal_kind_name(kind));
+    torch::manual_seed(6);
+    models::GptModel model(tu::tiny_gpt(kind, T).model);
+    model->to(device);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(4);
+    const auto tokens = torch::randint(11, {1, 60}, torch::kLong).to(device);
+    auto run = [&](int64_t warmup, bool fixed_shapes) {
+      train::StepGraph graph(device, warmup, "generate --cuda-graphs");
+      models::GptDecoder d;
+      d.fixed_shapes = fixed_shapes;
+      if (fixed_shapes)
+        d.runner = [&](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
+          return graph.run(x, at, step);
+        };
+      std::vector<torch::Tensor> hidden{model->extend(tokens.narrow(1, 0, 10), d).cpu()};
+      for (int64_t i = 10; i < 60; ++i) hidden.push_back(model->extend(tokens.narrow(1, i, 1), d).cpu());
+      if (fixed_shapes) EXPECT_EQ(graph.captured(), warmup < 50);
+      return hidden;
+    };
+    const auto growing = run(1000, false), eager = run(1000, true), replayed = run(train::StepGraph::kWarmup, true);
+    for (size_t i = 0; i < eager.size(); ++i) {
+      EXPECT_TRUE(torch::equal(eager[i], replayed[i])) << "call " << i;
+      EXPECT_LT((eager[i] - growing[i]).abs().max().item<double>(), 1e-5) << "call " << i;
+    }
+  }
+}
+
 // The fused step kernels (src/ops/cuda/step_kernels.cu) through the public ops, SPANFORMER_STEP_KERNELS
 // = kernels against the composition, every step case of tests/op_cases.h.
 TEST(StepKernelsCuda, WithinTheReferenceError) {

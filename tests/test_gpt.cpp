@@ -322,6 +322,58 @@ TEST(GptModel, KvCacheGenerationEqualsRecomputation) {
     }
 }
 
+// Generation at fixed shapes (what `generate --cuda-graphs` captures: GptDecoder::fixed_shapes) gives
+// the hidden states of recomputing the whole context, for every pattern with a KV cache, plain and
+// reversible layers, through context slides; each single token runs through the runner (the graph's
+// place) and the buffers keep their storage across slides (a captured graph reads them).
+TEST(GptModel, FixedShapeGenerationEqualsRecomputation) {
+  for (auto kind : kAllKinds)
+    for (bool reversible : {false, true}) {
+      if (kind == CausalKind::kLsh) continue;  // refused: below
+      SCOPED_TRACE(fmt::format("{}{}", attention::causal_kind_name(kind), reversible ? " reversible" : ""));
+      auto config = tiny_gpt(kind, 24);
+      config.model.reversible = reversible;
+      auto model = double_model(config.model);
+      torch::NoGradGuard no_grad;
+      models::GptDecoder recompute, fixed;
+      recompute.use_cache = false;
+      fixed.fixed_shapes = true;
+      int64_t steps = 0;
+      fixed.runner = [&](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
+        ++steps;
+        EXPECT_EQ(at.item<int64_t>(), static_cast<int64_t>(fixed.history.size()) - fixed.start - 1);
+        return step(x, at);
+      };
+      torch::manual_seed(4);
+      auto tokens = torch::randint(11, {1, 60}, torch::kLong);
+      auto prompt = tokens.narrow(1, 0, 10);
+      auto r = model->extend(prompt, recompute);
+      EXPECT_LT(max_diff(model->extend(prompt, fixed), r), 1e-12);
+      ASSERT_EQ(fixed.fixed.k.size(), 2u);
+      EXPECT_EQ(fixed.fixed.k[0].size(2), 24);  // the whole context
+      const void* storage = fixed.fixed.k[1].data_ptr();
+      for (int64_t i = 1; i <= 50; ++i) {
+        auto token = tokens.narrow(1, 9 + i, 1);
+        EXPECT_LT(max_diff(model->extend(token, fixed), model->extend(token, recompute)), 1e-12) << "token " << i;
+      }
+      EXPECT_GT(recompute.start, 0);            // the context slid
+      EXPECT_EQ(fixed.start, recompute.start);
+      EXPECT_EQ(steps, 50 - 3);                 // every single token but those that slid (at 25, 38, 51 tokens)
+      EXPECT_EQ(fixed.fixed.k[1].data_ptr(), storage);
+    }
+  auto model = double_model(tiny_gpt(CausalKind::kLsh, 24).model);
+  torch::NoGradGuard no_grad;
+  models::GptDecoder fixed;
+  fixed.fixed_shapes = true;
+  try {
+    model->extend(torch::zeros({1, 3}, torch::kLong), fixed);
+    ADD_FAILURE() << "lsh generated at fixed shapes";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("generation at fixed shapes: lsh attention keeps no KV cache"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(GptModel, SinusoidalTableFollowsTheFormula) {
   auto table = nn::sinusoidal_positions(50, 8);
   for (int64_t p : {0, 7, 49})

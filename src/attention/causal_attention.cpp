@@ -292,6 +292,18 @@ at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, 
   return attend(q, k, v, m, spec);  // m (K or 1, N, C)
 }
 
+at::Tensor causal_attention_at(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& at,
+                               const CausalSpec& spec) {
+  if (q.dim() != 4 || q.size(2) != 1 || k.dim() != 4 || k.sizes() != v.sizes() || q.size(0) != k.size(0) ||
+      q.size(1) != k.size(1) || q.size(3) != k.size(3) || at.numel() != 1 || at.scalar_type() != at::kLong)
+    fail("causal attention at a position: q (B, K, 1, D), k, v (B, K, T, D) and one int64 position expected "
+         "(got {}, {}, {}, {} of {})", fmt::join(q.sizes(), "x"), fmt::join(k.sizes(), "x"), fmt::join(v.sizes(), "x"),
+         at.numel(), c10::toString(at.scalar_type()));
+  if (spec.kind == CausalKind::kLsh) fail("causal attention at a position: lsh attention has no fixed pattern of weights");
+  auto m = causal_weights(spec, at.view({1, 1}), positions(0, k.size(2), q).unsqueeze(0), q.scalar_type());  // (K or 1, 1, T)
+  return attend(q, k, v, m, spec);  // (B, K, 1, D)
+}
+
 namespace {
 
 // The banded tiles for one band: the heads of q, k, v (B, K', ., D) are `heads` of the layer (undefined:

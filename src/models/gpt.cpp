@@ -59,7 +59,7 @@ attention::CausalSpec GptAttentionImpl::spec() const {
 int64_t GptAttentionImpl::band(int64_t keys) const { return attention::causal_band(spec(), keys); }
 
 torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
-                                        int64_t keep) {
+                                        int64_t keep, const torch::Tensor& at) {
   const int64_t B = h.size(0), N = h.size(1), H = options_.d_model(), K = options_.heads(), D = H / K;
   if (options_.pattern().kind == attention::CausalKind::kLsh) {  // shared q/k (B, K, N, D), no cache
     if (k_cache) fail("gpt: lsh attention reads no KV cache");
@@ -70,6 +70,12 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
   }
   auto qkv_heads = qkv(h).view({B, N, 3, K, D}).permute({2, 0, 3, 1, 4});  // (3, B, K, N, D)
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];               // (B, K, N, D)
+  if (at.defined()) {  // fixed shapes: row `at` of the (B, K, T, D) buffers, then keys 0 .. at
+    k_cache->index_copy_(2, at, k);
+    v_cache->index_copy_(2, at, v);
+    auto out = attention::causal_attention_at(q, *k_cache, *v_cache, at, spec());  // (B, K, 1, D)
+    return proj(out.transpose(1, 2).reshape({B, N, H}));                       // (B, 1, H)
+  }
   if (k_cache && k_cache->defined()) {
     k = torch::cat({*k_cache, k}, 2);  // (B, K, C + N, D)
     v = torch::cat({*v_cache, v}, 2);
@@ -94,8 +100,8 @@ GptBlockImpl::GptBlockImpl(GptBlockOptions options) : options_(std::move(options
 }
 
 torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
-                                             int64_t keep) {
-  return spanformer::nn::dropout(attn(ln1(h), k_cache, v_cache, keep), options_.dropout(), is_training());  // (B, N, H)
+                                             int64_t keep, const torch::Tensor& at) {
+  return spanformer::nn::dropout(attn(ln1(h), k_cache, v_cache, keep, at), options_.dropout(), is_training());  // (B, N, H)
 }
 
 torch::Tensor GptBlockImpl::feed_forward(const torch::Tensor& z) {
@@ -114,8 +120,8 @@ torch::Tensor GptBlockImpl::ff_branch(const torch::Tensor& h) {
 }
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& h, torch::Tensor* k_cache, torch::Tensor* v_cache,
-                                    int64_t keep) {
-  auto a = attention_branch(h, k_cache, v_cache, keep);  // (B, N, H)
+                                    int64_t keep, const torch::Tensor& at) {
+  auto a = attention_branch(h, k_cache, v_cache, keep, at);  // (B, N, H)
   if (options_.ff_chunks() <= 1 && ops::step_kernels_take(h)) {  // x = h + a and ln2(x) in one op
     const auto x = ops::add_layer_norm(h, a, ln2->weight, ln2->bias, ln2->options.eps());
     return x.sum + feed_forward(x.out);  // (B, N, H)
@@ -264,7 +270,10 @@ GptModelImpl::GptModelImpl(const GptModelConfig& config) : config_(config) {
 torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
   const int64_t N = x.size(1), T = config_.context, p0 = cache ? cache->position : 0;
   if (p0 + N > T) fail("gpt: tokens at positions {} .. {} lie beyond the context of {}", p0, p0 + N - 1, T);
-  auto positions = wpe ? wpe->weight.narrow(0, p0, N) : sinusoid.narrow(0, p0, N);  // (N, H)
+  const torch::Tensor at = cache ? cache->at : torch::Tensor();  // fixed shapes: the position on the device
+  if (at.defined() && N != 1) fail("gpt: a fixed-shape cache takes one token a call (got {})", N);
+  const auto& table = wpe ? wpe->weight : sinusoid;                                        // (T, H)
+  auto positions = at.defined() ? table.index_select(0, at) : table.narrow(0, p0, N);      // (N, H)
   auto h = spanformer::nn::dropout(wte(x) + positions, config_.dropout, is_training());       // (B, N, H)
   if (cache && cache->k.empty()) {
     cache->k.resize(block_list_.size());
@@ -281,7 +290,7 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
     for (size_t l = 0; l < block_list_.size(); ++l) {
       auto& block = block_list_[l];
       const int64_t keep = cache && cache->trim ? block->attn->band(T) - 1 : -1;
-      x1 = x1 + (cache ? block->attention_branch(x2, &cache->k[l], &cache->v[l], keep) : block->attention_branch(x2));
+      x1 = x1 + (cache ? block->attention_branch(x2, &cache->k[l], &cache->v[l], keep, at) : block->attention_branch(x2));
       x2 = x2 + block->ff_branch(x1);
     }
     h = (x1 + x2) / 2;
@@ -289,7 +298,7 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
     for (size_t l = 0; l < block_list_.size(); ++l) {
       auto& block = block_list_[l];
       const int64_t keep = cache && cache->trim ? block->attn->band(T) - 1 : -1;
-      h = cache ? block->forward(h, &cache->k[l], &cache->v[l], keep) : block->forward(h);  // (B, N, H)
+      h = cache ? block->forward(h, &cache->k[l], &cache->v[l], keep, at) : block->forward(h);  // (B, N, H)
     }
   }
   if (cache) cache->position += N;
@@ -300,6 +309,38 @@ torch::Tensor GptModelImpl::logits(const torch::Tensor& hidden) {
   return head ? head(hidden) : torch::matmul(hidden, wte->weight.t());  // (B, N, V)
 }
 
+std::string GptModelImpl::fixed_shape_refusal() const {
+  if (config_.attention == attention::CausalKind::kLsh)
+    return "lsh attention keeps no KV cache (its buckets are drawn again for every context)";
+  return "";
+}
+
+namespace {
+
+// The growing cache's keys and values (B, K, kept, D) at positions [position - kept, position) into
+// the fixed-shape buffers (B, K, T, D), made at the first call and reused after (a graph reads them).
+void fill_fixed(const GptCache& cache, GptCache& fixed, int64_t T) {
+  if (fixed.k.empty()) {
+    for (size_t l = 0; l < cache.k.size(); ++l) {
+      auto size = cache.k[l].sizes().vec();
+      size[2] = T;
+      fixed.k.push_back(torch::zeros(size, cache.k[l].options()));  // (B, K, T, D)
+      fixed.v.push_back(torch::zeros(size, cache.v[l].options()));
+    }
+    fixed.at = torch::zeros({1}, cache.k[0].options().dtype(torch::kLong));  // (1)
+  }
+  const int64_t p = cache.position;
+  for (size_t l = 0; l < cache.k.size(); ++l) {
+    const int64_t kept = cache.k[l].size(2);
+    fixed.k[l].zero_().narrow(2, p - kept, kept).copy_(cache.k[l]);
+    fixed.v[l].zero_().narrow(2, p - kept, kept).copy_(cache.v[l]);
+  }
+  fixed.position = p;
+  fixed.at.fill_(p);
+}
+
+}  // namespace
+
 torch::Tensor GptModelImpl::extend(const torch::Tensor& x, GptDecoder& d) {
   const int64_t n = x.size(1), T = config_.context;
   auto host = x.to(torch::kCPU).contiguous();
@@ -308,6 +349,31 @@ torch::Tensor GptModelImpl::extend(const torch::Tensor& x, GptDecoder& d) {
   const bool slide = end - d.start > T;
   if (slide) d.start = end - std::max(n, T / 2);
   const bool use_cache = d.use_cache && config_.attention != attention::CausalKind::kLsh;  // lsh: recompute
+  if (d.fixed_shapes) {
+    if (const auto why = fixed_shape_refusal(); !why.empty()) fail("gpt: generation at fixed shapes: {}", why);
+    if (!d.use_cache) fail("gpt: generation at fixed shapes runs on the KV cache (use_cache is off)");
+    if (!slide && n == 1 && !d.fixed.k.empty() && d.fixed.position + 1 == end - d.start) {
+      const int64_t p = d.fixed.position;  // the token's position; the host's count, the device's `at`
+      d.fixed.at.fill_(p);
+      const GptStepFn step = [&](const torch::Tensor& token, const torch::Tensor& at) {
+        GptCache view = d.fixed;  // the same buffers, `at` the one the step is given
+        view.at = at;
+        return forward(token, &view);  // (1, 1, H)
+      };
+      auto hidden = d.runner ? d.runner(x, d.fixed.at, step) : step(x, d.fixed.at);
+      d.fixed.position = p + 1;
+      return hidden;
+    }
+    // The context encoded anew (the first call, a slide, several tokens): the growing cache, then its
+    // keys and values into the fixed buffers.
+    d.cache = GptCache{};
+    d.cache.trim = d.trim;
+    auto context = torch::tensor(std::vector<int64_t>(d.history.begin() + d.start, d.history.end()), torch::kLong)
+                       .view({1, -1}).to(x.device());  // (1, end - start)
+    auto hidden = forward(context, &d.cache);        // (1, end - start, H)
+    fill_fixed(d.cache, d.fixed, T);
+    return hidden.narrow(1, hidden.size(1) - n, n);  // (1, n, H)
+  }
   if (use_cache && !slide) {
     d.cache.trim = d.trim;
     return forward(x, &d.cache);  // (1, n, H)

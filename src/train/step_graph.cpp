@@ -37,8 +37,8 @@ struct StepGraph::Impl {
   }
 };
 
-StepGraph::StepGraph(const torch::Device& device, int64_t warmup) {
-  if (!device.is_cuda()) fail("train.cuda_graphs needs a CUDA device (train.device is {})", device.str());
+StepGraph::StepGraph(const torch::Device& device, int64_t warmup, const char* what) {
+  if (!device.is_cuda()) fail("{} needs a CUDA device (the model is on {})", what, device.str());
   impl_ = std::make_unique<Impl>(device, warmup);
 }
 
@@ -72,10 +72,10 @@ torch::Tensor StepGraph::run(const torch::Tensor& x, const torch::Tensor& y,
 
 struct StepGraph::Impl {};
 
-StepGraph::StepGraph(const torch::Device& device, int64_t warmup) {
+StepGraph::StepGraph(const torch::Device& device, int64_t warmup, const char* what) {
   (void)warmup;
-  if (!device.is_cuda()) fail("train.cuda_graphs needs a CUDA device (train.device is {})", device.str());
-  fail("train.cuda_graphs: this build has no CUDA");
+  if (!device.is_cuda()) fail("{} needs a CUDA device (the model is on {})", what, device.str());
+  fail("{}: this build has no CUDA", what);
 }
 StepGraph::~StepGraph() = default;
 bool StepGraph::captured() const { return false; }

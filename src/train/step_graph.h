@@ -1,4 +1,5 @@
-// train.cuda_graphs: the training step as one CUDA graph. A step of a small model is a few hundred short
+// train.cuda_graphs: the training step as one CUDA graph (and `generate --cuda-graphs`: generation's
+// per-token step, models/gpt.h). A step of a small model is a few hundred short
 // kernels, and on a GPU their launches, not their arithmetic, set its time; a graph replays all of them
 // with one launch (PyTorch's torch.cuda.graphs, CUDA's stream capture). The step runs eagerly for its
 // first kWarmup calls (allocations, cuBLAS workspaces and the gradients' buffers made on the capture
@@ -22,13 +23,14 @@ class StepGraph {
  public:
   static constexpr int64_t kWarmup = 3;
   // `device` must be a CUDA device; `warmup` eager calls before the capture (tests: a large number keeps
-  // every call eager through the same code).
-  explicit StepGraph(const torch::Device& device, int64_t warmup = kWarmup);
+  // every call eager through the same code); `what` names the switch in its errors.
+  explicit StepGraph(const torch::Device& device, int64_t warmup = kWarmup, const char* what = "train.cuda_graphs");
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
-  // The loss of one step on (x, y): step(x, y) eagerly, or its captured graph replayed on copies of them.
+  // The result of one step on (x, y) (the loss; generation: the hidden state): step(x, y) eagerly, or its
+  // captured graph replayed on copies of them.
   torch::Tensor run(const torch::Tensor& x, const torch::Tensor& y,
                     const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& step);
   bool captured() const;

@@ -112,4 +112,12 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const CausalSpec& spec);
 
+// One query per row at a position held on the device, against a buffer of the whole context (fixed
+// shapes: generation's step as a CUDA graph, GptDecoder::fixed_shapes). q (B, K, 1, D); k, v (B, K, T, D)
+// with the key of position j in row j (rows past `at` may hold anything finite); at (1) int64 on q's
+// device -> (B, K, 1, D): the reference composition with the pattern's weights of query `at` against
+// keys 0 .. T - 1, so keys after `at` weigh 0. LSH (no fixed pattern of weights) is refused.
+at::Tensor causal_attention_at(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& at,
+                               const CausalSpec& spec);
+
 }  // namespace spanformer::attention

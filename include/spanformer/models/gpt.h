@@ -21,6 +21,13 @@
 // position p0. With `trim` the cache keeps only the keys a layer can still read: window: w - 1;
 // adaptive span: its largest visited distance - 1 (the spans are fixed at inference). Results are then
 // identical to running the model on the whole context (tests/test_gpt.cpp).
+//
+// Fixed shapes (GptDecoder::fixed_shapes; `generate --cuda-graphs`): a GPU spends a one-token step of a
+// small model launching a few hundred short kernels, which a CUDA graph replays at once, but a graph
+// needs the same shapes and buffers at every replay. So after the context is encoded the cache moves
+// into buffers of the whole context, (1, K, T, D) per layer, and each new token is written at row `at`
+// (an int64 tensor on the device) and reads rows 0 .. at through its pattern's weights
+// (attention::causal_attention_at): the same sums as the growing cache, with keys after `at` weighing 0.
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -31,7 +38,9 @@
 
 #include <torch/arg.h>
 
+#include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "spanformer/attention/causal_attention.h"
@@ -45,18 +54,32 @@ struct GptCache {
   std::vector<torch::Tensor> k, v;  // per layer (B, K, C_l, D); empty before the first call
   int64_t position = 0;             // p0 of the next tokens
   bool trim = true;                 // keep only the keys each layer can still read
+  // Fixed shapes: defined, (1) int64 on the device = position; k, v are then (B, K, T, D) buffers and
+  // one token a call is written at row `at` (header comment).
+  torch::Tensor at;
 };
+
+// What runs a fixed-shape step: step(x, at) itself, or its CUDA graph replayed on copies of x (1, 1)
+// and at (1) (train::StepGraph::run). Returns the step's hidden state (1, 1, H).
+using GptStepFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+using GptStepRunner = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const GptStepFn&)>;
 
 // Generation's context rule, the same with and without a cache: tokens are appended to `history`;
 // the model sees history[start ..] at positions 0, 1, ...; when that would exceed the context T, start
 // moves so that the last T / 2 tokens remain (the cache is then rebuilt from them). With use_cache the
 // new tokens run against the cached keys and values; without it the whole context is recomputed at
 // every call (the reference the cache is tested against, and bench --mode generate's baseline).
+// With fixed_shapes (and use_cache) each single new token runs at fixed shapes against `fixed`, whose
+// buffers are filled from the cache whenever the context is encoded anew (the first call, a slide) and
+// keep their storage from then on (a captured graph reads them); `runner`, when set, runs those steps.
 struct GptDecoder {
   bool use_cache = true, trim = true;
   std::vector<int64_t> history;
   int64_t start = 0;
   GptCache cache;
+  bool fixed_shapes = false;
+  GptStepRunner runner;
+  GptCache fixed;
 };
 
 // One layer's causal self-attention: H = d_model in K = heads heads of D = H / K, the pattern (the
@@ -90,9 +113,10 @@ class GptAttentionImpl : public torch::nn::Module {
  public:
   explicit GptAttentionImpl(GptAttentionOptions options);
   // h (B, N, H) -> (B, N, H); with k_cache / v_cache (B, K, C, D) the new keys are appended (and the
-  // cache trimmed to `keep` keys when keep >= 0).
+  // cache trimmed to `keep` keys when keep >= 0). With `at` defined (fixed shapes, N = 1) the caches are
+  // (B, K, T, D) buffers: the token's key and value are written at row `at`, which it reads up to.
   torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
-                        int64_t keep = -1);
+                        int64_t keep = -1, const torch::Tensor& at = {});
   // Keys a query reads at most (itself included): the pattern's band.
   int64_t band(int64_t keys) const;
   attention::CausalSpec spec() const;
@@ -109,7 +133,7 @@ class GptBlockImpl : public torch::nn::Module {
  public:
   explicit GptBlockImpl(GptBlockOptions options);
   torch::Tensor forward(const torch::Tensor& h, torch::Tensor* k_cache = nullptr, torch::Tensor* v_cache = nullptr,
-                        int64_t keep = -1);
+                        int64_t keep = -1, const torch::Tensor& at = {});
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   GptAttention attn{nullptr};
@@ -117,7 +141,7 @@ class GptBlockImpl : public torch::nn::Module {
 
   // The two residual branches: F = drop(attn(LN1 h)) and G = drop(MLP(LN2 h)) over ff_chunks slices.
   torch::Tensor attention_branch(const torch::Tensor& h, torch::Tensor* k_cache = nullptr,
-                                 torch::Tensor* v_cache = nullptr, int64_t keep = -1);
+                                 torch::Tensor* v_cache = nullptr, int64_t keep = -1, const torch::Tensor& at = {});
   torch::Tensor ff_branch(const torch::Tensor& h);
   // fc2(gelu(fc1(z))) with dropout, of the normed z (= ln2(h)): bias + GELU as one op (ops::bias_gelu)
   // where the fused step kernels run (include/spanformer/ops/step_ops.h), else ATen's linear and gelu.
@@ -133,12 +157,15 @@ class GptModelImpl : public torch::nn::Module {
   explicit GptModelImpl(const GptModelConfig& config);
 
   // x (B, N) -> last hidden state (B, N, H). Without a cache the tokens sit at positions 0 .. N - 1;
-  // with one at cache->position onward, and their keys and values are appended to it.
+  // with one at cache->position onward, and their keys and values are appended to it; with a
+  // fixed-shape cache (cache->at defined) N = 1 at position `at`, read on the device.
   torch::Tensor forward(const torch::Tensor& x, GptCache* cache = nullptr);
   torch::Tensor logits(const torch::Tensor& hidden);  // (B, N, H) -> (B, N, V)
   // Appends tokens (1, n), n <= T / 2 (or T for the first call), to a decoder's context by its rule.
   // Returns their last hidden states (1, n, H).
   torch::Tensor extend(const torch::Tensor& x, GptDecoder& decoder);
+  // Why generation cannot run at fixed shapes (one clause), empty when it can: every pattern but LSH.
+  std::string fixed_shape_refusal() const;
 
   torch::Tensor span_loss() const;  // sum over layers (0 without adaptive span)
   void clamp_spans();               // span ratios to [0, 1] and the host copies refreshed

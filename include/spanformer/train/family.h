@@ -102,6 +102,7 @@ struct SampleRequest {
   double temperature = 1.0;
   int64_t top_k = 0;
   double top_p = 1.0;
+  bool cuda_graphs = false;  // each new token's step as a CUDA graph (GraphedSampling)
   std::function<void(const std::string&)> on_text;
 };
 
@@ -300,6 +301,16 @@ class GraphedSteps {
   virtual void begin_graph_step(const StepContext& ctx) = 0;
   // The step's device work on (x, y), the loss as a 0-dim device tensor: captured once, replayed after.
   virtual torch::Tensor graph_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) = 0;
+};
+
+// `generate --cuda-graphs`: each new token's step at fixed shapes, captured as a CUDA graph once and
+// replayed (SampleRequest::cuda_graphs).
+class GraphedSampling {
+ public:
+  static constexpr const char* kWhat = "generation step captured as a CUDA graph (generate --cuda-graphs)";
+  virtual ~GraphedSampling() = default;
+  // Why this model's generation step cannot be captured, in one clause; empty when it can.
+  virtual std::string sampling_graph_refusal() const = 0;
 };
 
 // `spanformer translate`, Python's translate().

@@ -66,7 +66,8 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
                   public Sampling,
                   public Spans,
                   public AttentionPictures,
-                  public GraphedSteps {
+                  public GraphedSteps,
+                  public GraphedSampling {
  public:
   using ConfiguredFamily::ConfiguredFamily;
 
@@ -205,9 +206,21 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
     return report;
   }
 
+  // generate --cuda-graphs: the fixed-shape step (models/gpt.h) of every pattern with a KV cache.
+  std::string sampling_graph_refusal() const override { return model_->fixed_shape_refusal(); }
+
   void sample(const data::Vocab& vocab, const SampleRequest& r) override {
     model_->eval();
     models::GptDecoder decoder;
+    std::unique_ptr<StepGraph> graph;  // each new token's step captured once, then replayed
+    if (r.cuda_graphs) {
+      if (const auto why = sampling_graph_refusal(); !why.empty()) fail("generate --cuda-graphs: {}", why);
+      graph = std::make_unique<StepGraph>(device(), StepGraph::kWarmup, "generate --cuda-graphs");
+      decoder.fixed_shapes = true;
+      decoder.runner = [&graph](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
+        return graph->run(x, at, step);
+      };
+    }
     sample_tokens(vocab, r, std::max<int64_t>(1, config_.model.context / 2),
                   [&](const torch::Tensor& x) { return model_->extend(x, decoder); },
                   [&](const torch::Tensor& last) { return model_->logits(last); }, device());
@@ -265,29 +278,54 @@ void GptFamily::bench(const BenchRequest& r) {
     model_->eval();
     torch::NoGradGuard no_grad;
     const int64_t prompt = tokens > 0 ? T - tokens : std::max<int64_t>(1, T / 2), steps = T - prompt;
-    auto run = [&](bool use_cache) {
-      models::GptDecoder d;
-      d.use_cache = use_cache;
+    // train.cuda_graphs: a third row, each token's step at fixed shapes replayed as a CUDA graph (one
+    // decoder and graph for every round: the prompt refills the same buffers; captured in the first).
+    std::unique_ptr<StepGraph> graph;
+    models::GptDecoder graphed;
+    if (config_.train.cuda_graphs) {
+      if (const auto why = sampling_graph_refusal(); !why.empty()) fail("bench: generation as a CUDA graph: {}", why);
+      graph = std::make_unique<StepGraph>(r.device, StepGraph::kWarmup, "train.cuda_graphs");
+      graphed.fixed_shapes = true;
+      graphed.runner = [&graph](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
+        return graph->run(x, at, step);
+      };
+    }
+    auto run = [&](models::GptDecoder& d) {
+      d.history.clear();
+      d.start = 0;
       model_->extend(torch::randint(V, {1, prompt}, torch::kLong).to(r.device), d);
       const double t0 = now_seconds();
-      for (int64_t i = 0; i < steps; ++i) model_->extend(torch::randint(V, {1, 1}, torch::kLong).to(r.device), d);
+      torch::Tensor last;
+      for (int64_t i = 0; i < steps; ++i) last = model_->extend(torch::randint(V, {1, 1}, torch::kLong).to(r.device), d);
+      last.sum().item<double>();  // the device's work done
       return static_cast<double>(steps) / (now_seconds() - t0);
     };
-    double cached = 0, recomputed = 0;
+    double cached = 0, recomputed = 0, replayed = 0;
     for (int64_t i = 0; i < r.warmup + r.steps; ++i) {
-      const double a = run(true), b = run(false);
-      fmt::print(stderr, "  round {}/{}: {:.0f} tokens/s with the cache, {:.0f} without{}\n", i + 1, r.warmup + r.steps, a,
-                 b, i < r.warmup ? " (warmup)" : "");
-      if (i >= r.warmup) cached += a / static_cast<double>(r.steps), recomputed += b / static_cast<double>(r.steps);
+      models::GptDecoder with_cache, without;
+      without.use_cache = false;
+      const double a = run(with_cache), b = run(without), g = graph ? run(graphed) : 0.0;
+      fmt::print(stderr, "  round {}/{}: {:.0f} tokens/s with the cache, {:.0f} without{}{}\n", i + 1, r.warmup + r.steps,
+                 a, b, graph ? fmt::format(", {:.0f} as a CUDA graph", g) : "", i < r.warmup ? " (warmup)" : "");
+      if (i >= r.warmup) {
+        const double w = 1.0 / static_cast<double>(r.steps);
+        cached += a * w, recomputed += b * w, replayed += g * w;
+      }
+    }
+    nlohmann::json fields{{"mode", "generate"}, {"cached_tokens_per_s", cached}, {"recomputed_tokens_per_s", recomputed},
+                          {"attention", attention::causal_kind_name(c.attention)}};
+    std::string graphed_text;
+    if (graph) {
+      fields["graphed_tokens_per_s"] = replayed;
+      graphed_text = fmt::format(", {:.1f} tokens/s as a CUDA graph ({:.2f}x the cache)", replayed, replayed / cached);
     }
     report_bench(r, name(), "bench",
                  fmt::format("generate, {} layers, H {}, K {}, T {}, attention {}, tokens {} .. {} after a prompt of {}",
                              c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), prompt + 1, T,
                              prompt),
-                 fmt::format("{:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x)",
-                             cached, recomputed, cached / recomputed),
-                 {{"mode", "generate"}, {"cached_tokens_per_s", cached}, {"recomputed_tokens_per_s", recomputed},
-                  {"attention", attention::causal_kind_name(c.attention)}});
+                 fmt::format("{:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x){}",
+                             cached, recomputed, cached / recomputed, graphed_text),
+                 fields);
     return;
   }
   const StepContext ctx = bench_context(config_.train, r.device);
