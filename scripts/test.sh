@@ -91,8 +91,8 @@ stage_cuda() {
     return
   fi
   # No GPU (CI): the library with the kernels (nvcc, sm_90), their glue and the NCCL backend, linked into
-  # the tool, the operator module and the test binary, whose cuda-labelled tests then run and skip (a
-  # test binary that does not build against the CUDA LibTorch would cost a GPU machine's lease). The
+  # the tool, the operator module and the test binary, whose cuda-labelled tests then run and skip (so
+  # that the test binary is known to build against the CUDA LibTorch before a GPU runs it). The
   # benchmarks add no CUDA code: the GPU machine builds them.
   PATH="$PATH:/usr/local/cuda/bin" bash scripts/build.sh --cuda --target spanformer_launcher --target spanformer_torch_ops \
     --target spanformer_tests
