@@ -364,20 +364,13 @@ torch::Tensor GptModelImpl::extend(const torch::Tensor& x, GptDecoder& d) {
       d.fixed.position = p + 1;
       return hidden;
     }
-    // The context encoded anew (the first call, a slide, several tokens): the growing cache, then its
-    // keys and values into the fixed buffers.
-    d.cache = GptCache{};
-    d.cache.trim = d.trim;
-    auto context = torch::tensor(std::vector<int64_t>(d.history.begin() + d.start, d.history.end()), torch::kLong)
-                       .view({1, -1}).to(x.device());  // (1, end - start)
-    auto hidden = forward(context, &d.cache);        // (1, end - start, H)
-    fill_fixed(d.cache, d.fixed, T);
-    return hidden.narrow(1, hidden.size(1) - n, n);  // (1, n, H)
   }
-  if (use_cache && !slide) {
+  if (use_cache && !slide && !d.fixed_shapes) {
     d.cache.trim = d.trim;
     return forward(x, &d.cache);  // (1, n, H)
   }
+  // The context encoded anew (a slide, recomputation; at fixed shapes also the first call and several
+  // tokens at once): a fresh growing cache, whose keys and values then fill the fixed buffers.
   auto context = torch::tensor(std::vector<int64_t>(d.history.begin() + d.start, d.history.end()), torch::kLong)
                      .view({1, -1}).to(x.device());  // (1, end - start)
   torch::Tensor hidden;  // (1, end - start, H)
@@ -385,6 +378,7 @@ torch::Tensor GptModelImpl::extend(const torch::Tensor& x, GptDecoder& d) {
     d.cache = GptCache{};
     d.cache.trim = d.trim;
     hidden = forward(context, &d.cache);
+    if (d.fixed_shapes) fill_fixed(d.cache, d.fixed, T);
   } else {
     hidden = forward(context);
   }

@@ -216,10 +216,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
     if (r.cuda_graphs) {
       if (const auto why = sampling_graph_refusal(); !why.empty()) fail("generate --cuda-graphs: {}", why);
       graph = std::make_unique<StepGraph>(device(), StepGraph::kWarmup, "generate --cuda-graphs");
-      decoder.fixed_shapes = true;
-      decoder.runner = [&graph](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
-        return graph->run(x, at, step);
-      };
+      replay_steps(decoder, *graph);
     }
     sample_tokens(vocab, r, std::max<int64_t>(1, config_.model.context / 2),
                   [&](const torch::Tensor& x) { return model_->extend(x, decoder); },
@@ -244,6 +241,14 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
 
  private:
   torch::Device device() const { return model_->wte->weight.device(); }
+
+  // The decoder's per-token steps at fixed shapes, run through `graph` (captured once, then replayed).
+  static void replay_steps(models::GptDecoder& d, StepGraph& graph) {
+    d.fixed_shapes = true;
+    d.runner = [&graph](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
+      return graph.run(x, at, step);
+    };
+  }
 
   GptModel model_{nullptr};
 };
@@ -285,10 +290,7 @@ void GptFamily::bench(const BenchRequest& r) {
     if (config_.train.cuda_graphs) {
       if (const auto why = sampling_graph_refusal(); !why.empty()) fail("bench: generation as a CUDA graph: {}", why);
       graph = std::make_unique<StepGraph>(r.device, StepGraph::kWarmup, "train.cuda_graphs");
-      graphed.fixed_shapes = true;
-      graphed.runner = [&graph](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
-        return graph->run(x, at, step);
-      };
+      replay_steps(graphed, *graph);
     }
     auto run = [&](models::GptDecoder& d) {
       d.history.clear();
