@@ -19,6 +19,7 @@
 
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
+#include "spanformer/util/build_info.h"
 #include "spanformer/util/torch_compat.h"
 #include "op_cases.h"
 #include "ops/cpu/row_math.h"
@@ -122,6 +123,24 @@ TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
         return ops::flash_attention(in[0], in[1], in[2], o);
       });
   }
+}
+
+// train.amp=bf16 on a CPU without bf16 products in hardware is said once (train, bench): the line names
+// the CPU and is empty where AMX or AVX512-BF16 is present; on this machine it is empty exactly where the
+// kernels' bf16 products run on hardware.
+TEST(TileGemm, Bf16SpeedWarningOnlyWithoutBf16Hardware) {
+  compat::CpuInfo none{"Some CPU", "AVX2"};
+  const auto line = bf16_speed_warning(none);
+  EXPECT_NE(line.find("without bf16 hardware"), std::string::npos) << line;
+  EXPECT_NE(line.find("Some CPU, AVX2"), std::string::npos) << line;
+  EXPECT_EQ(line.find('\n'), std::string::npos) << "one line";
+  compat::CpuInfo amx = none, avx = none;
+  amx.amx_bf16 = true;
+  avx.avx512_bf16 = true;
+  EXPECT_EQ(bf16_speed_warning(amx), "");
+  EXPECT_EQ(bf16_speed_warning(avx), "");
+  if (ops::cpu::half_products_available())
+    EXPECT_EQ(bf16_speed_warning(compat::cpu_info()).empty(), ops::cpu::half_products_in_hardware(at::kBFloat16));
 }
 
 // The tile products (ops/cpu/tile_gemm.h) against float64 on the same operands, for every operand type

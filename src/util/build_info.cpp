@@ -36,6 +36,12 @@ std::string cpu_text() {
                      cpu.bf16_hardware(), native ? "bf16 operands" : "widened to float32");
 }
 
+std::string bf16_speed_warning(const compat::CpuInfo& cpu) {
+  if (cpu.bf16_hardware() != "none") return "";
+  return fmt::format("spanformer: train.amp=bf16 on a CPU without bf16 hardware (AMX or AVX512-BF16; this one: {}, {}): "
+                     "it runs, but slower than float32", cpu.name, cpu.vector_isa);
+}
+
 void check_environment() { ops::cpu::half_products_native(at::kBFloat16); }
 
 std::string version_line() {

@@ -77,10 +77,7 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
 static void say_once_if_bf16_is_slow() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const auto cpu = compat::cpu_info();
-    if (cpu.bf16_hardware() == "none")
-      fmt::print(stderr, "spanformer: train.amp=bf16 on a CPU without bf16 hardware (AMX or AVX512-BF16; this one: {}, "
-                         "{}): it runs, but slower than float32\n", cpu.name, cpu.vector_isa);
+    if (const auto line = bf16_speed_warning(compat::cpu_info()); !line.empty()) fmt::print(stderr, "{}\n", line);
   });
 }
 
