@@ -244,7 +244,7 @@ EOF
     grep -E "Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per|Issue Slots|One or More" \
       "$OUT/ncu_span_forward.txt" | head -30 | tee -a "$FIG"
     ;;
-  *) echo "unknown stage '$stage' (info build test ops compare flash tune nccl train peers e2e profile)"; exit 2 ;;
+  *) echo "unknown stage '$stage' (info build test ops compare flash tune nccl train train_ab peers e2e profile)"; exit 2 ;;
   esac
 done
 exit $failed
