@@ -21,6 +21,7 @@
 #include "spanformer/ops/flash_attention.h"
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/torch_compat.h"
+#include "cpu_levels.h"
 #include "op_cases.h"
 #include "ops/cpu/row_math.h"
 #include "ops/cpu/tile_gemm.h"
@@ -125,65 +126,79 @@ TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
   }
 }
 
-// train.amp=bf16 on a CPU without bf16 products in hardware is said once (train, bench): the line names
-// the CPU and is empty where AMX or AVX512-BF16 is present; on this machine it is empty exactly where the
-// kernels' bf16 products run on hardware.
+// train.amp=bf16 where the bf16 products have no hardware is said once (train, bench): the line names
+// the CPU and is empty where the products run in hardware; on this machine, at this ISA level, it is
+// empty exactly where the kernels' bf16 products run on hardware.
 TEST(TileGemm, Bf16SpeedWarningOnlyWithoutBf16Hardware) {
   compat::CpuInfo none{"Some CPU", "AVX2"};
-  const auto line = bf16_speed_warning(none);
-  EXPECT_NE(line.find("without bf16 hardware"), std::string::npos) << line;
-  EXPECT_NE(line.find("Some CPU, AVX2"), std::string::npos) << line;
+  const auto line = bf16_speed_warning(none, false);
+  EXPECT_NE(line.find("no hardware"), std::string::npos) << line;
+  EXPECT_NE(line.find("Some CPU, AVX2, bf16 hardware: none"), std::string::npos) << line;
   EXPECT_EQ(line.find('\n'), std::string::npos) << "one line";
-  compat::CpuInfo amx = none, avx = none;
-  amx.amx_bf16 = true;
-  avx.avx512_bf16 = true;
-  EXPECT_EQ(bf16_speed_warning(amx), "");
-  EXPECT_EQ(bf16_speed_warning(avx), "");
-  if (ops::cpu::half_products_available())
-    EXPECT_EQ(bf16_speed_warning(compat::cpu_info()).empty(), ops::cpu::half_products_in_hardware(at::kBFloat16));
+  EXPECT_EQ(bf16_speed_warning(none, true), "");
+  EXPECT_EQ(bf16_speed_warning(compat::cpu_info(), bf16_products_in_hardware()).empty(),
+            ops::cpu::half_products_in_hardware(at::kBFloat16));
 }
 
 // The tile products (ops/cpu/tile_gemm.h) against float64 on the same operands, for every operand type
-// and the shapes the kernels give them: odd K (the pairs-of-rows layout pads it), leading dimensions
-// wider than the rows, N not a multiple of any vector width, writing and accumulating. 16-bit operands
-// multiply exactly in float32, so every product is within float32 summation of K terms: 2 K 2^-24 times
-// the sum of |a b| (the bound of a recursive sum, doubled for the rounding of C's own value).
+// and the shapes the kernels give them: key tiles of 16 to 512 columns (more than 64 is what ATen's own
+// AMX packing refused), head widths 32, 64, 128 and odd K (the pairs-of-rows layout pads it), leading
+// dimensions wider than the rows, N not a multiple of any vector width, writing and accumulating. 16-bit
+// operands multiply exactly in float32, so every product is within float32 summation of K terms:
+// 2 K 2^-24 times the sum of |a b| (the bound of a recursive sum, doubled for the rounding of C's own value).
 TEST(TileGemm, EveryOperandTypeMatchesFloat64) {
   torch::manual_seed(5);
-  // Where the CPU has bf16 hardware, the bf16 tiles must run on it (the pairs-of-rows path): a CPU with
-  // AMX or AVX512-BF16 that fell back to the portable products would pass the checks below, slowly.
-  const auto cpu = compat::cpu_info();
-  if (ops::cpu::half_products_available())
-    EXPECT_EQ(ops::cpu::half_products_in_hardware(at::kBFloat16), cpu.amx_bf16 || cpu.avx512_bf16) << cpu.bf16_hardware();
+  // Where the CPU has bf16 hardware that oneDNN may use (ONEDNN_MAX_CPU_ISA), the bf16 tiles must run on
+  // it (the pairs-of-rows path): a CPU that fell back to the portable products would pass the checks
+  // below, slowly; and where oneDNN is kept below it, they must not.
+  if (ops::cpu::half_products_available()) {
+    const auto expected = tu::expected_bf16_products_in_hardware();
+    if (expected.has_value())
+      EXPECT_EQ(ops::cpu::half_products_in_hardware(at::kBFloat16), *expected) << cpu_text();
+  }
+  std::vector<std::array<int64_t, 3>> shapes{{64, 103, 32}, {7, 33, 5}, {64, 64, 63}, {1, 1, 1}, {16, 250, 64}};
+  for (int64_t N : {16, 80, 128, 256, 512})
+    for (int64_t K : {32, 64, 128, 65}) shapes.push_back({64, N, K});  // Q K^T (N keys, K = D), P V (K keys)
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     if (dtype != at::kFloat && !ops::cpu::half_products_available()) continue;  // LibTorch 1.13: no 16-bit tiles
-    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{64, 103, 32}, {7, 33, 5}, {64, 64, 63}, {1, 1, 1}, {16, 250, 64}})
-      for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(std::string(c10::toString(dtype)) + " M " + std::to_string(M) + " N " + std::to_string(N) + " K " +
-                     std::to_string(K) + (accumulate ? " accumulating" : ""));
-        const int64_t ld_a = K + 3, ld_b = N + 5, ld_c = N + 2;
-        const auto a = torch::randn({M, ld_a}).to(dtype), b = torch::randn({K, ld_b}).to(dtype);  // (M, ld_a), (K, ld_b)
-        auto c = torch::randn({M, ld_c});                                                            // (M, ld_c) float32
-        const auto a64 = a.narrow(1, 0, K).to(at::kDouble), b64 = b.narrow(1, 0, N).to(at::kDouble);
-        const auto c0 = c.narrow(1, 0, N).to(at::kDouble);
-        const auto want = at::mm(a64, b64) + (accumulate ? c0 : at::zeros_like(c0));                // (M, N)
-        const auto bound = 2.0 * K * std::ldexp(1.0, -24) * (at::mm(a64.abs(), b64.abs()) + c0.abs()) + 1e-30;
-        const auto tail = c.narrow(1, N, ld_c - N).clone();                                          // must stay
-        if (dtype == at::kFloat)
-          ops::cpu::tile_gemm(M, N, K, a.data_ptr<float>(), ld_a, b.data_ptr<float>(), ld_b, c.data_ptr<float>(), ld_c,
-                              accumulate);
-        else if (dtype == at::kBFloat16)
-          ops::cpu::tile_gemm(M, N, K, a.data_ptr<c10::BFloat16>(), ld_a, b.data_ptr<c10::BFloat16>(), ld_b,
-                              c.data_ptr<float>(), ld_c, accumulate);
-        else
-          ops::cpu::tile_gemm(M, N, K, a.data_ptr<c10::Half>(), ld_a, b.data_ptr<c10::Half>(), ld_b, c.data_ptr<float>(),
-                              ld_c, accumulate);
-        if (dtype != at::kFloat) ops::cpu::release_half_products(dtype);
-        const auto err = (c.narrow(1, 0, N).to(at::kDouble) - want).abs();
-        EXPECT_TRUE((err <= bound).all().item<bool>()) << "worst error over bound " << (err / bound).max().item<double>();
-        EXPECT_TRUE(at::equal(c.narrow(1, N, ld_c - N), tail)) << "wrote past N";
-      }
+    for (const auto mode : {ops::cpu::HalfProducts::automatic, ops::cpu::HalfProducts::native}) {
+      if (dtype == at::kFloat && mode != ops::cpu::HalfProducts::automatic) continue;
+      const ops::cpu::HalfProductsOverride products(mode);
+      for (auto [M, N, K] : shapes)
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(std::string(c10::toString(dtype)) + " M " + std::to_string(M) + " N " + std::to_string(N) +
+                       " K " + std::to_string(K) + (accumulate ? " accumulating" : ""));
+          const int64_t ld_a = K + 3, ld_b = N + 5, ld_c = N + 2;
+          const auto a = torch::randn({M, ld_a}).to(dtype), b = torch::randn({K, ld_b}).to(dtype);  // (M, ld_a), (K, ld_b)
+          auto c = torch::randn({M, ld_c});                                                            // (M, ld_c) float32
+          const auto a64 = a.narrow(1, 0, K).to(at::kDouble), b64 = b.narrow(1, 0, N).to(at::kDouble);
+          const auto c0 = c.narrow(1, 0, N).to(at::kDouble);
+          const auto want = at::mm(a64, b64) + (accumulate ? c0 : at::zeros_like(c0));                // (M, N)
+          const auto bound = 2.0 * K * std::ldexp(1.0, -24) * (at::mm(a64.abs(), b64.abs()) + c0.abs()) + 1e-30;
+          const auto tail = c.narrow(1, N, ld_c - N).clone();                                          // must stay
+          if (dtype == at::kFloat)
+            ops::cpu::tile_gemm(M, N, K, a.data_ptr<float>(), ld_a, b.data_ptr<float>(), ld_b, c.data_ptr<float>(), ld_c,
+                                accumulate);
+          else if (dtype == at::kBFloat16)
+            ops::cpu::tile_gemm(M, N, K, a.data_ptr<c10::BFloat16>(), ld_a, b.data_ptr<c10::BFloat16>(), ld_b,
+                                c.data_ptr<float>(), ld_c, accumulate);
+          else
+            ops::cpu::tile_gemm(M, N, K, a.data_ptr<c10::Half>(), ld_a, b.data_ptr<c10::Half>(), ld_b,
+                                c.data_ptr<float>(), ld_c, accumulate);
+          if (dtype != at::kFloat) ops::cpu::release_half_products(dtype);
+          const auto err = (c.narrow(1, 0, N).to(at::kDouble) - want).abs();
+          EXPECT_TRUE((err <= bound).all().item<bool>()) << "worst error over bound " << (err / bound).max().item<double>();
+          EXPECT_TRUE(at::equal(c.narrow(1, N, ld_c - N), tail)) << "wrote past N";
+        }
+    }
   }
+}
+
+// The float32 rows run at the widest vector level the CPU has, lowered by ATEN_CPU_CAPABILITY as ATen's
+// own kernels are (the isa.* CTest entries run the kernels' tests at each level below this machine's).
+TEST(TileGemm, RowsRunAtTheLevelAsked) {
+  EXPECT_EQ(std::string(ops::cpu::vector_level_name()), tu::expected_row_level()) << cpu_text();
+  EXPECT_NE(cpu_text().find(std::string("rows ") + ops::cpu::vector_level_name()), std::string::npos) << cpu_text();
 }
 
 // bfloat16 and float16 on the fused kernel, with both kinds of products (ops/cpu/tile_gemm.h), whichever

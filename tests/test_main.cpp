@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "spanformer/util/build_info.h"
 #include "spanformer/util/runtime.h"
 
 namespace spanformer::tu {
@@ -59,7 +60,12 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--op-perf") == 0) {  // perf mode of the ops' case lists
     return spanformer::tu::op_perf_main(std::vector<std::string>(argv + 2, argv + argc));
   }
+  bool listing = false;
+  for (int i = 1; i < argc; ++i) listing = listing || std::strncmp(argv[i], "--gtest_list_tests", 18) == 0;
   ::testing::InitGoogleTest(&argc, argv);
+  // Every test log says what the CPU kernels run on: the line of `spanformer --version` (not when CTest
+  // lists the tests: it reads that output as test names).
+  if (!listing) std::printf("spanformer_tests: CPU: %s\n", spanformer::cpu_text().c_str());
   // Two intra-op threads, or OMP_NUM_THREADS where set (scripts/test.sh: one per test while CTest runs
   // one test per core). Training tests leave train.threads at 0, which follows the same variable (else
   // takes every core); only a test whose point is a thread count sets one

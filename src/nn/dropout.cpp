@@ -8,15 +8,22 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../ops/cpu_features.h"
 #include "../ops/dropout_hash.h"                    // splitmix64
 #include "spanformer/ops/adaptive_span_attention.h"  // draw_dropout_seed
 #include "spanformer/util/error.h"
 
-// The mask loop compiled for AVX-512, AVX2 and baseline x86-64, picked at load time (as in row_math.cpp).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define SPANFORMER_DROPOUT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#if defined(__GNUC__)
+#define SPANFORMER_INLINE_LOOP inline __attribute__((always_inline))
 #else
-#define SPANFORMER_DROPOUT_CLONES
+#define SPANFORMER_INLINE_LOOP inline
+#endif
+// The mask loop is compiled for each vector level (x86-64-v4, -v3, the baseline) and picked by
+// ops/cpu_features.h's level, as the attention kernels' rows are (the isa.* CTest entries run each).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define SPANFORMER_DROPOUT_LEVELS 1
+#else
+#define SPANFORMER_DROPOUT_LEVELS 0
 #endif
 
 namespace spanformer::nn {
@@ -28,7 +35,7 @@ constexpr int64_t kDropoutChunk = 4096;
 
 // A 32-bit integer finaliser (two xor-shift-multiply rounds, "lowbias32"): a bijection that spreads one
 // changed input bit over every output bit.
-inline uint32_t mix32(uint32_t x) {
+SPANFORMER_INLINE_LOOP uint32_t mix32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7FEB352DU;
   x ^= x >> 15;
@@ -47,7 +54,7 @@ DropoutKeys dropout_keys(uint64_t seed) {
 }
 
 // hash(i) = mix32(mix32(lo(i) ^ key.low) + (hi(i) ^ key.high)); kept when hash >= threshold.
-inline uint32_t dropout_hash(DropoutKeys key, uint32_t low, uint32_t high) {
+SPANFORMER_INLINE_LOOP uint32_t dropout_hash(DropoutKeys key, uint32_t low, uint32_t high) {
   return mix32(mix32(low ^ key.low) + (high ^ key.high));
 }
 
@@ -57,17 +64,40 @@ uint32_t dropout_threshold(double p) {
 }
 
 // mask[j] = scale where element first + j is kept, else 0, for j < n (first a multiple of kDropoutChunk).
-SPANFORMER_DROPOUT_CLONES void mask_chunk(DropoutKeys key, uint32_t threshold, uint64_t first, int64_t n,
-                                          float scale, float* mask) {
+template <typename T>
+SPANFORMER_INLINE_LOOP void mask_loop(DropoutKeys key, uint32_t threshold, uint64_t first, int64_t n, T scale, T* mask) {
   const uint32_t low = static_cast<uint32_t>(first), high = static_cast<uint32_t>(first >> 32);
   for (int64_t j = 0; j < n; ++j)
-    mask[j] = dropout_hash(key, low + static_cast<uint32_t>(j), high) >= threshold ? scale : 0.0f;
+    mask[j] = dropout_hash(key, low + static_cast<uint32_t>(j), high) >= threshold ? scale : T(0);
 }
-SPANFORMER_DROPOUT_CLONES void mask_chunk(DropoutKeys key, uint32_t threshold, uint64_t first, int64_t n,
-                                          double scale, double* mask) {
-  const uint32_t low = static_cast<uint32_t>(first), high = static_cast<uint32_t>(first >> 32);
-  for (int64_t j = 0; j < n; ++j)
-    mask[j] = dropout_hash(key, low + static_cast<uint32_t>(j), high) >= threshold ? scale : 0.0;
+
+template <typename T>
+void mask_baseline(DropoutKeys key, uint32_t threshold, uint64_t first, int64_t n, T scale, T* mask) {
+  mask_loop(key, threshold, first, n, scale, mask);
+}
+#if SPANFORMER_DROPOUT_LEVELS
+template <typename T>
+__attribute__((target("arch=x86-64-v3"))) void mask_avx2(DropoutKeys key, uint32_t threshold, uint64_t first,
+                                                          int64_t n, T scale, T* mask) {
+  mask_loop(key, threshold, first, n, scale, mask);
+}
+template <typename T>
+__attribute__((target("arch=x86-64-v4"))) void mask_avx512(DropoutKeys key, uint32_t threshold, uint64_t first,
+                                                            int64_t n, T scale, T* mask) {
+  mask_loop(key, threshold, first, n, scale, mask);
+}
+#endif
+
+template <typename T>
+void mask_chunk(DropoutKeys key, uint32_t threshold, uint64_t first, int64_t n, T scale, T* mask) {
+#if SPANFORMER_DROPOUT_LEVELS
+  switch (ops::cpu::vector_level()) {
+    case ops::cpu::VectorLevel::avx512: return mask_avx512(key, threshold, first, n, scale, mask);
+    case ops::cpu::VectorLevel::avx2: return mask_avx2(key, threshold, first, n, scale, mask);
+    default: break;
+  }
+#endif
+  mask_baseline(key, threshold, first, n, scale, mask);
 }
 
 // y = x * mask, in float for 16-bit and float tensors, in double for double ones: a product rather than a

@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <ctime>
 
 #include <fmt/format.h>
@@ -10,7 +11,7 @@
 #include "spanformer/git_commit.h"
 #include "spanformer/util/torch_compat.h"
 #include "spanformer/version.h"
-#include "ops/cpu/tile_gemm.h"
+#include "ops/cpu_features.h"
 
 namespace spanformer {
 namespace {
@@ -29,17 +30,24 @@ std::string cuda_text() {
 
 std::string cpu_text() {
   const auto cpu = compat::cpu_info();
-  // The attention kernels' bf16 products: native where the CPU has AMX or AVX512-BF16
-  // (ops/cpu/tile_gemm.h).
-  const bool native = ops::cpu::half_products_native(at::kBFloat16);
-  return fmt::format("{}, {}, bf16 products: {} (attention kernels: {})", cpu.name, cpu.vector_isa,
-                     cpu.bf16_hardware(), native ? "bf16 operands" : "widened to float32");
+  // How the attention kernels multiply 16-bit inputs (ops/cpu/tile_gemm.h) and the level of their float32
+  // rows (ops/cpu/row_math.h), after the switches that lower them (ATEN_CPU_CAPABILITY,
+  // ONEDNN_MAX_CPU_ISA, SPANFORMER_CPU_HALF_PRODUCTS).
+  auto products = [](c10::ScalarType dtype) {
+    return ops::cpu::half_products_native(dtype) ? "16-bit operands" : "widened to float32";
+  };
+  const char* onednn_cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  return fmt::format("{}, {}, bf16 hardware: {}, rows {}, bf16 products {}, fp16 products {}{}", cpu.name,
+                     cpu.vector_isa, cpu.bf16_hardware(), ops::cpu::vector_level_name(), products(at::kBFloat16),
+                     products(at::kHalf), onednn_cap ? fmt::format(", ONEDNN_MAX_CPU_ISA={}", onednn_cap) : "");
 }
 
-std::string bf16_speed_warning(const compat::CpuInfo& cpu) {
-  if (cpu.bf16_hardware() != "none") return "";
-  return fmt::format("spanformer: train.amp=bf16 on a CPU without bf16 hardware (AMX or AVX512-BF16; this one: {}, {}): "
-                     "it runs, but slower than float32", cpu.name, cpu.vector_isa);
+bool bf16_products_in_hardware() { return ops::cpu::half_products_in_hardware(at::kBFloat16); }
+
+std::string bf16_speed_warning(const compat::CpuInfo& cpu, bool products_in_hardware) {
+  if (products_in_hardware) return "";
+  return fmt::format("spanformer: train.amp=bf16 where bf16 products have no hardware (AMX or AVX512-BF16; this CPU: {}, {}, "
+                     "bf16 hardware: {}): it runs, but slower than float32", cpu.name, cpu.vector_isa, cpu.bf16_hardware());
 }
 
 void check_environment() { ops::cpu::half_products_native(at::kBFloat16); }

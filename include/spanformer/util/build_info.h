@@ -12,17 +12,21 @@ struct CpuInfo;
 }
 
 // "spanformer 0.1.0 (commit 3f2a9c1d0e4b), LibTorch 2.15.0, CUDA: not built in, CPU: AMD EPYC, AVX512,
-// bf16 products: AVX512-BF16"
+// bf16 hardware: AVX512-BF16, rows AVX512, bf16 products 16-bit operands, fp16 products widened to float32"
 std::string version_line();
 
 // The CPU part of that line: name, the vector ISA ATen's kernels use, the bf16 hardware (AMX,
-// AVX512-BF16 or none) and how the attention kernels multiply bf16 (bf16 operands, or widened to float32).
+// AVX512-BF16 or none), the level of the attention kernels' float32 rows, how they multiply bf16 and
+// fp16 inputs (16-bit operands, or widened to float32), and ONEDNN_MAX_CPU_ISA where it is set.
 std::string cpu_text();
 
-// What `train` and `bench` say once a process when train.amp=bf16 runs on `cpu` without bf16 hardware
-// (neither AMX nor AVX512-BF16: bf16 then runs, widened to float32, slower than float32 itself); ""
-// where the CPU has it.
-std::string bf16_speed_warning(const compat::CpuInfo& cpu);
+// What `train` and `bench` say once a process when train.amp=bf16 runs where the kernels' bf16 products
+// have no hardware (neither AMX nor AVX512-BF16, or oneDNN kept from them: bf16 then runs, widened to
+// float32, slower than float32 itself); "" where they have it.
+std::string bf16_speed_warning(const compat::CpuInfo& cpu, bool products_in_hardware);
+
+// Whether the attention kernels' bf16 products run in hardware here (a probe product, ops/cpu/tile_gemm.h).
+bool bf16_products_in_hardware();
 
 // Throws, with a one-line message, where an environment setting the library reads is malformed
 // (SPANFORMER_CPU_HALF_PRODUCTS: auto, widened or native). The command line calls it first.

@@ -10,6 +10,8 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -109,7 +111,16 @@ inline CpuInfo cpu_info() {
   auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
   info.amx_bf16 = has("amx_bf16");
   info.avx512_bf16 = has("avx512_bf16");
-  info.vector_isa = has("avx512f") ? "AVX512" : has("avx2") ? "AVX2" : "DEFAULT";
+  info.vector_isa = has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq") ? "AVX512"
+                    : has("avx2") && has("fma")                                          ? "AVX2"
+                                                                                         : "DEFAULT";
+  // ATen's own switch lowers it, as ATen's kernels read it.
+  if (const char* cap = std::getenv("ATEN_CPU_CAPABILITY")) {
+    std::string c = cap;
+    for (auto& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (c == "default") info.vector_isa = "DEFAULT";
+    if (c == "avx2" && info.vector_isa == "AVX512") info.vector_isa = "AVX2";
+  }
 #endif
   if (info.name.empty()) info.name = "unknown CPU";
   return info;

@@ -1,7 +1,9 @@
 // The elementwise work of the CPU attention kernels, one row of a tile at a time, in loops the compiler
-// vectorises. Float32 rows are compiled three times (AVX-512, AVX2 + FMA, baseline x86-64) and the
-// loader picks the one the CPU runs (GCC's target_clones); the library itself is built for the baseline.
-// Float64 rows are plain loops with std::exp (they exist for the exact tests).
+// vectorises. Float32 rows are compiled three times (x86-64-v4: AVX-512; x86-64-v3: AVX2 + FMA; the
+// baseline), and one table is picked on first use: ops/cpu_features.h's vector level (the widest the CPU
+// runs, lowered by ATEN_CPU_CAPABILITY=avx2|default), so that a machine with AVX-512 runs every level in
+// its tests. The library itself is built for the baseline. Float64 rows are plain loops with
+// std::exp (they exist for the exact tests).
 //
 // The float32 exponential is a degree-6 polynomial after the range reduction x = n ln 2 + r (Cody and
 // Waite's split of ln 2; the polynomial of Cephes' expf): within 1 ulp of exp over [-87, 0] (0.94 one at

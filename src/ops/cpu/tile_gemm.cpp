@@ -57,8 +57,9 @@ void pack_pairs(int64_t K, int64_t N, const half_t* B, int64_t ld_b, half_t* out
 }
 
 // C (M, N) (+)= A (M, K) B (K, N) with 16-bit operands. Where the CPU multiplies them natively, B goes
-// into pairs of rows: by ATen's cpublas::pack where it can (AMX), by pack_pairs elsewhere (AVX512-BF16);
-// K is padded to even with a zero column of A (in this thread's buffer) and a zero row of B.
+// into pairs of rows by pack_pairs (one packing for every CPU: ATen's cpublas::pack, which only AMX
+// offers, accepts at most 64 columns there), K padded to even with a zero column of A (in this thread's
+// buffer) and a zero row of B.
 template <typename half_t>
 void half_gemm(int64_t M, int64_t N, int64_t K, const half_t* A, int64_t ld_a, const half_t* B, int64_t ld_b, float* C,
                int64_t ld_c, bool accumulate) {
@@ -67,7 +68,7 @@ void half_gemm(int64_t M, int64_t N, int64_t K, const half_t* A, int64_t ld_a, c
     at::native::cpublas::brgemm(M, N, K, ld_a, ld_b, ld_c, accumulate, A, B, C, /*is_vnni=*/false);
     return;
   }
-  thread_local std::vector<half_t> a_even, b_even, b_packed;
+  thread_local std::vector<half_t> a_even, b_packed;
   const int64_t Ke = K + K % 2;
   if (Ke != K) {
     a_even.assign(static_cast<size_t>(M * Ke), half_t(0.0f));  // (M, Ke)
@@ -76,35 +77,26 @@ void half_gemm(int64_t M, int64_t N, int64_t K, const half_t* A, int64_t ld_a, c
     ld_a = Ke;
   }
   b_packed.resize(static_cast<size_t>(Ke * N));  // (Ke / 2, N, 2)
-  static const bool aten_packs = at::native::cpublas::could_pack(dtype);
-  if (aten_packs) {
-    if (Ke != K) {
-      b_even.assign(static_cast<size_t>(Ke * N), half_t(0.0f));  // (Ke, N)
-      for (int64_t r = 0; r < K; ++r) std::memcpy(b_even.data() + r * N, B + r * ld_b, N * sizeof(half_t));
-      B = b_even.data();
-      ld_b = N;
-    }
-    at::native::cpublas::pack(Ke, N, ld_b, N, dtype, dtype, B, b_packed.data());
-  } else {
-    pack_pairs(K, N, B, ld_b, b_packed.data());
-  }
+  pack_pairs(K, N, B, ld_b, b_packed.data());
   at::native::cpublas::brgemm(M, N, Ke, ld_a, N, ld_c, accumulate, A, b_packed.data(), C, /*is_vnni=*/true);
 }
 
-// Whether ATen's brgemm multiplies 16-bit operands in pairs-of-rows layout on this CPU: AMX (where
-// cpublas::could_pack), or for bfloat16 AVX512-BF16, which the brgemm serves but could_pack does not
-// report. Asked by running one small product (an unsupported CPU throws) and checking its result.
-bool vnni_products_work(c10::ScalarType dtype) {
-  if (at::native::cpublas::could_pack(dtype)) return true;
-  if (dtype != at::kBFloat16 || !compat::cpu_info().avx512_bf16) return false;
-  const int64_t M = 2, N = 3, K = 4;
-  std::vector<c10::BFloat16> a(M * K), b(K * N), packed(K * N);
-  for (int64_t i = 0; i < M * K; ++i) a[i] = c10::BFloat16(float(i % 5) - 2.0f);
-  for (int64_t i = 0; i < K * N; ++i) b[i] = c10::BFloat16(float(i % 7) - 3.0f);
+// Whether ATen's brgemm multiplies 16-bit operands in the pairs-of-rows layout on this CPU (AMX;
+// AVX512-BF16 for bfloat16; AVX512-FP16 or AMX-FP16 for float16), within the instruction set oneDNN is
+// allowed (ONEDNN_MAX_CPU_ISA lowers it). Asked the same way on every CPU: one product of the shape
+// class the kernels use (more than 64 columns, odd K), packed by pack_pairs; a CPU without such
+// products throws or computes something else, and the answer is no.
+template <typename half_t>
+bool vnni_products_work() {
+  const int64_t M = 5, N = 80, K = 7, Ke = 8;
+  std::vector<half_t> a(M * Ke, half_t(0.0f)), b(K * N), packed(Ke * N);  // A (M, Ke), B (K, N)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t x = 0; x < K; ++x) a[i * Ke + x] = half_t(float((i * 3 + x) % 5) - 2.0f);
+  for (int64_t i = 0; i < K * N; ++i) b[i] = half_t(float(i % 7) - 3.0f);
   pack_pairs(K, N, b.data(), N, packed.data());
   std::vector<float> c(M * N, 0.0f);
   try {
-    at::native::cpublas::brgemm(M, N, K, K, N, N, false, a.data(), packed.data(), c.data(), /*is_vnni=*/true);
+    at::native::cpublas::brgemm(M, N, Ke, Ke, N, N, false, a.data(), packed.data(), c.data(), /*is_vnni=*/true);
     at::native::cpublas::brgemm_release(/*is_vnni=*/true);
   } catch (const std::exception&) {
     return false;
@@ -112,7 +104,7 @@ bool vnni_products_work(c10::ScalarType dtype) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float want = 0;
-      for (int64_t x = 0; x < K; ++x) want += float(a[i * K + x]) * float(b[x * N + j]);
+      for (int64_t x = 0; x < K; ++x) want += float(a[i * Ke + x]) * float(b[x * N + j]);
       if (c[i * N + j] != want) return false;  // small integers: exact in any order
     }
   return true;
@@ -182,8 +174,8 @@ bool half_products_available() { return kHalfBrgemm; }
 
 bool half_products_in_hardware(c10::ScalarType dtype) {
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
-  static const bool bf16 = vnni_products_work(at::kBFloat16);
-  static const bool f16 = vnni_products_work(at::kHalf);
+  static const bool bf16 = vnni_products_work<c10::BFloat16>();
+  static const bool f16 = vnni_products_work<c10::Half>();
   return dtype == at::kBFloat16 ? bf16 : dtype == at::kHalf ? f16 : false;
 #else
   return false;

@@ -77,7 +77,8 @@ std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& pro
 static void say_once_if_bf16_is_slow() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (const auto line = bf16_speed_warning(compat::cpu_info()); !line.empty()) fmt::print(stderr, "{}\n", line);
+    const auto line = bf16_speed_warning(compat::cpu_info(), bf16_products_in_hardware());
+    if (!line.empty()) fmt::print(stderr, "{}\n", line);
   });
 }
 
