@@ -30,6 +30,18 @@ import spanformer
 NAME = "spanformer"
 
 
+def _attention_weights_asked():
+    """Whether the model's forward was asked for attention weights (output_attentions=True): transformers
+    5 collects them with forward hooks on the attention modules, whose collector it keeps in a context
+    variable; older versions pass output_attentions to the attention function."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and any(k in collected for k in ("attentions", "cross_attentions"))
+
+
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                **kwargs):
     """transformers' attention-function signature: query (B, H, N, D), key and value (B, Hkv, C, D) ->
@@ -37,10 +49,13 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if attention_mask is not None:
         raise ValueError(f"{NAME}: padded batches are not supported (attention_mask has zeros); "
                          "use attn_implementation='sdpa' for them")
-    if not getattr(module, "is_causal", True) or key.shape[-2] < query.shape[-2]:
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    if not is_causal or key.shape[-2] < query.shape[-2]:
         raise ValueError(f"{NAME}: only causal self-attention is supported (this layer is not); "
                          "use attn_implementation='sdpa' for it")
-    if kwargs.get("output_attentions"):
+    if kwargs.get("output_attentions") or _attention_weights_asked():
         raise ValueError(f"{NAME}: attention weights are never formed; use attn_implementation='eager' for them")
     D = query.shape[-1]
     if scaling is not None and abs(scaling * D ** 0.5 - 1.0) > 1e-12:

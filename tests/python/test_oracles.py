@@ -23,7 +23,7 @@ import torch
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 import spanformer
-from hf_models import KINDS, hf_pair, prompt_ids
+from hf_models import KINDS, hf_model, hf_pair, prompt_ids
 
 torch.set_num_threads(1)
 
@@ -405,10 +405,12 @@ def test_a_transformers_users_gpt2_opens_in_generate(cli, byte_data, tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_transformers_models_on_our_flash_attention_give_eagers_logits_and_tokens(kind):
-    """GPT-2, a Llama with grouped-query attention and a Mistral with 8-key sliding windows (shorter than
-    the 40 tokens, so the band matters), attn_implementation="spanformer" against transformers'
-    eager: logits within 1e-5 (float32 rounding of the same sums in another order) and the same 20
-    greedy tokens through generate(), which runs the KV cache (one query against C keys)."""
+    """GPT-2 (also with scores divided by the layer number: a `scaling` other than D^-1/2), a Llama with
+    grouped-query attention and a Mistral with 8-key sliding windows (shorter than the 40 tokens, so the
+    band matters), attn_implementation="spanformer" against transformers' eager, each model built from
+    its own config and checked to run what it says (hf_pair): logits within 1e-5 (float32 rounding of the
+    same sums in another order) and the same 20 greedy tokens through generate(), which runs the KV cache
+    (one query against C keys)."""
     eager, ours = hf_pair(kind)
     ids = prompt_ids()
     with torch.no_grad():
@@ -421,6 +423,33 @@ def test_transformers_models_on_our_flash_attention_give_eagers_logits_and_token
         eager.config.sliding_window = None
         with torch.no_grad():
             assert (eager(ids).logits - got).abs().max() > 1e-3
+    if kind == "gpt2_layer_scaled":  # the layer's scaling is what makes them equal: without it they differ
+        plain = hf_model("gpt2", "eager")
+        plain.load_state_dict(eager.state_dict())
+        with torch.no_grad():
+            assert (plain(ids).logits - got).abs().max() > 1e-3
+
+
+def test_transformers_refusals_are_one_line_value_errors():
+    """What spanformer.hf cannot compute is a ValueError that names the way out, never other numbers: a
+    layer made bidirectional (the module's is_causal, or is_causal=False passed down), attention weights
+    asked for (output_attentions=True, which eager returns)."""
+    eager, ours = hf_pair("llama")
+    ids = prompt_ids()[:1, :8]
+    with torch.no_grad():
+        assert len(eager(ids, output_attentions=True).attentions) == 2  # what a user asking for them gets from eager
+        with pytest.raises(ValueError, match=r"^spanformer: attention weights are never formed; use attn_implementation='eager'"):
+            ours(ids, output_attentions=True)
+        layer = next(m for m in ours.modules() if hasattr(m, "is_causal"))
+        layer.is_causal = False
+        with pytest.raises(ValueError, match=r"^spanformer: only causal self-attention is supported.*'sdpa'"):
+            ours(ids)
+        layer.is_causal = True
+        from spanformer.hf import _attention
+        q = torch.randn(1, 4, 3, 16)
+        with pytest.raises(ValueError, match="only causal self-attention"):
+            _attention(layer, q, q, q, None, is_causal=False)
+        assert ours(ids).logits.shape == (1, 8, 97)  # the layer restored: it runs again
 
 
 def test_transformers_padded_batches_are_refused_by_name():
