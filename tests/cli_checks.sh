@@ -69,6 +69,39 @@ same_figure() {
     || fail "$3: $1 vs $2"
 }
 
+# printed_figure FILE REGEX VALUE what: the number REGEX's first group finds in FILE (a command's text
+# output) is VALUE (its --json twin) to the digits printed: within half a unit of the last digit shown.
+printed_figure() {
+  "$py" - "$1" "$2" "$3" "$4" <<'PY' || exit 1
+import re, sys
+text, pattern, value, what = open(sys.argv[1]).read(), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+m = re.search(pattern, text, re.M)
+if not m:
+    sys.exit(f"FAIL: {what}: no figure matching {pattern!r} in: {text.strip()[:300]}")
+shown = m.group(1)
+decimals = len(shown.split(".")[1]) if "." in shown else 0
+if abs(float(shown) - value) > 0.5 * 10 ** -decimals * (1 + 1e-9) + 1e-12 * abs(value):
+    sys.exit(f"FAIL: {what}: printed {shown}, --json {value!r}")
+PY
+}
+
+# rate_consistent FILE COUNT what: a bench line "X ms/step, Y <unit>/s" holds together: Y x X / 1000 is
+# the step's COUNT (images, tokens) to the digits printed.
+rate_consistent() {
+  "$py" - "$1" "$2" "$3" <<'PY' || exit 1
+import re, sys
+text, count, what = open(sys.argv[1]).read(), float(sys.argv[2]), sys.argv[3]
+m = re.search(r"([0-9.]+) ms/step, ([0-9.]+) [a-z]+/s", text)
+if not m:
+    sys.exit(f"FAIL: {what}: no 'ms/step, .../s' line in: {text.strip()[:300]}")
+ms, rate = float(m.group(1)), float(m.group(2))
+unit = lambda s: 0.5 * 10 ** -(len(s.split(".")[1]) if "." in s else 0)
+allowed = count * (unit(m.group(1)) / ms + unit(m.group(2)) / rate) + 1e-9
+if abs(rate * ms / 1000 - count) > allowed:
+    sys.exit(f"FAIL: {what}: {rate} /s x {ms} ms = {rate * ms / 1000:.3f}, not the step's {count}")
+PY
+}
+
 # differ A B what: two outputs (files) that an option must make different.
 differ() {
   if cmp -s "$1" "$2"; then fail "$3: the outputs are identical"; fi

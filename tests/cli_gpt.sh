@@ -111,9 +111,11 @@ wt2="$src/../shared/data/wikitext-2"
 head -n 400 "$wt2/wiki.valid.tokens" > "$tmp/w.train"; head -n 100 "$wt2/wiki.test.tokens" > "$tmp/w.test"
 "$bin" data words --train "$tmp/w.train" --valid "$tmp/w.test" --test "$tmp/w.test" --out "$tmp/words" > /dev/null
 "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/words" --out "$tmp/wrun" "${small[@]}" --quiet | grep "ppl" > /dev/null
-"$bin" eval "$tmp/wrun" --split test | grep "^test ppl" > /dev/null
+"$bin" eval "$tmp/wrun" --split test > "$tmp/weval.txt"
 "$bin" eval "$tmp/wrun" --split test --json > "$tmp/weval.json"
 eval_consistent "$tmp/weval.json"
+printed_figure "$tmp/weval.txt" "^test ppl ([0-9.]+)" "$("$py" -c 'import json, sys; print(repr(json.load(open(sys.argv[1]))["ppl"]))' "$tmp/weval.json")" \
+  "the printed test ppl is eval --json's"
 
 # Mistakes: one line, non-zero exit.
 expect_error "attention must be dense, flash, window, adaptive_span, sparse_strided, sparse_fixed or lsh (got 'flashy')" "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/bad" --attention=flashy

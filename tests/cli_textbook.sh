@@ -75,7 +75,8 @@ PY
 "$bin" attention "$tmp/vit" --image 0 5 17 --out "$tmp/rollout.png" | grep "test image 5" > /dev/null
 "$bin" attention "$tmp/vit" --image 3 --layer 1 --head 0 --out "$tmp/head.png" > /dev/null
 picture_drawn "$tmp/rollout.png" "$tmp/head.png"
-"$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 | grep "images/s" > /dev/null
+"$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 > "$tmp/bench.txt"
+rate_consistent "$tmp/bench.txt" 8 "bench's images/s x ms/step is the batch of 8"
 "$bin" bench -c "$cfg" --steps 1 --warmup 0 --n_layer=1 --batch_size=8 --json 2> /dev/null > "$tmp/bench.json"
 bench_plausible "$tmp/bench.json"
 

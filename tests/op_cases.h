@@ -345,7 +345,9 @@ struct StepCase {
   int64_t rows, H;
 };
 inline const std::vector<StepCase>& step_cases() {
-  static const std::vector<StepCase> cases = {{5, 32}, {37, 96}, {1, 40}, {9, 1000}};
+  // 200 rows: four row blocks of the column sums (64 rows each, fp32 atomics across them); H 300 and
+  // 1000: two and four column tiles of 256.
+  static const std::vector<StepCase> cases = {{5, 32}, {37, 96}, {1, 40}, {9, 1000}, {200, 300}, {130, 1000}};
   return cases;
 }
 inline std::vector<std::pair<at::ScalarType, at::ScalarType>> step_dtypes() {  // (activations, parameters)

@@ -11,9 +11,12 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/emulator.h"
 #include "cuda_emulated/selftest.h"
 #include "op_cases.h"
 #include "ops/autograd_function.h"
@@ -197,16 +200,43 @@ TEST(SpanAttentionEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {
   }
 }
 
+// Which kernels each variant of a table launches, and that every lab variant launches one of its own:
+// a lab row that the glue quietly served with a mainline kernel would pass the value checks. The
+// kernels of the mainline are those the non-lab rows launch for the same cases (every row, bf16 and
+// fp16); a lab row must launch at least one kernel outside them (the CPU model of CUDA logs each
+// launch's kernel function).
+template <typename Id, size_t N>
+void expect_lab_variants_within_the_reference_error_on_kernels_of_their_own(
+    const ops::cuda::KernelVariant<Id> (&table)[N], const char* variable, const std::function<void()>& run_cases) {
+  namespace emu = spanformer::cuda_emulator;
+  std::set<const void*> mainline;
+  for (const auto& row : table) {
+    if (row.lab) continue;
+    const tu::KernelVariantEnv env(variable, row.name);
+    emu::clear_launched_kernels();
+    run_cases();
+    for (const void* k : emu::launched_kernels()) mainline.insert(k);
+  }
+  const auto lab = tu::lab_variants(table);
+  ASSERT_GE(lab.size(), 1u);
+  for (const auto& variant : lab) {
+    SCOPED_TRACE(variant);
+    const tu::KernelVariantEnv env(variable, variant);
+    emu::clear_launched_kernels();
+    run_cases();
+    int64_t own = 0;
+    for (const void* k : emu::launched_kernels()) own += mainline.count(k) == 0;
+    EXPECT_GT(own, 0) << variable << "=" << variant << " launched only kernels the mainline launches";
+  }
+}
+
 // The forward's lab variants (src/ops/cuda/variants.h, every lab row): v1b2-async double-buffers the
 // tiles with cp.async at D 32 / 64 (the mainline at D 128): a tile read before its copies landed, or a
 // buffer refilled while a warp still reads it, is NaN here; v1b2-shortcuts skips the validity selects and
 // the mask in whole tiles, which the case whose heads visit most of a 200-key window reaches.
 TEST(SpanAttentionEmulated, LabVariantsWithinTheReferenceError) {
-  const auto lab = tu::lab_variants(ops::cuda::kSpanVariants);
-  ASSERT_GE(lab.size(), 2u);
-  for (const auto& variant : lab) {
-    SCOPED_TRACE(variant);
-    const tu::KernelVariantEnv env("SPANFORMER_SPAN_KERNEL", variant);
+  ASSERT_GE(tu::lab_variants(ops::cuda::kSpanVariants).size(), 2u);
+  expect_lab_variants_within_the_reference_error_on_kernels_of_their_own(ops::cuda::kSpanVariants, "SPANFORMER_SPAN_KERNEL", [] {
     for (const auto& c : tu::span_test_cases()) {
       SCOPED_TRACE(tu::span_label(c));
       tu::expect_span_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_span);
@@ -214,7 +244,7 @@ TEST(SpanAttentionEmulated, LabVariantsWithinTheReferenceError) {
       tu::expect_span_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_span);
 #endif
     }
-  }
+  });
 }
 
 // A name not in the table is one line naming the variable and listing the names (not a silent default).
@@ -255,18 +285,15 @@ TEST(FlashEmulated, BFloat16WithinTheBFloat16ReferenceError) {
 // with 32 rows a warp, at D 32 and 64 (the mainline at D 128); v1-async, the forward with cp.async
 // double-buffered tiles, at every D (a tile read before its copies landed is NaN here).
 TEST(FlashEmulated, LabVariantsWithinTheReferenceError) {
-  const auto lab = tu::lab_variants(ops::cuda::kFlashVariants);
-  ASSERT_GE(lab.size(), 3u);
-  for (const auto& variant : lab) {
-    SCOPED_TRACE(variant);
-    const tu::KernelVariantEnv env("SPANFORMER_FLASH_KERNEL", variant);
+  ASSERT_GE(tu::lab_variants(ops::cuda::kFlashVariants).size(), 3u);
+  expect_lab_variants_within_the_reference_error_on_kernels_of_their_own(ops::cuda::kFlashVariants, "SPANFORMER_FLASH_KERNEL", [] {
     for (const auto& c : tu::flash_test_cases()) {
       tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
 #if SPANFORMER_HAS_CPU_HALF_MATMUL
       tu::expect_flash_within_reference_error(c, at::kHalf, 2.0, at::kCPU, emulated_flash);
 #endif
     }
-  }
+  });
 }
 
 TEST(FlashEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {

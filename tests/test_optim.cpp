@@ -177,6 +177,48 @@ TEST(OptimCuda, FusedKernelsEqualThePlainCompositionOnCuda) {
   expect_fused_equals_plain({OptimKind::kAdam, OptimKind::kAdamW}, at::Device(at::kCUDA));
 }
 
+// train.cuda_graphs' optimizer step (src/train/step_graph.h): the host's share (begin_graph_step: the
+// count, the rate written into a device tensor) and the device's (graph_step: the count there, then
+// ATen's fused Adam / AdamW reading both tensors) held to step() on CPU parameters, where the same code
+// runs eagerly: the same kernels on the same numbers, so the same bits, over steps of changing rates,
+// with and without the global clip and weight decay. (On a GPU the replayed graph is held to the eager
+// step bit for bit by GraphCuda.ReplayEqualsEagerBitForBit.)
+TEST(Optim, GraphedStepEqualsStepOnTheCpu) {
+  if (!SPANFORMER_HAS_FUSED_OPTIMIZERS) GTEST_SKIP() << "needs ATen's fused optimizers (LibTorch 2.4 or later)";
+  for (OptimKind kind : {OptimKind::kAdam, OptimKind::kAdamW})
+    for (double clip : {0.0, 0.05}) {
+      SCOPED_TRACE(std::string(optim_name(kind)) + " clip " + std::to_string(clip));
+      torch::manual_seed(19);
+      std::vector<torch::Tensor> a, b;
+      for (auto shape : std::vector<std::vector<int64_t>>{{300, 64}, {64}, {7, 5}}) {
+        a.push_back(torch::randn(shape));
+        b.push_back(a.back().clone());
+      }
+      auto named = [](std::vector<torch::Tensor>& t) {
+        std::vector<std::pair<std::string, torch::Tensor>> out;
+        for (size_t i = 0; i < t.size(); ++i) out.emplace_back("p" + std::to_string(i), t[i]);
+        return out;
+      };
+      const OptimizerOptions o{kind, 0.0, clip, 0.1, 0.98};
+      Optimizer eager(named(a), o), graphed(named(b), o);
+      for (int step = 1; step <= 5; ++step) {
+        for (size_t i = 0; i < a.size(); ++i) {
+          const auto g = torch::randn_like(a[i]) * (i == 0 ? 0.01 : 1e-3);
+          a[i].mutable_grad() = g.clone();
+          b[i].mutable_grad() = g.clone();
+        }
+        const double lr = 0.25 * step / 1024.0;  // exact in float32, as the graph's rate tensor holds it
+        eager.step(lr);
+        graphed.begin_graph_step(lr);
+        graphed.graph_step();
+        EXPECT_EQ(graphed.steps(), eager.steps());
+        for (size_t i = 0; i < a.size(); ++i)
+          EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i << " step " << step << ": max difference "
+                                                << (a[i] - b[i]).abs().max().item<double>();
+      }
+    }
+}
+
 TEST(Optim, LinearWarmupThenConstant) {
   TrainConfig c;  // the adaptive-span defaults: lr 0.07, warmup 8000, constant
   EXPECT_DOUBLE_EQ(learning_rate(c, 1), 0.07 / 8000);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -299,8 +300,30 @@ void fail(const char* message) { throw Failure(message); }
 
 void set_max_dynamic_shared(const void* kernel, int bytes) { shared_limits()[kernel] = static_cast<size_t>(bytes); }
 
+namespace {
+std::mutex launch_log_mutex;
+std::vector<const void*>& launch_log() {
+  static std::vector<const void*> log;
+  return log;
+}
+}  // namespace
+
+std::vector<const void*> launched_kernels() {
+  const std::lock_guard<std::mutex> lock(launch_log_mutex);
+  return launch_log();
+}
+
+void clear_launched_kernels() {
+  const std::lock_guard<std::mutex> lock(launch_log_mutex);
+  launch_log().clear();
+}
+
 void run_grid(const void* kernel, dim3 grid, dim3 block_dim, size_t shared_bytes, void (*body)(void*),
               void* context) {
+  {
+    const std::lock_guard<std::mutex> lock(launch_log_mutex);
+    launch_log().push_back(kernel);
+  }
   const auto reject = [](cudaError_t error, const std::string& message) {
     last_error = error;
     last_message = message;

@@ -41,6 +41,7 @@
 #include <cstring>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 // ---- Runtime API: the types and calls the launchers and the glue use ----------------------------------
 
@@ -95,6 +96,11 @@ void cp_async_wait(int pending);   // cp.async.wait_group N: all but the N most 
 // cudaGetLastError().
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*), void* context);
 void set_max_dynamic_shared(const void* kernel, int bytes);
+
+// Every launch's kernel (its function's address), in order, since the last clear: which kernels a call
+// of the glue ran (tests/test_cuda_emulated.cpp holds each lab variant to launching a kernel of its own).
+std::vector<const void*> launched_kernels();
+void clear_launched_kernels();
 
 // kernel<<<grid, block, shared, stream>>>(args...) as launch_of(kernel, grid, block, shared)(args...).
 template <class... P>

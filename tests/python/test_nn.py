@@ -117,10 +117,14 @@ def test_compiled_fullgraph_equals_eager_and_moving_spans_do_not_recompile():
     assert torch.allclose(compiled(h, cache, key_pe), layer(h, cache, key_pe), atol=1e-6, rtol=0)
 
 
-def test_the_nanogpt_example_trains_and_draws_its_spans(tmp_path, shared):
-    """examples/python/nanogpt_adaptive_span.py at a small size (compiled where PyTorch 2 compiles, 40
-    steps on Dickens' first 200 KB): it prints its progress and a held-out figure between 1 and 8 bits per byte (a model that
-    learned nothing from uniform bytes would show 8), and draws the spans (a PNG with drawn pixels)."""
+def test_the_nanogpt_example_runs_as_a_smoke_test(tmp_path, shared):
+    """A smoke test of examples/python/nanogpt_adaptive_span.py at a small size (compiled where PyTorch 2
+    compiles, 40 steps on Dickens' first 200 KB): it runs to the end, prints its progress and a finite
+    held-out figure, and draws the spans (a PNG with drawn pixels). It does not show that attention
+    helps: 40 steps of this model give about 5.5 bits per byte with attention and without (5.48 and 5.51
+    measured), so the figure is only held to the range a byte model can show (below 8, a uniform guess).
+    That the adaptive-span attention itself computes the right thing is test_nn.py's other tests and
+    the operators' (test_ops.py, test_oracles.py)."""
     import subprocess
     import sys
     text = tmp_path / "t.txt"
@@ -136,7 +140,7 @@ def test_the_nanogpt_example_trains_and_draws_its_spans(tmp_path, shared):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "step    40 | train" in run.stdout and "tokens/s" in run.stdout
     held = float(run.stdout.split("held-out: ")[1].split()[0])
-    assert 1.0 < held < 8.0, held
+    assert math.isfinite(held) and 1.0 < held < 8.0, held
     drawn = subprocess.run([sys.executable, os.path.join(HERE, "..", "png_check.py"), str(out), "--min-drawn", "2",
                             "--min-colours", "4"], capture_output=True, text=True)
     assert drawn.returncode == 0, drawn.stdout + drawn.stderr
