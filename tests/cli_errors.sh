@@ -48,6 +48,13 @@ expect_error "divisible by nb_heads" "$bin" train -c "$tmp/tiny.json" --data "$t
 expect_error "attn_span must be at least 1" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r6" --attn_span=0
 expect_error "must be positive" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r7" --block_size=-4
 expect_error "file not found" "$bin" train -c "$tmp/none.json" --data "$tmp/data" --out "$tmp/r8"
+# A validation that overflows is the same failure as a training loss that does: one line, no record of it,
+# no checkpoint of that step.
+expect_error "training diverged at step 1: the validation loss is" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" \
+  --out "$tmp/r_nan" --nb_steps=1 --eval_interval=1 --lr=1e38 --optim=sgd --grad_clip=0 --lr_warmup=0
+if [ -s "$tmp/r_nan/log.jsonl" ] || [ -e "$tmp/r_nan/checkpoint.pt" ]; then
+  echo "FAIL: a diverged validation left a record or a checkpoint: $(ls "$tmp/r_nan")"; failures=$((failures + 1))
+fi
 echo '{"model": {' > "$tmp/bad.json"
 expect_error "not valid JSON" "$bin" train -c "$tmp/bad.json" --data "$tmp/data" --out "$tmp/r9"
 expect_error "checkpoint not found" "$bin" eval "$tmp/none.pt"

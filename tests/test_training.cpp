@@ -17,6 +17,8 @@
 #include "train/families/adaptive_span/train_step.h"
 #include "spanformer/train/runner.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
+#include "spanformer/util/jsonl.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -280,6 +282,37 @@ TEST(Training, LossFallsOnRealText) {
       EXPECT_EQ(max, r["span_max"][l].get<double>());
     }
   }
+}
+
+// A session stopped in the middle of a log line (a full disk, a killed process) leaves the line cut short.
+// The next session leaves it out of log.jsonl and sessions.jsonl, says so once in train.log, and ends
+// train.log's piece with a newline: every line of the three files stays one record (report and Python
+// read them whole), and the resumed run's records are the uninterrupted run's.
+TEST(Training, ResumeLeavesOutARecordCutShortAndSaysSo) {
+  tu::TempDir tmp;
+  tu::prepare_dickens_slice(tmp.path(), 12000);
+  AdaptiveSpanConfig config = tiny(tmp.path());
+  run(config, tmp.file("a"));
+  EXPECT_EQ(run(config, tmp.file("b"), false, 37).steps, 37);
+  std::ofstream(tmp.file("b/log.jsonl"), std::ios::app) << R"({"step": 40, "train_lo)";
+  std::ofstream(tmp.file("b/sessions.jsonl"), std::ios::app) << R"({"version": "0.)";
+  std::ofstream(tmp.file("b/train.log"), std::ios::app) << "[2026-11-29T10:00:00Z] step 3";
+  EXPECT_EQ(run(config, tmp.file("b"), true).steps, 100);
+  const auto log = read_jsonl(tmp.file("b/log.jsonl"));  // every line a record: throws otherwise
+  ASSERT_EQ(log.size(), 10u);
+  for (size_t i = 0; i < log.size(); ++i) {
+    EXPECT_EQ(log[i]["step"], 10 * (i + 1));
+    EXPECT_EQ(log[i]["valid_bpc"], read_log(tmp.file("a/log.jsonl"))[i]["valid_bpc"]);
+  }
+  EXPECT_EQ(read_jsonl(tmp.file("b/sessions.jsonl")).size(), 2u);
+  const auto text = read_file(tmp.file("b/train.log"));
+  EXPECT_NE(text.find("[2026-11-29T10:00:00Z] step 3\n["), std::string::npos) << "the piece ends with its newline";
+  EXPECT_NE(text.find("log.jsonl ended in a record cut short (22 bytes"), std::string::npos) << text;
+  EXPECT_NE(text.find("sessions.jsonl ended in a record cut short (15 bytes"), std::string::npos) << text;
+  // Said once: a third session finds the files whole.
+  EXPECT_EQ(run(config, tmp.file("b"), true).steps, 100);
+  const auto again = read_file(tmp.file("b/train.log"));
+  EXPECT_EQ(again.find("cut short", text.rfind("cut short") + 9), std::string::npos);
 }
 
 TEST(Training, DivergenceStopsWithAClearError) {

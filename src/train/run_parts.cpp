@@ -268,43 +268,88 @@ void RunDirectory::start_new() {
   std::remove(paths_.sessions().c_str());
 }
 
+namespace {
+
+// A log that a session stopped in the middle of a line (a full disk, a killed process) ends without its
+// newline; the next session's first line would be glued to that piece. JSON Lines logs lose the piece
+// (it is no record); train.log keeps it and gets its newline. Returns what was done, for the user ("" if
+// the file ended cleanly).
+std::string mend_cut_tail(const std::string& path, bool drop_piece) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return "";
+  const std::string text = read_file(path);
+  if (text.empty() || text.back() == '\n') return "";
+  const size_t keep = text.find_last_of('\n') == std::string::npos ? 0 : text.find_last_of('\n') + 1;
+  if (drop_piece) {
+    std::filesystem::resize_file(path, keep, ec);
+    if (ec) fail("cannot mend {} (its last record is cut short): {}", path, ec.message());
+    return fmt::format("spanformer: {} ended in a record cut short ({} bytes, from a session stopped mid-write); "
+                       "it is left out", path, text.size() - keep);
+  }
+  std::ofstream out(path, std::ios::app);
+  out << "\n";
+  if (!out.flush()) fail("cannot write to {}: {}", path, std::strerror(errno));
+  return "";
+}
+
+}  // namespace
+
 void RunDirectory::begin_session(const nlohmann::json& config, const std::vector<std::string>& command_line,
                                  int64_t step, int64_t world) {
   last_progress_ = now_seconds();
   if (!main_) return;
+  std::vector<std::string> mended;
+  for (const auto& path : {paths_.log(), paths_.sessions()})
+    if (auto said = mend_cut_tail(path, /*drop_piece=*/true); !said.empty()) mended.push_back(said);
+  mend_cut_tail(paths_.text_log(), /*drop_piece=*/false);
   write_file_atomic(paths_.config(), config.dump(2) + "\n");
   auto record = build_record(command_line);
   record["step"] = step;
   record["processes"] = world;
-  std::ofstream(paths_.sessions(), std::ios::app) << record.dump() << "\n";
+  // The session record and the text log are the run's history as much as log.jsonl: a session that
+  // cannot write them stops before any work (nothing is lost yet), with the reason in one line.
+  {
+    std::ofstream sessions(paths_.sessions(), std::ios::app);
+    sessions << record.dump() << "\n";
+    if (!sessions.flush()) fail("cannot write to {}: {}", paths_.sessions(), std::strerror(errno));
+  }
   text_log_.open(paths_.text_log(), std::ios::app);
   text_log_ << fmt::format("[{}] session at step {}: {}", utc_timestamp(), step, fmt::join(command_line, " ")) << std::endl;
+  if (!text_log_) fail("cannot write to {}: {}", paths_.text_log(), std::strerror(errno));
   for (const auto& line : early_) text_log_ << line << std::endl;
   early_.clear();
+  for (const auto& said : mended) say(said);
   log_.open(paths_.log(), std::ios::app);
+  if (!log_) fail("cannot write to {}: {}", paths_.log(), std::strerror(errno));
+}
+
+void RunDirectory::lost(std::ofstream& file, bool& said, const std::string& path, const std::string& what) {
+  // A line that cannot be written (a full disk, a removed directory) is said once, not lost silently;
+  // training goes on, and its checkpoints fail loudly if the disk stays full.
+  if (!file && !said) {
+    said = true;
+    fmt::print(stderr, "spanformer: warning: cannot write to {} ({}): {} are lost\n", path, std::strerror(errno), what);
+  }
 }
 
 void RunDirectory::record(const nlohmann::json& record) {
   if (!main_) return;
   log_ << record.dump() << std::endl;
-  // A record that cannot be written (a full disk, a removed directory) is said once, not lost silently;
-  // training goes on, and its checkpoints fail loudly if the disk stays full.
-  if (!log_ && !log_lost_) {
-    log_lost_ = true;
-    fmt::print(stderr, "spanformer: warning: cannot write to {} ({}): the records from step {} on are lost\n",
-               paths_.log(), std::strerror(errno), record.value("step", int64_t{-1}));
-  }
+  lost(log_, log_lost_, paths_.log(), fmt::format("the records from step {} on", record.value("step", int64_t{-1})));
 }
 
 bool RunDirectory::progress_due() const { return text_log_.is_open() && now_seconds() - last_progress_ >= 30; }
 
 void RunDirectory::progress(const std::string& line) {
   text_log_ << fmt::format("[{}]   {}", utc_timestamp(), line) << std::endl;
+  lost(text_log_, text_log_lost_, paths_.text_log(), "its lines from here on");
   last_progress_ = now_seconds();
 }
 
 void RunDirectory::text(const std::string& line) {
-  if (text_log_.is_open()) text_log_ << fmt::format("[{}] {}", utc_timestamp(), line) << std::endl;
+  if (!text_log_.is_open()) return;
+  text_log_ << fmt::format("[{}] {}", utc_timestamp(), line) << std::endl;
+  lost(text_log_, text_log_lost_, paths_.text_log(), "its lines from here on");
 }
 
 // ---- IntervalLog ----------------------------------------------------------------------------------

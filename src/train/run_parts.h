@@ -113,8 +113,10 @@ class RunDirectory {
   RunPaths paths_;
   bool main_;
   std::unique_ptr<DirectoryLock> lock_;
+  // Says once that `file` (at `path`) could not take a line: `what` is lost.
+  static void lost(std::ofstream& file, bool& said, const std::string& path, const std::string& what);
   std::ofstream text_log_, log_;
-  bool log_lost_ = false;  // a record could not be written (said once)
+  bool log_lost_ = false, text_log_lost_ = false;  // a line could not be written (said once each)
   std::vector<std::string> early_;
   double last_progress_ = 0;
 };

@@ -235,6 +235,11 @@ RunResult run_training(Family& family, const RunOptions& options) {
     if (pos.step % tc.eval_interval == 0 || pos.step == tc.nb_steps) {
       const double seconds = interval.seconds();
       const auto valid = batches->validate(pos);
+      // Checked like every training loss: a NaN or infinite validation is never logged as a result, and
+      // this step's checkpoint is not written (the last one, if any, is kept).
+      if (!std::isfinite(valid.nll))
+        fail("training diverged at step {}: the validation loss is {} (lower lr or grad_clip; the last checkpoint is kept)",
+             pos.step, valid.nll);
       const double eta = per_step * static_cast<double>(tc.nb_steps - pos.step);
       bool best = false;
       auto record = interval.close(pos, valid, ctx.lr, seconds, elapsed, eta, group, best);
