@@ -16,9 +16,10 @@ generation with a KV cache needs nothing more. What it maps:
   - `sliding_window` (Mistral-style layers): the op's band, the last `sliding_window` keys;
   - dropout in training: the op's hashed dropout, seeded from torch's generator (other masks than
     eager's, the same distribution).
-What it refuses, with a ValueError naming the way out (attn_implementation="sdpa"): padded batches (an
-attention_mask with a 0), non-causal layers (encoders, cross-attention), and attention weights asked for
-(output_attentions: the op never forms them). The mask function registered beside it is
+What it refuses, with a one-line ValueError naming the way out (attn_implementation "sdpa" or "eager"):
+padded batches (an attention_mask with a 0), non-causal layers (encoders, cross-attention, is_causal=False),
+attention weights asked for (output_attentions: the op never forms them), soft-capped scores (Gemma 2's
+softcap), attention sinks (GPT-OSS's s_aux), and packed sequences (position_ids restarting within a row). The mask function registered beside it is
 transformers' own for FlashAttention-2, which passes no mask for unpadded batches. (The name has no
 "flash" in it: transformers takes any implementation named "...flash..." for a FlashAttention kernel to
 fetch from its hub.)
@@ -42,6 +43,16 @@ def _attention_weights_asked():
     return bool(collected) and any(k in collected for k in ("attentions", "cross_attentions"))
 
 
+def _packed(position_ids, query):
+    """Whether one row holds several sequences one after another (positions that restart: 0 1 2 0 1 ...),
+    as transformers' FlashAttention-2 path reads them: only a batch of one row of several queries is read
+    (one device read per layer there); a KV-cache step or a batch of rows is never packed."""
+    if position_ids is None or query.shape[0] != 1 or query.shape[-2] == 1 or position_ids.shape[-1] <= 1:
+        return False
+    pos = position_ids.reshape(-1)
+    return bool((pos[1:] - pos[:-1] != 1).any())
+
+
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                **kwargs):
     """transformers' attention-function signature: query (B, H, N, D), key and value (B, Hkv, C, D) ->
@@ -57,6 +68,16 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
                          "use attn_implementation='sdpa' for it")
     if kwargs.get("output_attentions") or _attention_weights_asked():
         raise ValueError(f"{NAME}: attention weights are never formed; use attn_implementation='eager' for them")
+    if kwargs.get("softcap"):  # Gemma 2's attn_logit_softcapping: tanh-capped scores
+        raise ValueError(f"{NAME}: soft-capped scores (softcap={kwargs['softcap']}) are not computed by the op; "
+                         "use attn_implementation='eager' for this model")
+    if kwargs.get("s_aux") is not None:  # GPT-OSS's attention sinks: a learned logit per head in each softmax
+        raise ValueError(f"{NAME}: attention sinks (s_aux) are not computed by the op; "
+                         "use attn_implementation='eager' for this model")
+    if _packed(kwargs.get("position_ids"), query):
+        raise ValueError(f"{NAME}: packed sequences (position_ids restarting within a row) would attend across "
+                         "their boundaries; give each sequence a row of its own, or use attn_implementation='sdpa' "
+                         "with a mask")
     D = query.shape[-1]
     if scaling is not None and abs(scaling * D ** 0.5 - 1.0) > 1e-12:
         query = query * (scaling * D ** 0.5)  # the op divides by sqrt(D)

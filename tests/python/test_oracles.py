@@ -452,6 +452,52 @@ def test_transformers_refusals_are_one_line_value_errors():
         assert ours(ids).logits.shape == (1, 8, 97)  # the layer restored: it runs again
 
 
+def test_transformers_models_whose_attention_the_op_does_not_compute_are_refused():
+    """Gemma 2 (its scores tanh-capped: `softcap`), GPT-OSS (a learned sink logit per head: `s_aux`) and a
+    batch of packed sequences (position_ids restarting within the row, which FlashAttention-2 would
+    split): each a one-line ValueError naming what the op does not compute, where eager computes it.
+    Gemma 2 without soft-capping (its own query scale and sliding-window layers) gives eager's logits."""
+    import copy
+    import transformers
+    import spanformer.hf
+    spanformer.hf.register()
+    ids = prompt_ids()[:1, :12]
+
+    def pair(config, cls):
+        torch.manual_seed(5)
+        eager = cls._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+        ours = cls._from_config(copy.deepcopy(config), attn_implementation="spanformer").eval()
+        ours.load_state_dict(eager.state_dict())
+        return eager, ours
+
+    gemma = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128, sliding_window=8, query_pre_attn_scalar=24)
+    with torch.no_grad():
+        eager, ours = pair(gemma, transformers.Gemma2ForCausalLM)
+        assert torch.isfinite(eager(ids).logits).all()
+        with pytest.raises(ValueError, match=r"^spanformer: soft-capped scores \(softcap=50.0\) are not computed by the op"):
+            ours(ids)
+        gemma.attn_logit_softcapping = None
+        eager, ours = pair(gemma, transformers.Gemma2ForCausalLM)
+        want, got = eager(ids).logits, ours(ids).logits
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+        oss = transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=128, sliding_window=8)
+        eager, ours = pair(oss, transformers.GptOssForCausalLM)
+        assert torch.isfinite(eager(ids).logits).all()
+        with pytest.raises(ValueError, match=r"^spanformer: attention sinks \(s_aux\) are not computed by the op"):
+            ours(ids)
+        eager, ours = hf_pair("llama")
+        packed = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]])
+        with pytest.raises(ValueError, match=r"^spanformer: packed sequences \(position_ids restarting within a row\)"):
+            ours(ids, position_ids=packed)
+        straight = torch.arange(12)[None]
+        assert torch.allclose(ours(ids, position_ids=straight).logits, eager(ids, position_ids=straight).logits,
+                              atol=1e-5, rtol=0)
+
+
 def test_transformers_padded_batches_are_refused_by_name():
     """A padded batch (an attention_mask with zeros) is a ValueError that names the way out, not
     silently wrong logits."""
