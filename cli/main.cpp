@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -87,7 +90,7 @@ std::string typed_command(const std::vector<std::string>& args) {
 // working directory or, joined with a file name, the root ("/train.bin"), so it is refused at parsing.
 void refuse_empty_paths(CLI::App& app) {
   static const std::vector<std::string> kPathOptions = {"out", "data", "config", "init", "file", "vocab", "ids",
-                                                        "dump-logprobs", "dump-outputs"};
+                                                        "dump-logprobs", "dump-outputs", "profile", "spans-from"};
   const CLI::Validator non_empty(
       [](std::string& value) { return value.empty() ? std::string("a path, and empty") : std::string(); }, "PATH",
       "NonEmptyPath");
@@ -98,6 +101,38 @@ void refuse_empty_paths(CLI::App& app) {
 }
 // The one error line: on stderr, or, in a worker of the --nproc-per-node launcher, into the file the
 // launcher reads, which prints the first failed worker's line once (src/dist/launcher.cpp).
+// SPANFORMER_PARENT_PID=N (set by the Python package for the programs it runs): this program's life is
+// tied to that process's. When it ends (killed, crashed), the kernel sends this one SIGUSR1
+// (PR_SET_PDEATHSIG), whose handler points stdout and stderr at /dev/null (the parent's pipe has no
+// reader any more: a write there would fail or kill) and sends SIGTERM, which a training run takes as a
+// stop (its checkpoint saved, the run directory's lock released) and any other command as the end. A
+// parent already gone is the end.
+int g_devnull = -1;
+
+void on_parent_death(int) {
+  ::dup2(g_devnull, STDOUT_FILENO);  // async-signal-safe, as is kill
+  ::dup2(g_devnull, STDERR_FILENO);
+  ::kill(::getpid(), SIGTERM);
+}
+
+void follow_parent() {
+  const char* text = std::getenv("SPANFORMER_PARENT_PID");
+  if (!text || !*text) return;
+  char* end = nullptr;
+  const long parent = std::strtol(text, &end, 10);
+  const bool valid = *end == '\0' && parent > 0;
+  ::unsetenv("SPANFORMER_PARENT_PID");  // for this process only: the workers of --nproc-per-node have their own
+  if (!valid) return;
+  g_devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (g_devnull < 0) return;
+  ::signal(SIGUSR1, on_parent_death);
+  ::prctl(PR_SET_PDEATHSIG, SIGUSR1);
+  if (::getppid() != static_cast<pid_t>(parent)) {  // it ended before the line above
+    std::fprintf(stderr, "spanformer: error: the process that started this one (pid %ld) has ended\n", parent);
+    std::exit(1);
+  }
+}
+
 void report_error(const std::string& message) {
   const std::string line = fmt::format("spanformer: error: {}\n", message);
   if (const std::string file = spanformer::dist::worker_error_file(); !file.empty()) {
@@ -126,6 +161,7 @@ void check_device_flag(CLI::App& app, const std::string& device) {
 
 int main(int argc, char** argv) {
   use_short_openmp_spin(argv);
+  follow_parent();
   spanformer::keep_freed_memory();
   try {  // SPANFORMER_CPU_HALF_PRODUCTS, read before any command so that a bad value is a usage error
     spanformer::check_environment();

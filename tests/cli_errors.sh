@@ -167,6 +167,14 @@ expect_error "config key 'lr': 1e999 is out of range" "$bin" train -c "$tmp/tiny
 printf '{"train": {"lr": 1e999}}' > "$tmp/big.json"
 expect_error "big.json: the value of key 'lr' is out of range" "$bin" train -c "$tmp/big.json" --data "$tmp/data" --out "$tmp/r19"
 expect_error "steps must be >= 1" "$bin" bench -c "$tmp/tiny.json" --steps 0
+expect_error "--steps must be >= 1 and --warmup >= 0, each at most 1000000000 (got 9223372036854775807" \
+  "$bin" bench -c "$tmp/tiny.json" --steps 99999999999999999999
+expect_error "--profile: a path, and empty" "$bin" bench -c "$tmp/tiny.json" --steps 1 --profile ''
+# --spans-from, as docs/usage.md shows it: the trained run's spans in the benchmark model.
+if ! "$bin" bench -c "$tmp/tiny.json" --spans-from "$tmp/run" --steps 1 --warmup 0 --mode eval > "$tmp/spans_from.txt" 2>&1 \
+    || ! grep -q "ms/step" "$tmp/spans_from.txt"; then
+  echo "FAIL: bench --spans-from a trained run: $(cat "$tmp/spans_from.txt")"; failures=$((failures + 1))
+fi
 # A run directory that holds a run is never silently replaced; --overwrite replaces it, never with --resume.
 expect_error "already holds a run: continue it with --resume, or replace it with --overwrite" \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/run"
@@ -357,6 +365,9 @@ expect_error "generate --cuda-graphs needs a CUDA device (--device cuda; this ru
 expect_error "train.cuda_graphs needs a CUDA device (the model is on cpu)" \
   "$bin" bench -c "$src/configs/gpt/demo.json" --n_layer=1 --d_model=16 --n_head=2 --context=16 --batch_size=2 --steps 1 \
   --warmup 0 --mode generate --cuda_graphs=true
+# A family whose bench has no graphed step refuses the key there too (it used to time the eager step).
+expect_error "train.cuda_graphs needs a CUDA device (the model is on cpu)" \
+  "$bin" bench -c "$tmp/tiny.json" --steps 1 --warmup 0 --cuda_graphs=true
 expect_error "export gpt2: .*/run/checkpoint.pt is of the adaptive-span family; the GPT-2 layout is for the gpt family" \
   "$bin" export gpt2 "$tmp/run" --out "$tmp/hf1"
 expect_error "export gpt2: GPT-2 has dense attention only, and this model's attention is window" \

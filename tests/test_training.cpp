@@ -166,12 +166,16 @@ TEST(Training, ResumeContinuesBitForBit) {
 
   // Every weight, optimizer state, data position, cache and the generator state agree bit for bit.
   tu::expect_same_checkpoint(tmp.file("a/checkpoint.pt"), tmp.file("b/checkpoint.pt"));
-  // The resumed log continues the first one: one record per interval, no gap, no repeat.
+  // The resumed log continues the first one: one record per interval, no gap, no repeat, the same figures
+  // (the interval 31-40, cut by the stop at 37, averages all ten training losses: the checkpoint carries
+  // the seven before the stop).
   auto log = read_log(tmp.file("b/log.jsonl"));
+  const auto uninterrupted = read_log(tmp.file("a/log.jsonl"));
   ASSERT_EQ(log.size(), 10u);  // 10, 20, ..., 100: the stop at 37 adds no record
   for (size_t i = 0; i < log.size(); ++i) {
     EXPECT_EQ(log[i]["step"], 10 * (i + 1));
-    EXPECT_EQ(log[i]["valid_bpc"], read_log(tmp.file("a/log.jsonl"))[i]["valid_bpc"]);
+    EXPECT_EQ(log[i]["valid_bpc"], uninterrupted[i]["valid_bpc"]);
+    EXPECT_EQ(log[i]["train_loss"], uninterrupted[i]["train_loss"]) << "step " << 10 * (i + 1);
   }
 }
 

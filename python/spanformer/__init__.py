@@ -100,15 +100,20 @@ _inductor_links_this_torch()
 def adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32.0, dropout=0.0, training=False, seed=-1):
     """q (B,K,M,D); k, v (B,K,W+M,D); key_pe (D,L); span_ratio (K) -> (B,K,M,D). Differentiable, and
     torch.compile(fullgraph=True) traces it. seed -1: a dropout stream drawn from torch's generator."""
-    return torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp, dropout,
-                                                        training, seed)
+    w = "adaptive_span_attention"
+    return torch.ops.spanformer.adaptive_span_attention(q, k, v, key_pe, span_ratio, _arg(w, "attn_span", attn_span, int),
+                                                        _arg(w, "ramp", ramp, float), _arg(w, "dropout", dropout, float),
+                                                        _arg(w, "training", training, bool), _arg(w, "seed", seed, int))
 
 
 def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_kernel=True):
     """Causal attention: q (B,K,N,D); k, v (B,K,C,D), C >= N, query i at key position C - N + i, reading
     the last `band` keys (0: all earlier keys) -> (B,K,N,D). Differentiable; no N x C tensor is kept.
     Semantics: include/spanformer/ops/flash_attention.h."""
-    return torch.ops.spanformer.flash_attention(q, k, v, band, dropout, training, seed, cuda_kernel=cuda_kernel)
+    w = "flash_attention"
+    return torch.ops.spanformer.flash_attention(q, k, v, _arg(w, "band", band, int), _arg(w, "dropout", dropout, float),
+                                                _arg(w, "training", training, bool), _arg(w, "seed", seed, int),
+                                                cuda_kernel=_arg(w, "cuda_kernel", cuda_kernel, bool))
 
 
 def cpu_half_products(mode=None):
@@ -125,12 +130,17 @@ def cpu_half_products(mode=None):
 def _arg(where, name, value, kind):
     """`value` as `kind` (int, float, str or bool), or a TypeError that names the argument and the type it
     takes (rather than TorchScript's multi-line error about argument `_2`)."""
+    symbolic = isinstance(value, (getattr(torch, "SymInt", ()), getattr(torch, "SymFloat", ())))  # torch.compile's
+    if symbolic:
+        return value
     ok = {int: isinstance(value, numbers.Integral) and not isinstance(value, bool),
           float: isinstance(value, numbers.Real) and not isinstance(value, bool),
           str: isinstance(value, (str, os.PathLike)),
           bool: isinstance(value, bool)}[kind]
     if not ok:
-        raise TypeError(f"{where}: {name} must be {kind.__name__} (got {type(value).__name__} {value!r})")
+        raise TypeError(f"{where}: {name} must be {kind.__name__} (got {type(value).__name__} {value!r:.80})")
+    if kind is int and not -2 ** 63 <= value < 2 ** 63:
+        raise ValueError(f"{where}: {name} must fit in 64 bits (got {value})")
     return os.fspath(value) if kind is str else kind(value)
 
 
@@ -149,7 +159,7 @@ class Model:
         if device != "cpu":
             raise ValueError(f"spanformer.load: device={device!r}: models loaded from Python run on the CPU "
                              "(the command line's --device runs them on a GPU in a CUDA build)")
-        args = [f"--{key}={value}" for key, value in overrides.items()]
+        args = [_override(key, value) for key, value in overrides.items()]
         self._m = torch.classes.spanformer.Model(os.fspath(path), args)
         self.family = self._m.family()
         self.config = json.loads(self._m.config())
@@ -222,6 +232,10 @@ def plot_spans(spans, out, attn_span, ramp=32, title="", layout="auto"):
     rows = [[float(z) for z in layer] for layer in spans]
     if not rows or any(len(r) != len(rows[0]) or not r for r in rows):
         raise ValueError("plot_spans: spans must be layers of the same number of heads (spans[l][h], tokens)")
+    bad = [(l, h, z) for l, r in enumerate(rows) for h, z in enumerate(r) if not (math.isfinite(z) and z >= 0)]
+    if bad:
+        l, h, z = bad[0]
+        raise ValueError(f"plot_spans: a span is a number of tokens >= 0 (layer {l} head {h}: {z})")
     return torch.ops.spanformer.plot_spans([z for r in rows for z in r], len(rows[0]), os.fspath(out),
                                            _arg("plot_spans", "attn_span", attn_span, int),
                                            _arg("plot_spans", "ramp", ramp, int), str(title), str(layout))
@@ -253,6 +267,8 @@ def bleu(hyps, refs, tokenize=True):
 
 def tokenize_13a(line):
     """sacrebleu's 13a tokenisation of one line, as spanformer's BLEU applies it."""
+    if not isinstance(line, str):
+        raise TypeError(f"tokenize_13a: line must be str (got {type(line).__name__} {line!r:.80})")
     return torch.ops.spanformer.tokenize_13a(line)
 
 
@@ -285,8 +301,11 @@ def _run(args, quiet):
     KeyboardInterrupt is raised here. A failure raises RuntimeError with the program's error line."""
     import signal
     import subprocess
+    # Its own session: Ctrl-C reaches it from here only. SPANFORMER_PARENT_PID ties its life to this
+    # process's: if this one is killed, the program stops as on SIGTERM (a run saves its checkpoint).
+    env = {**os.environ, "SPANFORMER_PARENT_PID": str(os.getpid())}
     proc = subprocess.Popen([_tool(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", bufsize=1, start_new_session=True)  # Ctrl-C reaches it from here only
+                            errors="replace", bufsize=1, start_new_session=True, env=env)
     lines = []
     try:
         for line in proc.stdout:
@@ -301,6 +320,12 @@ def _run(args, quiet):
                 print(line, end="", flush=True)
         proc.wait()
         raise
+    if rc < 0:  # ended by a signal (killed, out of memory): said as such, not as its last progress line
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        raise RuntimeError(f"spanformer: error: the program was killed by {name} (signal {-rc})")
     if rc != 0:
         errors = [l for l in lines if l.startswith("spanformer: error:")]
         raise RuntimeError((errors or lines or [f"spanformer exited with {rc}"])[-1])
@@ -326,7 +351,9 @@ def train(config, out, data=None, resume=False, overwrite=False, threads=None, q
     command line's keys, with "__" for "." (train__amp="bf16" is --train.amp=bf16; nb_steps=300).
     Ctrl-C stops the run with its checkpoint saved (resume=True continues it) and raises KeyboardInterrupt.
     Returns the run's last log record (a dict: step, train and valid figures, spans, ...) with "run": OUT."""
-    args = (["--threads", str(int(threads))] if threads else []) + ["train", "-c", os.fspath(config), "--out", os.fspath(out)]
+    if threads is not None and _arg("train", "threads", threads, int) < 0:
+        raise ValueError(f"train: threads must be >= 0 (got {threads}; 0 or None: the machine's)")
+    args = (["--threads", str(threads)] if threads else []) + ["train", "-c", os.fspath(config), "--out", os.fspath(out)]
     if data is not None:
         args += ["--data", os.fspath(data)]
     args += (["--resume"] if resume else []) + (["--overwrite"] if overwrite else [])

@@ -24,6 +24,23 @@ import torch.nn.functional as F
 import spanformer
 
 
+def _size(where, name, value, least=1):
+    """A whole number >= least (an int, or a float with no fraction), else a ValueError naming it: a
+    fractional size would otherwise be truncated without a word."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or \
+            (isinstance(value, float) and not value.is_integer()) or value < least:
+        raise ValueError(f"{where}: {name} must be a whole number >= {least} (got {value!r})")
+    return int(value)
+
+
+def _real(where, name, value, least=0.0, most=math.inf):
+    """A finite number in [least, most], else a ValueError naming it (NaN and negatives refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            not least <= value <= most:
+        raise ValueError(f"{where}: {name} must be a finite number in [{least}, {most}] (got {value!r})")
+    return float(value)
+
+
 class AdaptiveSpan(nn.Module):
     """Each head h learns span_ratio[h] in [0, 1]; its span is z_h = span_ratio[h] * L, and attention at
     distance d (1 = the nearest earlier key) is multiplied by the soft mask
@@ -40,16 +57,21 @@ class AdaptiveSpan(nn.Module):
 
     def __init__(self, attn_span, nb_heads, ramp=32, init=0.0, loss_coeff=0.0, cache=True):
         super().__init__()
-        if attn_span < 1 or nb_heads < 1 or ramp < 1:
-            raise ValueError(f"AdaptiveSpan: attn_span {attn_span}, nb_heads {nb_heads} and ramp {ramp} must be >= 1")
-        if not 0.0 <= init <= 1.0:
-            raise ValueError(f"AdaptiveSpan: init {init} is a span ratio, in [0, 1]")
-        self.attn_span, self.nb_heads, self.ramp = int(attn_span), int(nb_heads), int(ramp)
-        self.loss_coeff, self.cache = float(loss_coeff), bool(cache)
+        w = "AdaptiveSpan"
+        attn_span, nb_heads, ramp = _size(w, "attn_span", attn_span), _size(w, "nb_heads", nb_heads), _size(w, "ramp", ramp)
+        if not (isinstance(init, (int, float)) and not isinstance(init, bool) and 0.0 <= init <= 1.0):
+            raise ValueError(f"AdaptiveSpan: init {init!r} is a span ratio, in [0, 1]")
+        self.attn_span, self.nb_heads, self.ramp = attn_span, nb_heads, ramp
+        self.loss_coeff, self.cache = _real(w, "loss_coeff", loss_coeff), bool(cache)
         self.span_ratio = nn.Parameter(torch.full((nb_heads,), float(init)))
         self._set_host([float(init)] * nb_heads)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        ratios = state_dict.get(prefix + "span_ratio")
+        if ratios is not None and isinstance(ratios, torch.Tensor) and ratios.numel() and \
+                not bool(((ratios >= 0) & (ratios <= 1)).all()):
+            raise ValueError(f"AdaptiveSpan: {prefix}span_ratio holds values outside [0, 1] (or NaN): "
+                             f"{ratios.detach().cpu().tolist()!r:.120}")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self.sync_host()
 
@@ -126,9 +148,11 @@ class AdaptiveSpanAttention(nn.Module):
 
     def __init__(self, d_model, nb_heads, attn_span, ramp=32, init=0.0, loss_coeff=0.0, dropout=0.0, cache=True):
         super().__init__()
+        w = "AdaptiveSpanAttention"
+        d_model, nb_heads = _size(w, "d_model", d_model), _size(w, "nb_heads", nb_heads)
         if d_model % nb_heads:
             raise ValueError(f"AdaptiveSpanAttention: d_model {d_model} is not a multiple of nb_heads {nb_heads}")
-        self.d_model, self.nb_heads, self.dropout = int(d_model), int(nb_heads), float(dropout)
+        self.d_model, self.nb_heads, self.dropout = d_model, nb_heads, _real(w, "dropout", dropout, 0.0, 0.999999)
         self.proj_query, self.proj_key, self.proj_val, self.proj_out = (
             nn.Linear(d_model, d_model, bias=False) for _ in range(4))
         self.span = AdaptiveSpan(attn_span, nb_heads, ramp, init, loss_coeff, cache)
@@ -175,13 +199,14 @@ class CausalAttention(nn.Module):
     def __init__(self, d_model, nb_heads, kind="flash", window=128, attn_span=1024, ramp=32, init=0.0,
                  loss_coeff=0.0, dropout=0.0):
         super().__init__()
+        w = "CausalAttention"
         if kind not in ("flash", "window", "adaptive_span"):
             raise ValueError(f"CausalAttention: kind {kind!r}: expected 'flash', 'window' or 'adaptive_span'")
+        d_model, nb_heads, window = _size(w, "d_model", d_model), _size(w, "nb_heads", nb_heads), _size(w, "window", window)
         if d_model % nb_heads:
             raise ValueError(f"CausalAttention: d_model {d_model} is not a multiple of nb_heads {nb_heads}")
-        if kind == "window" and window < 1:
-            raise ValueError(f"CausalAttention: window {window} must be >= 1")
-        self.kind, self.nb_heads, self.window, self.dropout = kind, int(nb_heads), int(window), float(dropout)
+        self.kind, self.nb_heads, self.window = kind, nb_heads, window
+        self.dropout = _real(w, "dropout", dropout, 0.0, 0.999999)
         self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
         if kind == "adaptive_span":
             self.span = AdaptiveSpan(attn_span, nb_heads, ramp, init, loss_coeff)

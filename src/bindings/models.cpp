@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <sstream>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -195,6 +196,10 @@ TORCH_LIBRARY_FRAGMENT(spanformer, m) {
           if (heads < 1 || flat.empty() || flat.size() % static_cast<size_t>(heads) != 0)
             spanformer::fail("plot_spans: {} spans do not make whole layers of {} heads", flat.size(), heads);
           if (attn_span < 1 || ramp < 1) spanformer::fail("plot_spans: attn_span and ramp must be >= 1");
+          for (size_t i = 0; i < flat.size(); ++i)
+            if (!(std::isfinite(flat[i]) && flat[i] >= 0))
+              spanformer::fail("plot_spans: a span is a number of tokens >= 0 (layer {} head {}: {})",
+                               i / static_cast<size_t>(heads), i % static_cast<size_t>(heads), flat[i]);
           std::vector<std::vector<double>> spans;
           for (size_t i = 0; i < flat.size(); i += static_cast<size_t>(heads))
             spans.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(i),

@@ -81,6 +81,9 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const at::Tensor& span_ratio, const SpanAttentionOptions& o) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "adaptive_span_attention: q, k, v must be (B, K, T, D)");
   const int64_t B = q.size(0), K = q.size(1), M = q.size(2), D = q.size(3);
+  TORCH_CHECK(!(k.sizes().slice(0, 3) == v.sizes().slice(0, 3) && v.size(3) != k.size(3)),
+              "adaptive_span_attention: v's head width ", v.size(3), " differs from k's ", k.size(3),
+              ": the op takes one head width D for q, k and v");
   TORCH_CHECK(k.sizes() == v.sizes(), "adaptive_span_attention: k and v shapes differ");
   TORCH_CHECK(k.size(0) == B && k.size(1) == K && k.size(3) == D, "adaptive_span_attention: k does not match q");
   const int64_t W = k.size(2) - M;

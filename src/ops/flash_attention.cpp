@@ -124,6 +124,11 @@ void backward_tile(const at::Tensor& qs, const at::Tensor& q, const at::Tensor& 
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o) {
+  // Values of another head width than the keys (multi-head latent attention's) are named as such.
+  if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes().slice(0, 3) == v.sizes().slice(0, 3) &&
+      q.size(3) == k.size(3) && v.size(3) != k.size(3))
+    fail("flash attention: v's head width {} differs from q's and k's {}: the op takes one head width D for q, k and v "
+         "(pad v to D, or split it)", v.size(3), k.size(3));
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || k.sizes() != v.sizes() || q.size(0) != k.size(0) ||
       q.size(1) != k.size(1) || q.size(3) != k.size(3) || q.size(2) > k.size(2) || q.size(2) < 1)
     fail("flash attention: q (B, K, N, D) and k, v (B, K, C, D) with C >= N >= 1 expected (got {}, {}, {})",

@@ -251,12 +251,14 @@ RunDirectory::RunDirectory(const std::string& dir, bool main_rank, bool resume, 
 
 void RunDirectory::say(const std::string& text) {
   if (!main_) return;
-  fmt::print(stderr, "{}\n", text);
+  // The run's own log first, then the terminal, which may be gone (a killed parent's pipe: the write fails
+  // and is let go, where fmt::print would throw and lose the log line too).
   const std::string line = fmt::format("[{}] {}", utc_timestamp(), text);
   if (text_log_.is_open())
     text_log_ << line << std::endl;
   else
     early_.push_back(line);
+  std::fprintf(stderr, "%s\n", text.c_str());
 }
 
 void RunDirectory::start_new() {
@@ -368,7 +370,7 @@ std::string IntervalLog::progress_line(int64_t step, int64_t nb_steps, double lo
 
 nlohmann::json IntervalLog::close(Position& p, const Validation& v, double lr, double seconds, double elapsed, double eta,
                                   dist::Group* group, bool& best) {
-  const double train_nll = loss_ / static_cast<double>(steps_);
+  const double train_nll = loss_ / static_cast<double>(loss_steps_);
   last_train = in_unit(train_nll, unit_);
   last_valid = in_unit(v.nll, unit_);
   const double ms_per_step = seconds * 1e3 / static_cast<double>(steps_);
@@ -399,6 +401,7 @@ nlohmann::json IntervalLog::close(Position& p, const Validation& v, double lr, d
     collective_ = group->collective_seconds();
   }
   loss_ = 0;
+  loss_steps_ = 0;
   steps_ = 0;
   return record;
 }

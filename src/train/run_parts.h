@@ -33,6 +33,10 @@ struct Position {
   int64_t step = 0, train_pos = 0, valid_pos = 0;
   double elapsed_seconds = 0;
   double best_valid = std::numeric_limits<double>::infinity();
+  // The validation interval open at this step: the sum of its training losses and their count, so that a
+  // run stopped between two records logs the same train_loss at the next one as an uninterrupted run.
+  double interval_loss = 0;
+  int64_t interval_steps = 0;
 };
 
 // This process's share of the global batch B: streams (or examples) [first, first + local).
@@ -125,7 +129,10 @@ class RunDirectory {
 class IntervalLog {
  public:
   IntervalLog(Unit unit, std::string speed_key, const char* speed_unit, int64_t items_per_step, int64_t world);
-  void add(double loss) { loss_ += loss, ++steps_; }
+  void add(double loss) { loss_ += loss, ++loss_steps_, ++steps_; }
+  // The open interval's losses, to save (Position::interval_*) and to carry on after a resume.
+  void save_open(Position& p) const { p.interval_loss = loss_, p.interval_steps = loss_steps_; }
+  void carry(const Position& p) { loss_ += p.interval_loss, loss_steps_ += p.interval_steps; }
   // The line after every step (terminal) and every 30 s (train.log).
   std::string progress_line(int64_t step, int64_t nb_steps, double loss, double lr, double per_step,
                             int64_t steps_left) const;
@@ -145,7 +152,8 @@ class IntervalLog {
   const char* speed_unit_;
   int64_t items_per_step_, world_;
   double loss_ = 0, start_, collective_ = 0;
-  int64_t steps_ = 0;
+  int64_t loss_steps_ = 0;  // the losses in loss_ (this session's and the ones carried)
+  int64_t steps_ = 0;       // this session's steps of the interval (its speed)
 };
 
 }  // namespace spanformer::train::run

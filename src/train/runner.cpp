@@ -64,6 +64,13 @@ Position resume_from(const std::string& path, Family& family, run::Batches& batc
   if (ck.has("state.valid_pos")) p.valid_pos = ck.integer("state.valid_pos");
   p.elapsed_seconds = ck.number("state.elapsed_seconds");
   if (ck.has("state.best_valid")) p.best_valid = ck.number("state.best_valid");
+  if (ck.has("state.interval_steps")) {  // checkpoints written before these keys resume a fresh interval
+    p.interval_loss = ck.number("state.interval_loss");
+    p.interval_steps = ck.integer("state.interval_steps");
+    if (p.interval_steps < 0 || !std::isfinite(p.interval_loss))
+      fail("checkpoint {} is damaged: its open interval ({} losses, sum {}) is not one", path, p.interval_steps,
+           p.interval_loss);
+  }
   batches.resume(ck, p);
   compat::set_generator_state(c10::DeviceType::CPU, ck.tensor("state.rng"));
   if (device.is_cuda() && ck.has("state.cuda_rng")) compat::set_generator_state(c10::DeviceType::CUDA, ck.tensor("state.cuda_rng"));
@@ -143,6 +150,8 @@ void save_checkpoint(const std::string& path, Family& family, const run::Batches
   batches.save_identity(out);
   out.put_double("state.elapsed_seconds", pos.elapsed_seconds + session_seconds);
   out.put_double("state.best_valid", pos.best_valid);
+  out.put_double("state.interval_loss", pos.interval_loss);
+  out.put_int("state.interval_steps", pos.interval_steps);
   out.put("state.rng", compat::generator_state(c10::DeviceType::CPU));
   if (device.is_cuda()) out.put("state.cuda_rng", compat::generator_state(c10::DeviceType::CUDA));
   batches.save_state(out, gather);
@@ -193,15 +202,17 @@ RunResult run_training(Family& family, const RunOptions& options) {
   const int64_t checkpoint_every = tc.checkpoint_interval > 0 ? tc.checkpoint_interval : tc.eval_interval;
   const double session_start = now_seconds();
 
-  auto save = [&](const std::string& path) {
-    save_checkpoint(path, family, *batches, pos, now_seconds() - session_start, device, shard);
-  };
-
   RunResult result;
   result.unit = batches->unit();
   const int64_t items_per_step = tc.batch_size * batches->block();
   run::IntervalLog interval(batches->unit(), batches->data().item + "_per_s", batches->speed_unit(), items_per_step,
                             shard.world);
+  interval.carry(pos);  // a resumed run's open interval goes on
+
+  auto save = [&](const std::string& path) {
+    interval.save_open(pos);
+    save_checkpoint(path, family, *batches, pos, now_seconds() - session_start, device, shard);
+  };
   while (pos.step < last_step) {
     if (group ? group->all_reduce_sum(interrupted() ? 1.0 : 0.0) > 0 : interrupted()) {
       save(paths.checkpoint());

@@ -332,3 +332,114 @@ def test_ctrl_c_in_python_stops_the_run_with_its_checkpoint(shared, tmp_path):
     assert step >= 3
     result = spanformer.train(config, run, data=data, threads=1, quiet=True, resume=True, nb_steps=step + 3)
     assert result["step"] == step + 3
+
+
+def _processes_running(needle):
+    """The pids whose command line holds `needle` (a run directory's path)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            if needle in cmdline and "train" in cmdline and "python" not in cmdline.split("\0")[0]:
+                pids.append(int(entry))
+    return pids
+
+
+def test_a_killed_python_process_stops_its_training(shared, tmp_path):
+    """The Python process that runs spanformer.train killed outright (SIGKILL: no handler runs): the
+    training it started follows it (the program asks the kernel for a signal when its parent ends), saves
+    its checkpoint and releases the run directory, rather than running on orphaned with the lock held;
+    resume=True then continues it."""
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+    import time
+    text = tmp_path / "t.txt"
+    text.write_bytes(open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:100000])
+    data = spanformer.prepare(text, tmp_path / "data")
+    config = tiny_lm_config(tmp_path / "c.json")
+    run = tmp_path / "run"
+    # No validation and no checkpoint until the end: the program writes nothing a closed pipe would stop.
+    script = (f"import spanformer; spanformer.train({str(config)!r}, {str(run)!r}, data={str(data)!r}, threads=1, "
+              "quiet=True, nb_steps=10**9, eval_interval=10**9, checkpoint_interval=10**9)")
+    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.path.dirname(
+        os.path.dirname(spanformer.__file__))})
+
+    def locked():
+        with open(run / ".lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            return False
+
+    for _ in range(1200):
+        if (run / "train.log").exists() and locked():
+            break
+        time.sleep(0.1)
+    time.sleep(2)  # some steps
+    assert _processes_running(str(run)), "the training did not start"
+    parent.kill()
+    parent.wait()
+    for _ in range(600):  # the training's stop: its checkpoint written, then the process gone
+        if not _processes_running(str(run)):
+            break
+        time.sleep(0.1)
+    assert not _processes_running(str(run)), "the training runs on without its Python process"
+    assert not locked(), "the run directory is still locked"
+    log = open(run / "train.log").read()
+    said = re.search(r"checkpoint saved at step (\d+)", log)
+    assert (run / "checkpoint.pt").exists(), f"the stop saved no checkpoint: {log[-500:]}"
+    assert said, f"the stop said nothing in train.log: {log[-500:]}"
+    step = int(said.group(1))
+    result = spanformer.train(config, run, data=data, threads=1, quiet=True, resume=True, nb_steps=step + 2,
+                              eval_interval=1)
+    assert result["step"] == step + 2
+
+
+def test_a_killed_training_is_said_killed(shared, tmp_path):
+    """The program killed under spanformer.train (out of memory, a kill -9): a RuntimeError that says it
+    was killed and by which signal, not its last progress line as if that were an error."""
+    import signal
+    import threading
+    import time
+    text = tmp_path / "t.txt"
+    text.write_bytes(open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:100000])
+    data = spanformer.prepare(text, tmp_path / "data")
+    config = tiny_lm_config(tmp_path / "c.json")
+    run = tmp_path / "run"
+
+    def kill_after_first_record():
+        for _ in range(1200):
+            if (run / "log.jsonl").exists() and (run / "log.jsonl").stat().st_size:
+                break
+            time.sleep(0.1)
+        for pid in _processes_running(str(run)):
+            os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_after_first_record, daemon=True).start()
+    with pytest.raises(RuntimeError, match=r"^spanformer: error: the program was killed by SIGKILL \(signal 9\)$"):
+        spanformer.train(config, run, data=data, threads=1, quiet=True, nb_steps=10**9, checkpoint_interval=10**9)
+
+
+def test_python_arguments_of_load_and_train_take_python_types(shared, tmp_path):
+    """Python values where the command line takes text: a bool override of load (adapt_span_cache=False
+    here; eval_same_length=True of an XL model the same way) is the key set to false (not a refused
+    "False"), and train(threads=1.7) is a TypeError rather than one thread."""
+    text = tmp_path / "t.txt"
+    text.write_bytes(open(os.path.join(shared, "data", "dickens.txt"), "rb").read()[:100000])
+    data = spanformer.prepare(text, tmp_path / "data")
+    config = tiny_lm_config(tmp_path / "c.json")
+    spanformer.train(config, tmp_path / "run", data=data, threads=1, quiet=True, nb_steps=2)
+    assert spanformer.load(str(tmp_path / "run"), adapt_span_cache=False).config["run"]["adapt_span_cache"] is False
+    assert spanformer.load(str(tmp_path / "run"), adapt_span_cache=True).config["run"]["adapt_span_cache"] is True
+    with pytest.raises(TypeError, match=r"^train: threads must be int \(got float 1.7\)$"):
+        spanformer.train(config, tmp_path / "run2", data=data, threads=1.7, quiet=True, nb_steps=2)
+    with pytest.raises(ValueError, match=r"^train: threads must be >= 0"):
+        spanformer.train(config, tmp_path / "run2", data=data, threads=-2, quiet=True, nb_steps=2)
+    assert not (tmp_path / "run2").exists()

@@ -200,6 +200,17 @@ def test_modules_with_our_checkpoints_tensors_give_the_references_log_probabilit
     assert (got - want).abs().max().item() < 1e-4, (got - want).abs().max()
 
 
+def test_plot_spans_refuses_nan_and_negative_spans(tmp_path):
+    """A span is a number of tokens >= 0: NaN, infinite and negative ones are refused by name, in Python
+    and by the operator itself, before anything is drawn."""
+    for bad in (float("nan"), -3.0, float("inf")):
+        with pytest.raises(ValueError, match=r"^plot_spans: a span is a number of tokens >= 0 \(layer 1 head 0: "):
+            spanformer.plot_spans([[1.0, 2.0], [bad, 4.0]], tmp_path / "s.png", 64)
+        with pytest.raises(RuntimeError, match=r"^plot_spans: a span is a number of tokens >= 0 \(layer 1 head 0: "):
+            torch.ops.spanformer.plot_spans([1.0, 2.0, bad, 4.0], 2, str(tmp_path / "s.png"), 64)
+    assert not (tmp_path / "s.png").exists()
+
+
 def test_plot_spans_refuses_ragged_layers_and_draws_the_grid(tmp_path):
     """spanformer.plot_spans: layers of different head counts are a ValueError; the grid layout draws
     and writes the numbers beside the picture, as given."""
@@ -266,3 +277,25 @@ def test_causal_attention_with_a_gpt_checkpoints_tensors_gives_its_logits(kind, 
     assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
     if kind == "adaptive_span":
         assert model.blocks[0]["attn"].span.spans() == pytest.approx(ours.spans()[0].tolist(), abs=1e-4)
+
+
+def test_sizes_coefficients_and_loaded_spans_out_of_range_are_refused():
+    """What the modules would otherwise take silently: a fractional size (truncated), a negative or NaN
+    loss coefficient, span ratios outside [0, 1] or NaN in a state dict, NaN or negative spans to draw.
+    Each a ValueError with a one-line message naming the argument."""
+    with pytest.raises(ValueError, match=r"^AdaptiveSpan: attn_span must be a whole number >= 1 \(got 100.5\)$"):
+        snn.AdaptiveSpan(100.5, 4)
+    assert snn.AdaptiveSpan(128.0, 4).attn_span == 128  # a whole float is a size
+    with pytest.raises(ValueError, match=r"^AdaptiveSpanAttention: d_model must be a whole number >= 1 \(got 64.5\)$"):
+        snn.AdaptiveSpanAttention(64.5, 4, attn_span=32)
+    with pytest.raises(ValueError, match=r"^CausalAttention: window must be a whole number >= 1 \(got 7.5\)$"):
+        snn.CausalAttention(64, 4, kind="window", window=7.5)
+    for bad in (-1e-6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"^AdaptiveSpan: loss_coeff must be a finite number in \[0.0, inf\]"):
+            snn.AdaptiveSpan(64, 2, loss_coeff=bad)
+    span = snn.AdaptiveSpan(64, 2)
+    for ratios in ([0.5, 1.5], [-0.1, 0.2], [float("nan"), 0.2]):
+        with pytest.raises(ValueError, match=r"^AdaptiveSpan: span_ratio holds values outside \[0, 1\] \(or NaN\)"):
+            span.load_state_dict({"span_ratio": torch.tensor(ratios)})
+    span.load_state_dict({"span_ratio": torch.tensor([0.0, 1.0])})  # the ends are spans
+    assert span.spans() == [0.0, 64.0]

@@ -429,3 +429,42 @@ def test_integer_and_mixed_inputs_are_one_line_errors_naming_the_dtypes():
         spanformer.adaptive_span_attention(q.long(), k.long(), k.long(), pe.long(), torch.zeros(1).long(), 8)
     with pytest.raises(RuntimeError, match=r"^adaptive_span_attention: all inputs must share dtype and device \(q is Float"):
         spanformer.adaptive_span_attention(q, k, k, pe.long(), torch.zeros(1), 8)
+
+
+def test_meta_tensors_give_the_output_shapes():
+    """Both operators on meta tensors (shape inference, torch.compile's fake tensors without their mode):
+    the output's shape and dtype, no data, no error (autocast has no state for the meta device)."""
+    q = torch.empty(1, 2, 8, 16, device="meta")
+    out = spanformer.flash_attention(q, q, q)
+    assert out.device.type == "meta" and out.shape == (1, 2, 8, 16) and out.dtype == torch.float32
+    k, pe, r = torch.empty(1, 2, 12, 16, device="meta"), torch.empty(16, 4, device="meta"), torch.empty(2, device="meta")
+    out = spanformer.adaptive_span_attention(q, k, k, pe, r, 4)
+    assert out.device.type == "meta" and out.shape == (1, 2, 8, 16)
+
+
+def test_values_of_another_head_width_are_named_as_such():
+    """v with another head width than q and k (multi-head latent attention's split widths): one line
+    naming the widths, not a message about lengths."""
+    q, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 8)
+    with pytest.raises(RuntimeError, match=r"^flash attention: v's head width 8 differs from q's and k's 16"):
+        spanformer.flash_attention(q, q, v)
+    k, pe, r = torch.randn(1, 2, 12, 16), torch.randn(16, 4), torch.zeros(2)
+    with pytest.raises(RuntimeError, match=r"^adaptive_span_attention: v's head width 8 differs from k's 16"):
+        spanformer.adaptive_span_attention(q, k, torch.randn(1, 2, 12, 8), pe, r, 4)
+
+
+def test_python_arguments_out_of_range_or_type_are_one_line_errors():
+    """Integers beyond 64 bits and arguments of the wrong type: one exception with a one-line message
+    naming the argument (not TorchScript's multi-line "Expected a value of type ..." listing)."""
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match=r"^flash_attention: band must fit in 64 bits \(got 1180591620717411303424\)$"):
+        spanformer.flash_attention(q, q, q, band=2 ** 70)
+    with pytest.raises(ValueError, match=r"^flash_attention: seed must fit in 64 bits"):
+        spanformer.flash_attention(q, q, q, seed=-2 ** 64)
+    with pytest.raises(TypeError, match=r"^flash_attention: band must be int \(got float 2.5\)$"):
+        spanformer.flash_attention(q, q, q, band=2.5)
+    k, pe = torch.randn(1, 1, 12, 8), torch.randn(8, 8)
+    with pytest.raises(ValueError, match=r"^adaptive_span_attention: attn_span must fit in 64 bits"):
+        spanformer.adaptive_span_attention(q, k, k, pe, torch.zeros(1), 2 ** 64)
+    with pytest.raises(TypeError, match=r"^tokenize_13a: line must be str \(got NoneType None\)$"):
+        spanformer.tokenize_13a(None)

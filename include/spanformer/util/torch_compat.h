@@ -165,6 +165,9 @@ inline void set_generator_state(c10::DeviceType type, const at::Tensor& state) {
 // The dtype autocast casts to on this device type when a region is active there; nullopt otherwise.
 inline std::optional<at::ScalarType> autocast_dtype(c10::DeviceType type) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // Only the device types autocast has a state for: asking about any other (meta tensors, shape
+  // inference) is an error in ATen, and such tensors are never in a region.
+  if (type != c10::DeviceType::CPU && type != c10::DeviceType::CUDA) return std::nullopt;
   if (!at::autocast::is_autocast_enabled(type)) return std::nullopt;
   return at::autocast::get_autocast_dtype(type);
 #else

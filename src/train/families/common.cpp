@@ -287,7 +287,10 @@ void print_profile_table(const nlohmann::json& events, int64_t steps, double ste
 }  // namespace
 
 double time_steps(const BenchRequest& r, const std::function<void()>& step) {
-  if (r.steps < 1 || r.warmup < 0) fail("--steps must be >= 1 and --warmup >= 0");
+  // At most 10^9 each: a count beyond it is a typo, and a step count that the timer divides by must stay
+  // exact in a double.
+  if (r.steps < 1 || r.warmup < 0 || r.steps > 1000000000 || r.warmup > 1000000000)
+    fail("--steps must be >= 1 and --warmup >= 0, each at most 1000000000 (got {} and {})", r.steps, r.warmup);
   double total = 0;
   std::ostringstream trace;
   std::optional<torch::autograd::profiler::RecordProfile> profiler;

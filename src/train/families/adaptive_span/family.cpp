@@ -269,6 +269,8 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
 
 std::vector<BenchSetting> adaptive_span_bench_settings() {
   auto settings = span_bench_settings();
+  settings.push_back({"spans-from", "a trained adaptive-span checkpoint or run directory: its learned spans, "
+                                    "layer by layer (the models' shapes must agree)"});
   return settings;
 }
 
