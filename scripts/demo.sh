@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh
+bash scripts/build.sh --target spanformer_tool  # the program alone: the tests are scripts/test.sh's
 sf=./build/spanformer
 
 mkdir -p data

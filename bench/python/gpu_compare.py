@@ -17,7 +17,7 @@ What each line computes:
   kernel v0  the same op with SPANFORMER_SPAN_KERNEL=v0: version 0's forward and backward, beside it;
   flex       FlexAttention (torch.compile) with a block mask that lets head h see distances 1 .. S_h:
              hard window attention, not the adaptive-span function (no soft ramp, no whole-window
-             normaliser), the speed bar the issue sets;
+             normaliser), the speed bar to beat;
   flex exact FlexAttention computing the reference's function (the exact peer): the position
              term Q pe^T as one matmul (B, K, M, W) read by score_mod, + log m(d) for the soft span
              mask, the same block mask skipping every key beyond S_h; it leaves out the 1e-8 Z term of

@@ -17,8 +17,8 @@ Each round times every implementation of a row once, one after another, so that 
 drift falls on all of them alike; a row prints the median of each over the rounds. What is timed:
 
   gemm    the ceiling: torch.mm of two 2048 x 2048 float32 matrices (GFLOP/s)
-  span    the adaptive-span operator, B 1, K 8, D 64, M 512, L 8192, float32, spans bimodal (per issue
-          37's rule: 3 of 4 heads in [16, 256], 1 of 4 in [2048, L]) and all at L:
+  span    the adaptive-span operator, B 1, K 8, D 64, M 512, L 8192, float32, spans bimodal (3 of 4
+          heads in [16, 256], 1 of 4 in [2048, L], the spans adaptive span learns) and all at L:
             ours      spanformer.adaptive_span_attention (the fused CPU kernel), forward + backward
             eager     the reference's formula in PyTorch (the op's plain composition, written below)
             compiled  the same function under torch.compile

@@ -8,6 +8,7 @@
 
 #include "spanformer/data/corpus.h"
 #include "spanformer/data/subwords.h"
+#include "spanformer/io/gpt2.h"
 #include "spanformer/io/safetensors.h"
 #include "spanformer/train/family.h"
 #include "spanformer/train/formats.h"
@@ -153,12 +154,12 @@ const std::vector<WeightFormat>& weight_formats() {
                      fail("import gpt2: the directory's config.json describes the model; --config and overrides are "
                           "not used");
                    ImportResult result;
-                   if (!import_gpt2(r.model, r.vocab, r.vocab_level, r.out))
+                   if (!io::import_gpt2(r.model, r.vocab, r.vocab_level, r.out))
                      result.note = unchecked_note(r.model + "/model.safetensors");
                    return result;
                  },
                  [](const Checkpoint& checkpoint, const std::string& out) {
-                   export_gpt2(checkpoint, out);
+                   io::export_gpt2(checkpoint, out);
                    return "(transformers: GPT2LMHeadModel.from_pretrained(\"" + out + "\"))";
                  }});
     v.push_back(reference_format("adaptive-span", "facebookresearch/adaptive-span's state_dict",

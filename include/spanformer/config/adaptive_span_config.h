@@ -8,6 +8,9 @@
 //   B batch (streams), M block length (block_size), L maximum span (attn_span), H model width
 //   (hidden_size), K heads (nb_heads), D = H / K head width, I FFN width (inner_hidden_size),
 //   V vocabulary size, N persistent-memory vectors per head (pers_mem_size).
+//
+// Each key's meaning is written once, as its help text in src/config/adaptive_span_config.cpp (`spanformer config keys` and
+// docs/config.md print it); the comments below add only dimension letters and what the help does not say.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -23,21 +26,21 @@ namespace spanformer {
 // The model's shape and the span machinery. Saved inside every checkpoint; a checkpoint only loads
 // into a model with the same ModelConfig.
 struct ModelConfig {
-  int64_t vocab_size = 0;            // V; taken from the prepared data when 0
+  int64_t vocab_size = 0;
   int64_t nb_layers = 8;
   int64_t hidden_size = 256;         // H
   int64_t inner_hidden_size = 1024;  // I
   int64_t nb_heads = 4;              // K
-  int64_t attn_span = 1024;          // L, maximum span
+  int64_t attn_span = 1024;
   int64_t block_size = 256;          // M
-  double dropout = 0.0;              // on attention probabilities and the FFN hidden layer
-  double emb_dropout = 0.0;          // on the embeddings and on the last hidden state
-  bool adapt_span = true;            // learn each head's span
-  int64_t adapt_span_ramp = 32;      // R, width of the soft mask's ramp
-  double adapt_span_init = 0.0;      // initial span_ratio (z / L)
-  double adapt_span_loss = 2e-6;     // span-loss coefficient
-  bool adapt_span_cache = true;      // keep only the cache the current spans need
-  int64_t pers_mem_size = 0;         // N > 0: all-attention layers with persistent memory, no FFN
+  double dropout = 0.0;
+  double emb_dropout = 0.0;
+  bool adapt_span = true;
+  int64_t adapt_span_ramp = 32;
+  double adapt_span_init = 0.0;
+  double adapt_span_loss = 2e-6;
+  bool adapt_span_cache = true;
+  int64_t pers_mem_size = 0;
   attention::AttnImpl attn_impl = attention::AttnImpl::kAuto;  // auto | fused | plain: how attention is
                                      // computed (attention/attn_impl.h); checkpoints load under any.
 

@@ -9,6 +9,9 @@
 //
 // Dims legend: B batch, T context (tokens per training example), H = d_model, K = n_head,
 // D = H / K, I = d_inner, V vocabulary, N layers.
+//
+// Each key's meaning is written once, as its help text in src/config/gpt_config.cpp (`spanformer config keys` and
+// docs/config.md print it); the comments below add only dimension letters and what the help does not say.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -34,7 +37,7 @@ const char* activation_name(Activation a);
 Activation parse_activation(const std::string& name);
 
 struct GptModelConfig {
-  int64_t vocab_size = 0;      // V; taken from the prepared data when 0
+  int64_t vocab_size = 0;
   int64_t n_layer = 4;         // N
   int64_t n_head = 4;          // K
   int64_t d_model = 128;       // H (a multiple of K)
@@ -42,16 +45,16 @@ struct GptModelConfig {
   int64_t context = 256;       // T: tokens per training example, the longest context of the model
   Positions positions = Positions::kLearned;  // learned (GPT-2) | sinusoidal (Vaswani et al.)
   Activation activation = Activation::kGelu;  // gelu (exact) | gelu_tanh (GPT-2's approximation)
-  bool tie_weights = true;     // output projection = token embedding
-  double dropout = 0.1;        // embeddings and each residual branch
-  double attn_dropout = 0.0;   // attention probabilities
+  bool tie_weights = true;
+  double dropout = 0.1;
+  double attn_dropout = 0.0;
   double init_std = 0.02;      // N(0, init_std); residual projections N(0, init_std / sqrt(2 N))
   attention::CausalKind attention = attention::CausalKind::kDense;
-  int64_t window = 64;         // window: keys per query, itself included
-  int64_t attn_span = 0;       // adaptive_span: L, the largest span (0 = context)
+  int64_t window = 64;
+  int64_t attn_span = 0;
   int64_t adapt_span_ramp = 32;     // R
   double adapt_span_init = 0.0;     // initial z / L (the reference starts at 0)
-  double adapt_span_loss = 2e-6;    // span-loss coefficient
+  double adapt_span_loss = 2e-6;
   int64_t sparse_stride = 0;   // sparse_*: l (0 = round(sqrt(context)))
   int64_t sparse_summary = 8;  // sparse_fixed: c, the summary keys at the end of every block (<= l)
   attention::SparseCombine sparse_combine = attention::SparseCombine::kMerged;  // merged | alternating | per_head

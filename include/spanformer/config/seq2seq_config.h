@@ -9,6 +9,9 @@
 //
 // Dims legend: B pairs, S source tokens, T target tokens (+1 for <bos>/<eos>), V joint vocabulary,
 // Vt target vocabulary (ids [0, Vt)), H = d_model, K = n_head, I = d_inner, L layers.
+//
+// Each key's meaning is written once, as its help text in src/config/seq2seq_config.cpp (`spanformer config keys` and
+// docs/config.md print it); the comments below add only dimension letters and what the help does not say.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -35,8 +38,8 @@ struct Seq2SeqModelConfig {
   Seq2SeqKind kind = Seq2SeqKind::kTransformer;
   int64_t vocab_size = 0;    // V, taken from the data when 0
   int64_t target_vocab = 0;  // Vt, taken from the data when 0
-  int64_t d_model = 256;     // H: embeddings and hidden states
-  int64_t n_layer = 3;       // GRU layers, or encoder blocks and decoder blocks each
+  int64_t d_model = 256;
+  int64_t n_layer = 3;
   int64_t n_head = 4;        // K (Transformer)
   int64_t d_inner = 1024;    // I (Transformer feed-forward; 0 = 4 H)
   double dropout = 0.1;

@@ -9,6 +9,9 @@
 //   cosine:          lr_min + (lr - lr_min) (1 + cos(pi min(1, k / nb_steps))) / 2
 //   inverse_sqrt:    lr sqrt(max(1, lr_warmup) / k)      (Vaswani et al. 2017, eq. 3, with lr the peak:
 //                    d_model^-0.5 lr_warmup^-0.5 in the paper's units)
+//
+// Each key's meaning is written once, as its help text in src/config/train_config.cpp (`spanformer config keys` and
+// docs/config.md print it); the comments below add only dimension letters and what the help does not say.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <cstdint>
@@ -34,30 +37,30 @@ const char* amp_name(Amp amp);
 Amp parse_amp(const std::string& name);
 
 struct TrainConfig {
-  std::string data;                // prepared data directory (train.bin, valid.bin, test.bin, vocab.txt)
-  int64_t batch_size = 64;         // B streams per step (global, over all processes)
-  int64_t batch_split = 1;         // gradient accumulation over B / batch_split stream groups
+  std::string data;
+  int64_t batch_size = 64;
+  int64_t batch_split = 1;
   OptimKind optim = OptimKind::kAdagrad;  // adagrad (reference clip) | sgd | adam | adamw
   double weight_decay = 0.0;       // adamw: decoupled decay of matrices (dim >= 2); adam: L2 term
   double adam_beta2 = 0.999;       // adam/adamw second-moment decay (GPT recipes use 0.95)
   double lr = 0.07;
-  double lr_min = 0.0;             // cosine schedule's floor
+  double lr_min = 0.0;
   Schedule scheduler = Schedule::kConstant;  // after the warmup: constant | cosine
-  int64_t lr_warmup = 8000;        // linear warmup updates (0 = none)
+  int64_t lr_warmup = 8000;
   double momentum = 0.0;           // sgd only
-  double grad_clip = 0.03;         // adagrad: per-tensor lr scaling; sgd/adam: global norm (0 = none)
-  int64_t nb_steps = 150000;       // total optimizer steps
-  int64_t eval_interval = 1000;    // steps between validations, log records and checkpoints
-  int64_t eval_blocks = 100;       // validation blocks per interval (Transformer-XL/PAR: 0 = the whole split)
-  int64_t checkpoint_interval = 0; // steps between checkpoints (0 = at every eval_interval)
+  double grad_clip = 0.03;
+  int64_t nb_steps = 150000;
+  int64_t eval_interval = 1000;
+  int64_t eval_blocks = 100;
+  int64_t checkpoint_interval = 0;
   uint64_t seed = 42;
   int64_t threads = 0;             // 0 = OMP_NUM_THREADS if set, else all cores
-  int64_t eval_batch_size = 8;     // streams of the full evaluation
-  std::string device = "cpu";      // cpu | cuda | cuda:N
+  int64_t eval_batch_size = 8;
+  std::string device = "cpu";
   Amp amp = Amp::kOff;             // off | bf16: training forward under bf16 autocast, fp32 weights and loss
-  double dist_timeout = 300;       // seconds a rank waits for the others (multi-process runs)
+  double dist_timeout = 300;
   dist::Backend dist_backend = dist::Backend::kAuto;  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
-  int64_t dist_bucket_kb = 1024;   // gradient buckets all-reduced during backward (0 = one bucket after it)
+  int64_t dist_bucket_kb = 1024;
   bool cuda_graphs = false;        // the training step as one CUDA graph, replayed (train/step_graph.h)
 };
 

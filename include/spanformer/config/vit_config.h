@@ -7,6 +7,9 @@
 //
 // Dims legend: B batch, S = image_size, P = patch, G = S / P patches a side, N = G^2 + 1 tokens
 // (the class token first), H = d_model, K = n_head, I = d_inner, C classes, L layers.
+//
+// Each key's meaning is written once, as its help text in src/config/vit_config.cpp (`spanformer config keys` and
+// docs/config.md print it); the comments below add only dimension letters and what the help does not say.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -22,12 +25,12 @@ struct VitModelConfig {
   int64_t image_size = 28;   // S (square images)
   int64_t channels = 1;
   int64_t patch = 4;         // P: S must be a multiple
-  int64_t classes = 10;      // C; taken from the data when 0
+  int64_t classes = 10;
   int64_t n_layer = 4;       // L
   int64_t n_head = 4;        // K
   int64_t d_model = 64;      // H (a multiple of K)
   int64_t d_inner = 128;     // I (0 = 4 H)
-  double dropout = 0.0;      // embeddings and each residual branch
+  double dropout = 0.0;
   double attn_dropout = 0.0;
   double pixel_mean = 0.2860, pixel_std = 0.3530;  // input normalisation (Fashion-MNIST's train statistics)
   int64_t augment_shift = 0;  // training only: random translation by up to this many pixels (0 = none)

@@ -11,6 +11,9 @@
 //
 // Dims legend: B batch (streams), M segment length (tgt_len), Mm memory length (mem_len),
 // H = d_model, K = n_head, D = d_head, I = d_inner, E = d_embed, V vocabulary, N blocks.
+//
+// Each key's meaning is written once, as its help text in src/config/xl_config.cpp (`spanformer config keys` and
+// docs/config.md print it); the comments below add only dimension letters and what the help does not say.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -37,40 +40,40 @@ char block_letter(BlockKind kind);                               // 'a' | 'f' | 
 std::string blocks_text(const std::vector<BlockKind>& blocks);   // "afaf..."
 
 struct XlModelConfig {
-  int64_t vocab_size = 0;       // V; taken from the prepared data when 0
+  int64_t vocab_size = 0;
   std::string layers;           // block string, 'a' attention / 'f' feed-forward ("" = "af" x n_layer)
-  int64_t n_layer = 4;          // Transformer-XL layers; the super-network has 2 x n_layer blocks
+  int64_t n_layer = 4;
   int64_t d_model = 256;        // H
   int64_t n_head = 4;           // K
-  int64_t d_head = 64;          // D (K x D need not equal H)
+  int64_t d_head = 64;
   int64_t d_inner = 1024;       // I
-  int64_t d_embed = 0;          // E, embedding width (0 = d_model)
-  double dropout = 0.1;         // embeddings, positions, attention output, feed-forward, last hidden
-  double dropatt = 0.0;         // attention probabilities
-  int64_t tgt_len = 128;        // M, segment length for training
-  int64_t mem_len = 128;        // Mm, hidden states kept per block
-  int64_t ext_len = 0;          // extended context: tokens re-read before each segment (not scored)
-  int64_t clamp_len = 0;        // distances above this use the same position vector (0 = no clamp)
-  bool same_length = false;     // every query sees the same number of keys
-  bool pre_lnorm = false;       // LayerNorm before each block instead of after the residual
-  bool untie_r = false;         // a separate (u, v) per attention block instead of one pair for all
-  bool adaptive = false;        // adaptive input and adaptive softmax with `cutoffs`
-  std::vector<int64_t> cutoffs;  // cluster boundaries in the frequency-sorted vocabulary
-  int64_t div_val = 1;          // cluster i has width E / div_val^i
-  bool tie_weight = true;       // output cluster weights = input embeddings
-  bool tie_projs = true;        // output projections of clusters 1.. = input projections
-  double init_std = 0.02;       // N(0, init_std) weights; LayerNorm weight N(1, init_std)
-  double proj_init_std = 0.01;  // N(0, proj_init_std) for adaptive projections
+  int64_t d_embed = 0;
+  double dropout = 0.1;
+  double dropatt = 0.0;
+  int64_t tgt_len = 128;
+  int64_t mem_len = 128;
+  int64_t ext_len = 0;
+  int64_t clamp_len = 0;
+  bool same_length = false;
+  bool pre_lnorm = false;
+  bool untie_r = false;
+  bool adaptive = false;
+  std::vector<int64_t> cutoffs;
+  int64_t div_val = 1;
+  bool tie_weight = true;
+  bool tie_projs = true;
+  double init_std = 0.02;
+  double proj_init_std = 0.01;
   // PAR super-network: every one of 2 x n_layer blocks mixes {attention, feed-forward, identity}.
   bool search = false;
-  bool search_hard = false;            // straight-through one-hot samples instead of soft ones
+  bool search_hard = false;
   SearchEval search_eval = SearchEval::kSoftmax;  // weights without noise at evaluation: softmax | argmax
   // Adaptive span (Sukhbaatar et al. 2019) inside every attention block.
   bool adapt_span = false;
-  int64_t attn_span = 0;               // L, the largest span (0 = mem_len + tgt_len)
+  int64_t attn_span = 0;
   int64_t adapt_span_ramp = 32;        // R
-  double adapt_span_init = 1.0;        // initial z / L
-  double adapt_span_loss = 2e-6;       // span-loss coefficient
+  double adapt_span_init = 1.0;
+  double adapt_span_loss = 2e-6;
   // With adapt_span: plain = one masked product over the block's window; fused = each head's product
   // over its own window only; auto = fused when that skips a quarter of the keys or more.
   attention::AttnImpl attn_impl = attention::AttnImpl::kAuto;
@@ -89,10 +92,10 @@ struct XlModelConfig {
 };
 
 struct XlSearchConfig {
-  double arch_lr = 1e-2;             // Adam on the architecture logits alpha
-  double arch_weight_decay = 5e-4;   // L2 term added to alpha's gradient (PyTorch Adam weight_decay)
-  int64_t arch_freeze_steps = 0;     // alpha stays fixed for the first N steps (weights warm up)
-  double tau0 = 1.0, tau1 = 0.1;     // Gumbel-softmax temperature from tau0 to tau1 over the run
+  double arch_lr = 1e-2;
+  double arch_weight_decay = 5e-4;
+  int64_t arch_freeze_steps = 0;
+  double tau0 = 1.0, tau1 = 0.1;
   TauSchedule tau_schedule = TauSchedule::kExp;  // exp | linear | constant
 };
 

@@ -8,7 +8,7 @@
 // The reference is the ATen composition (`x + r` then `at::layer_norm`; `at::gelu(x + b)` with b in x's dtype), which every
 // device and dtype runs by default: the CUDA kernels (float32 / bfloat16 / float16 activations of one
 // dtype after the add's promotion, parameters float32 or that dtype, no autocast-narrowed norm) run when
-// SPANFORMER_STEP_KERNELS=kernels, until a GPU measures them faster (scripts/gpu-check.sh train). Their
+// SPANFORMER_STEP_KERNELS=kernels (awaiting a GPU: docs/platform.md; scripts/gpu-check.sh train). Their
 // gradients: ds = dx = dr, dw, db; d(x + b) and db. Held to the double-precision composition on the
 // CPU model of CUDA (StepKernelsEmulated.*) and on a GPU (StepKernelsCuda.*).
 #pragma once

@@ -57,14 +57,4 @@ bool import_safetensors(const std::string& path, const std::string& checkpoint_p
 // model.safetensors -> model.json: where export_safetensors' config goes beside the weights.
 std::string config_path_beside(const std::string& weights_path);
 
-// Hugging Face's GPT-2 layout (transformers' GPT2LMHeadModel; the mapping in train/families/gpt/family.cpp): a
-// directory with config.json, model.safetensors and spanformer's vocab.txt. Export takes a gpt-family
-// checkpoint whose model GPT-2 can express (dense or flash attention, learned positions, not reversible)
-// and refuses any other in one line; import reads what save_pretrained writes (the vocabulary from
-// --vocab, else the directory's vocab.txt) into a weights-only checkpoint, and returns whether the
-// weights carried spanformer's checksum.
-void export_gpt2(const Checkpoint& checkpoint, const std::string& dir);
-bool import_gpt2(const std::string& dir, const std::string& vocab_path, const std::string& vocab_level,
-                 const std::string& checkpoint_path);
-
 }  // namespace spanformer::train

@@ -16,8 +16,8 @@
 // passed as their gradient scale): one vectorised pass over parameter, gradient and state, where the plain
 // composition (`fused = false`, the reference the tests hold the fused path to) makes five to eight. On CUDA
 // Adam and AdamW take ATen's multi-tensor kernels (one launch for all parameters) with the other fused
-// step kernels, SPANFORMER_STEP_KERNELS=kernels (include/spanformer/ops/step_ops.h), until a GPU measures
-// them. Elsewhere, and for sgd, the plain composition runs, with every scale factor on the device: no host
+// step kernels, SPANFORMER_STEP_KERNELS=kernels (include/spanformer/ops/step_ops.h; awaiting a GPU:
+// docs/platform.md). Elsewhere, and for sgd, the plain composition runs, with every scale factor on the device: no host
 // synchronisation per tensor. The fused Adagrad reads each tensor's norm on the host, as the reference does.
 #pragma once
 #include <torch/serialize/archive.h>

@@ -1,4 +1,4 @@
-// The flash kernels' lab: version 1's variants not yet measured on a GPU (../variants.h names them;
+// The flash kernels' lab: version 1's variants awaiting a GPU (docs/platform.md) (../variants.h names them;
 // SPANFORMER_FLASH_KERNEL selects one), built from the mainline's pieces (../flash_attention_mma.cuh):
 //   v1-m2     the mainline forward with two sets of 16 rows a warp (MT 2, 128 queries a block), D 32 / 64:
 //             each K / V fragment serves both sets, whose softmax steps interleave (nvcc 13.2, sm_90: 254

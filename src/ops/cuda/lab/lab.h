@@ -1,4 +1,4 @@
-// The lab's entry points (src/ops/cuda/lab/*.cu): kernel variants not yet measured on a GPU, which the
+// The lab's entry points (src/ops/cuda/lab/*.cu): kernel variants awaiting a GPU (docs/platform.md), which the
 // mainline launchers hand a call to when its params name one (SpanAttentionParams::variant,
 // FlashParams::variant; the table: ../variants.h) and it applies to the call's width. Each `applies`
 // is false for the mainline's variants, so the mainline runs whatever the lab does not take.

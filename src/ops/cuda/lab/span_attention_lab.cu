@@ -1,4 +1,4 @@
-// The adaptive-span forward's lab: version 1's variants not yet measured on a GPU (../variants.h names
+// The adaptive-span forward's lab: version 1's variants awaiting a GPU (docs/platform.md) (../variants.h names
 // them; SPANFORMER_SPAN_KERNEL selects one), the mainline kernel (../span_attention_mma.cuh) with another
 // form, both at 2 blocks an SM (heads visiting most of the window, the all-at-L case):
 //   v1b2-async      tiles double-buffered with cp.async (DoubleBufferedTiles, D 32 / 64; at D 128 two
