@@ -17,7 +17,7 @@
 #include "spanformer/attention/record.h"
 #include "spanformer/io/reference_import.h"
 #include "spanformer/models/transformer_seq.h"
-#include "spanformer/train/evaluate.h"
+#include "train/families/adaptive_span/evaluate.h"
 #include "spanformer/util/io.h"
 #include "spanformer/util/error.h"
 #include "util.h"

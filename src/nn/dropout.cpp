@@ -9,8 +9,7 @@
 #include <cmath>
 
 #include "../ops/cpu_features.h"
-#include "../ops/dropout_hash.h"                    // splitmix64
-#include "spanformer/ops/adaptive_span_attention.h"  // draw_dropout_seed
+#include "spanformer/ops/dropout.h"
 #include "spanformer/util/error.h"
 
 #if defined(__GNUC__)
@@ -49,7 +48,7 @@ struct DropoutKeys {
   uint32_t low, high;
 };
 DropoutKeys dropout_keys(uint64_t seed) {
-  const uint64_t z = ops::splitmix64(seed);
+  const uint64_t z = ops::mix_seed(seed);
   return {static_cast<uint32_t>(z), static_cast<uint32_t>(z >> 32)};
 }
 

@@ -50,23 +50,6 @@ bool dropout_keep(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t d, dou
   return dropout_keep_hash(seed, b, h, i, d, p);
 }
 
-uint64_t draw_dropout_seed() {
-  return static_cast<uint64_t>(at::randint(std::numeric_limits<int64_t>::max(), {1}, at::kLong).item<int64_t>());
-}
-
-int64_t resolve_seed(int64_t seed, bool training, double dropout) {
-  if (seed >= 0) return seed;
-  return training && dropout > 0 ? static_cast<int64_t>(draw_dropout_seed()) : 0;
-}
-
-at::Tensor seed_tensor(int64_t seed, const at::Tensor& like) {
-  return at::scalar_tensor(seed, like.options().dtype(at::kLong));  // () int64 on like's device
-}
-
-int64_t seed_value(const at::Tensor& seed, bool training, double dropout) {
-  return training && dropout > 0 ? seed.item<int64_t>() : 0;
-}
-
 namespace {
 
 // The visited distances of each head: from the options when the caller knows them, else read.

@@ -8,9 +8,12 @@
 #include <cmath>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "spanformer/dist/group.h"
 #include "spanformer/dist/reducer.h"
 #include "spanformer/util/error.h"
+#include "spanformer/util/io.h"
 #include "spanformer/util/names.h"
 
 namespace spanformer::train {
@@ -128,6 +131,15 @@ torch::Device parse_device(const std::string& name) {
     fail("device '{}' asked for, but this machine has {} CUDA device(s) (cuda:0 .. cuda:{})", name,
          torch::cuda::device_count(), torch::cuda::device_count() - 1);
   return device;
+}
+
+void write_logprobs(const std::string& path, const torch::Tensor& logprobs) {
+  auto lp = logprobs.to(torch::kDouble).contiguous();
+  const double* p = lp.data_ptr<double>();
+  std::string text;
+  text.reserve(static_cast<size_t>(lp.numel()) * 12);
+  for (int64_t i = 0; i < lp.numel(); ++i) text += fmt::format("{:.9g}\n", p[i]);
+  write_file_atomic(path, text);
 }
 
 }  // namespace spanformer::train

@@ -13,7 +13,6 @@
 
 #include "spanformer/data/batches.h"
 #include "spanformer/dist/group.h"
-#include "spanformer/train/evaluate.h"
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"

@@ -25,6 +25,7 @@
 // Dropout keeps a_d with probability 1 - p and scales by 1 / (1 - p); the keep decision is a hash of
 // (seed, b, h, i, d), so forward, backward and the reference agree without storing a mask.
 #pragma once
+#include "spanformer/ops/dropout.h"
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -82,8 +83,5 @@ std::vector<int64_t> visited_distances(const at::Tensor& span_ratio, int64_t att
 
 // The dropout decision for (seed, b, h, i, d): true = keep.
 bool dropout_keep(uint64_t seed, int64_t b, int64_t h, int64_t i, int64_t d, double p);
-
-// A seed from LibTorch's default CPU generator (so seeded runs and resumed runs repeat their masks).
-uint64_t draw_dropout_seed();
 
 }  // namespace spanformer::ops

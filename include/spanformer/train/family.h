@@ -362,6 +362,10 @@ std::unique_ptr<Family> family_from_checkpoint(const Checkpoint& checkpoint, con
 // A weights-only checkpoint of the family's model (no optimizer or training state), written atomically.
 void save_weights(Family& family, const data::Vocab& vocab, const std::string& path);
 
+// Writes (streams, tokens) log-probabilities atomically, one per line, stream after stream (eval's
+// --dump-logprobs, every family).
+void write_logprobs(const std::string& path, const torch::Tensor& logprobs);
+
 // Weight formats (safetensors, GPT-2, the reference implementations' state_dicts): train/formats.h.
 
 // "cpu", "cuda", "cuda:1" -> a device; a clear error when CUDA is asked for but absent.

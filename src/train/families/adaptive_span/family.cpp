@@ -5,7 +5,7 @@
 // loss, backward (gradients accumulate); caches (B, C_l, H) carry over to the next block. Then the
 // gradients are averaged over processes, the optimizer steps, spans are clamped to [0, 1].
 // Validation: eval_blocks blocks of the valid streams, continuing the stream and its caches from one
-// interval to the next (the reference's rule). Evaluation: train/evaluate.h.
+// interval to the next (the reference's rule). Evaluation: evaluate.h beside this file.
 #include "spanformer/data/batches.h"
 #include "spanformer/util/precision.h"
 #include "train/families/adaptive_span/train_step.h"
@@ -22,7 +22,7 @@
 #include "spanformer/config/adaptive_span_config.h"
 #include "spanformer/io/reference_import.h"
 #include "spanformer/models/transformer_seq.h"
-#include "spanformer/train/evaluate.h"
+#include "train/families/adaptive_span/evaluate.h"
 #include "spanformer/train/optim.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"

@@ -27,7 +27,6 @@
 #include "spanformer/data/corpus.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/models/gpt.h"
-#include "spanformer/train/evaluate.h"
 #include "spanformer/train/optim.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"

@@ -24,7 +24,6 @@
 #include "spanformer/models/par.h"
 #include "spanformer/models/xl.h"
 #include "spanformer/nn/gumbel.h"
-#include "spanformer/train/evaluate.h"
 #include "spanformer/train/optim.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/runtime.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "spanformer/data/batches.h"
-#include "spanformer/train/evaluate.h"
+#include "spanformer/train/family.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
 

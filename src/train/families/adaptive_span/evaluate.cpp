@@ -1,4 +1,4 @@
-#include "spanformer/train/evaluate.h"
+#include "train/families/adaptive_span/evaluate.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -61,15 +61,6 @@ EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens
   result.nll = torch::stack(losses).to(torch::kDouble).mean().item<double>();
   if (group) result.nll = group->all_reduce_sum(result.nll) / static_cast<double>(world);  // equal shares
   return result;
-}
-
-void write_logprobs(const std::string& path, const torch::Tensor& logprobs) {
-  auto lp = logprobs.to(torch::kDouble).contiguous();
-  const double* p = lp.data_ptr<double>();
-  std::string text;
-  text.reserve(static_cast<size_t>(lp.numel()) * 12);
-  for (int64_t i = 0; i < lp.numel(); ++i) text += fmt::format("{:.9g}\n", p[i]);
-  write_file_atomic(path, text);
 }
 
 }  // namespace spanformer::train

@@ -3,7 +3,8 @@
 // last incomplete block is skipped), and the result is the MEAN over blocks of each block's mean
 // negative log-likelihood. bits per character = nats / ln 2; perplexity = exp(nats).
 //
-// One code path for every model: trained here or imported.
+// One code path for every adaptive-span model: trained here or imported (the family's own protocol; the
+// engine asks the family through Family::evaluate).
 #pragma once
 #include <functional>
 #include <string>
@@ -35,8 +36,5 @@ torch::Tensor eval_block(models::TransformerSeq& model, const torch::Tensor& x, 
 EvalResult evaluate(models::TransformerSeq& model, const data::TokenFile& tokens, int64_t batch,
                     const std::function<void(int64_t, int64_t)>& progress = nullptr, dist::Group* group = nullptr,
                     const std::string& dump_logprobs = "");
-
-// Writes (streams, tokens) log-probabilities atomically, one per line, stream after stream.
-void write_logprobs(const std::string& path, const torch::Tensor& logprobs);
 
 }  // namespace spanformer::train
