@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "spanformer/ops/adaptive_span_attention.h"
 #include "spanformer/ops/flash_attention.h"
 #include "spanformer/util/build_info.h"
@@ -124,6 +126,82 @@ TEST(FlashAttention, Float32WithinTheFloat32ReferenceError) {
         return ops::flash_attention(in[0], in[1], in[2], o);
       });
   }
+}
+
+// Soft-capped scores (Gemma 2) and attention sinks (GPT-OSS), on every CPU row, against the plain
+// composition: in double equal to it (values and every gradient, the sinks' too, by autograd of the
+// composition) to rounding; in float32 (every row), bfloat16 and float16 (the fused kernel) within twice
+// the same-dtype composition's own error. Scores up to about 25 (q scaled by 3) so that a cap of 5 bends most of them; a band, a KV
+// cache and dropout each in one case. And each option changes the result (neither is ignored).
+TEST(FlashAttention, SoftcapAndSinksMatchTheirComposition) {
+  struct Case {
+    int64_t B, K, N, C, D, band;
+    double softcap, dropout;
+    bool sinks;
+    int64_t tile;
+  };
+  const std::vector<Case> cases = {{2, 3, 37, 37, 16, 0, 5.0, 0.0, false, 8},  {2, 3, 37, 37, 16, 0, 0.0, 0.0, true, 8},
+                                   {1, 2, 30, 61, 32, 12, 5.0, 0.0, true, 16}, {2, 2, 40, 40, 64, 0, 3.0, 0.3, true, 32},
+                                   {1, 4, 1, 50, 16, 0, 5.0, 0.0, true, 7}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(fmt::format("B{} K{} N{} C{} D{} band {} softcap {} dropout {} sinks {}", c.B, c.K, c.N, c.C, c.D,
+                             c.band, c.softcap, c.dropout, c.sinks));
+    torch::manual_seed(c.N + c.C);
+    const auto o64 = torch::TensorOptions().dtype(torch::kDouble);
+    const tu::Inputs base{3 * torch::randn({c.B, c.K, c.N, c.D}, o64), torch::randn({c.B, c.K, c.C, c.D}, o64),
+                          torch::randn({c.B, c.K, c.C, c.D}, o64), torch::randn({c.K}, o64) + 2};
+    const auto weights = torch::randn({c.B, c.K, c.N, c.D}, o64);
+    ops::FlashOptions o;
+    o.band = c.band;
+    o.softcap = c.softcap;
+    o.dropout = c.dropout;
+    o.training = c.dropout > 0;
+    o.seed = 77;
+    o.tile = c.tile;
+    for (const auto& row : kCpuRows) {
+      SCOPED_TRACE(row);
+      const ops::FlashBackendOverride forced(row);
+      tu::KernelRun run = [&](bool kernel, at::ScalarType t, at::Device d) {
+        auto in = tu::inputs_on({base[0], base[1], base[2]}, t, d);
+        auto sinks = base[3].to(d, t == at::kDouble ? at::kDouble : at::kFloat).requires_grad_(true);  // logits: float32
+        auto with = o;
+        if (c.sinks) with.sinks = sinks;
+        auto out = kernel ? ops::flash_attention(in[0], in[1], in[2], with) : ops::flash_attention_reference(in[0], in[1], in[2], with);
+        if (c.sinks) in.push_back(sinks);
+        return tu::output_and_gradients(out, in, weights);
+      };
+      std::vector<std::string> names{"out", "q", "k", "v"};
+      if (c.sinks) names.push_back("sinks");
+      const auto kernel = run(true, at::kDouble, at::kCPU), plain = run(false, at::kDouble, at::kCPU);
+      for (size_t i = 0; i < kernel.size(); ++i)
+        EXPECT_LT(tu::max_diff(kernel[i], plain[i]), 1e-10 * (1 + plain[i].abs().max().item<double>())) << names[i];
+      // 16 bits on the fused kernel (float32 statistics); the ATen tiles keep them in 16 bits, as the
+      // other 16-bit tests leave them out.
+      for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        if ((dtype == at::kHalf && !SPANFORMER_HAS_CPU_HALF_MATMUL) || (dtype != at::kFloat && row != "cpu")) continue;
+        tu::expect_within_reference_error(run, names, row, dtype, 2.0, at::kCPU);
+      }
+    }
+    // Neither option is ignored: without it the output moves by far more than rounding.
+    auto q = base[0], k = base[1], v = base[2];
+    ops::FlashOptions with = o, without = o;
+    if (c.sinks) with.sinks = base[3];
+    without.softcap = 0;
+    EXPECT_GT(tu::max_diff(ops::flash_attention(q, k, v, with), ops::flash_attention(q, k, v, without)), 1e-2);
+  }
+}
+
+// Soft-capping and sinks out of range: one line each.
+TEST(FlashAttention, SoftcapAndSinksOutOfRangeAreOneLineErrors) {
+  auto q = torch::randn({1, 2, 4, 8});
+  ops::FlashOptions o;
+  o.softcap = -1;
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("softcap must be a finite number >= 0"),
+            std::string::npos);
+  o.softcap = 0;
+  o.sinks = torch::zeros({3});
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("sinks must be one floating-point logit per head, (2)"),
+            std::string::npos);
 }
 
 // train.amp=bf16 where the bf16 products have no hardware is said once (train, bench): the line names

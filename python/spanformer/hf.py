@@ -14,12 +14,13 @@ generation with a KV cache needs nothing more. What it maps:
   - a layer's `scaling` other than D^-1/2: the queries are rescaled before the op (which uses D^-1/2);
   - grouped-query attention (kv_heads < heads): each key/value head serves heads / kv_heads query heads;
   - `sliding_window` (Mistral-style layers): the op's band, the last `sliding_window` keys;
+  - `softcap` (Gemma 2's soft-capped scores) and `s_aux` (GPT-OSS's attention sinks): the op's own;
   - dropout in training: the op's hashed dropout, seeded from torch's generator (other masks than
     eager's, the same distribution).
 What it refuses, with a one-line ValueError naming the way out (attn_implementation "sdpa" or "eager"):
 padded batches (an attention_mask with a 0), non-causal layers (encoders, cross-attention, is_causal=False),
-attention weights asked for (output_attentions: the op never forms them), soft-capped scores (Gemma 2's
-softcap), attention sinks (GPT-OSS's s_aux), and packed sequences (position_ids restarting within a row). The mask function registered beside it is
+attention weights asked for (output_attentions: the op never forms them), and packed sequences
+(position_ids restarting within a row). The mask function registered beside it is
 transformers' own for FlashAttention-2, which passes no mask for unpadded batches. (The name has no
 "flash" in it: transformers takes any implementation named "...flash..." for a FlashAttention kernel to
 fetch from its hub.)
@@ -68,12 +69,6 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
                          "use attn_implementation='sdpa' for it")
     if kwargs.get("output_attentions") or _attention_weights_asked():
         raise ValueError(f"{NAME}: attention weights are never formed; use attn_implementation='eager' for them")
-    if kwargs.get("softcap"):  # Gemma 2's attn_logit_softcapping: tanh-capped scores
-        raise ValueError(f"{NAME}: soft-capped scores (softcap={kwargs['softcap']}) are not computed by the op; "
-                         "use attn_implementation='eager' for this model")
-    if kwargs.get("s_aux") is not None:  # GPT-OSS's attention sinks: a learned logit per head in each softmax
-        raise ValueError(f"{NAME}: attention sinks (s_aux) are not computed by the op; "
-                         "use attn_implementation='eager' for this model")
     if _packed(kwargs.get("position_ids"), query):
         raise ValueError(f"{NAME}: packed sequences (position_ids restarting within a row) would attend across "
                          "their boundaries; give each sequence a row of its own, or use attn_implementation='sdpa' "
@@ -87,8 +82,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         value = value.repeat_interleave(groups, dim=1)
     training = bool(getattr(module, "training", False)) and dropout > 0
     band = int(sliding_window) if sliding_window else 0
+    softcap = float(kwargs.get("softcap") or 0.0)  # Gemma 2's attn_logit_softcapping: tanh-capped scores
+    sinks = kwargs.get("s_aux")  # GPT-OSS's sinks: a learned logit per head in every row's softmax
     out = spanformer.flash_attention(query, key, value, band=band, dropout=float(dropout) if training else 0.0,
-                                     training=training)
+                                     training=training, softcap=softcap, sinks=sinks)
     return out.transpose(1, 2), None  # (B, N, H, D)
 
 

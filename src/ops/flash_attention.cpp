@@ -70,6 +70,11 @@ at::Tensor dropout_scale(const Dims& d, uint64_t seed, double p, int64_t p0, int
   return keep.to(like) * (1.0 / (1.0 - p));  // in the tensors' dtype
 }
 
+// The sink logit of each (batch, head) as (X, 1, 1) in `like`'s dtype: sinks (K) repeated over the batch.
+at::Tensor sink_rows(const at::Tensor& sinks, const Dims& d, const at::TensorOptions& like) {
+  return sinks.to(like).repeat({d.B}).view({d.B * d.K, 1, 1});
+}
+
 // Forward of one query tile over its key tiles: returns out (X, n, D) and L (X, n, 1).
 std::pair<at::Tensor, at::Tensor> forward_tile(const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v,
                                                const Dims& d, const FlashOptions& o, int64_t i0, int64_t n) {
@@ -78,9 +83,14 @@ std::pair<at::Tensor, at::Tensor> forward_tile(const at::Tensor& qs, const at::T
   auto qt = qs.narrow(1, i0, n);                                                     // (X, n, D)
   auto m = at::full({qt.size(0), n, 1}, -std::numeric_limits<double>::infinity(), qt.options());  // (X, n, 1)
   auto l = at::zeros_like(m);                                                        // (X, n, 1)
+  if (o.sinks.defined()) {  // the sink's term first: the running maximum and sum start at it
+    m = sink_rows(o.sinks, d, qt.options()).expand({qt.size(0), n, 1}).clone();
+    l = at::ones_like(m);
+  }
   auto acc = at::zeros_like(qt);                                                     // (X, n, D)
   for (auto [j0, j1] : key_tiles(d, i0, n, o.tile)) {
     auto s = at::bmm(qt, k.narrow(1, j0, j1 - j0).transpose(1, 2));  // (X, n, c)
+    if (o.softcap > 0) s = s.div(o.softcap).tanh_().mul_(o.softcap);
     mask_scores(s, d, p0, n, j0, j1);
     auto m_new = at::maximum(m, std::get<0>(s.max(-1, /*keepdim=*/true)));  // (X, n, 1), finite
     auto e = (s - m_new).exp_();                                            // (X, n, c)
@@ -107,6 +117,12 @@ void backward_tile(const at::Tensor& qs, const at::Tensor& q, const at::Tensor& 
     const int64_t c = j1 - j0;
     auto ku = k.narrow(1, j0, c), vu = v.narrow(1, j0, c);  // (X, c, D)
     auto s = at::bmm(qt, ku.transpose(1, 2));                // (X, n, c)
+    at::Tensor cap_grad;                                     // (X, n, c): d capped / d s = 1 - tanh^2
+    if (o.softcap > 0) {
+      auto t = s.div(o.softcap).tanh_();
+      cap_grad = 1 - t * t;
+      s = t.mul_(o.softcap);
+    }
     mask_scores(s, d, p0, n, j0, j1);
     auto p = (s - lt).exp_();                                // (X, n, c): P, 0 outside the pattern
     auto dp = at::bmm(dot, vu.transpose(1, 2));              // (X, n, c): dO V^T
@@ -118,6 +134,7 @@ void backward_tile(const at::Tensor& qs, const at::Tensor& q, const at::Tensor& 
       dv.narrow(1, j0, c).baddbmm_(p.transpose(1, 2), dot);
     }
     auto ds = p.mul_(dp.sub_(dt));                                         // (X, n, c)
+    if (cap_grad.defined()) ds.mul_(cap_grad);
     dqt.baddbmm_(ds, ku, /*beta=*/1, /*alpha=*/scale);                     // (X, n, D)
     dk.narrow(1, j0, c).baddbmm_(ds.transpose(1, 2), qraw, 1, scale);      // (X, c, D)
   }
@@ -144,6 +161,11 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
   if (o.band < 0) fail("flash attention: band must be >= 0 (0 = dense), got {}", o.band);
   if (!(o.dropout >= 0 && o.dropout < 1)) fail("flash attention: dropout must be in [0, 1), got {}", o.dropout);
   if (o.tile < 1) fail("flash attention: tile must be >= 1, got {}", o.tile);
+  if (!(o.softcap >= 0 && std::isfinite(o.softcap))) fail("flash attention: softcap must be a finite number >= 0 (0 = none), got {}", o.softcap);
+  if (o.sinks.defined() && (o.sinks.dim() != 1 || o.sinks.size(0) != q.size(1) || !o.sinks.is_floating_point() ||
+                            o.sinks.device() != q.device()))
+    fail("flash attention: sinks must be one floating-point logit per head, ({}) on {} (got {} {} on {})", q.size(1),
+         q.device().str(), c10::toString(o.sinks.scalar_type()), fmt::join(o.sinks.sizes(), "x"), o.sinks.device().str());
 }
 
 }  // namespace
@@ -195,14 +217,21 @@ FlashOptions flash_options(const FlashCall& c, int64_t seed) {
   o.seed = static_cast<uint64_t>(seed);
   o.tile = c.tile;
   o.cuda_kernel = c.cuda_kernel;
+  o.softcap = c.softcap;
+  o.sinks = c.sinks;
   return o;
 }
 
+using Sinks = c10::optional<at::Tensor>;  // (K) or none
+using Quad = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using FlashForwardOp = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, bool, int64_t,
-                              int64_t, bool);
-using FlashBackwardOp = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                               const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, bool, int64_t,
-                               bool);
+                              int64_t, bool, double, const Sinks&);
+using FlashBackwardOp = Quad(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, bool, int64_t,
+                             bool, double, const Sinks&);
+
+Sinks as_optional(const at::Tensor& t) { return t.defined() ? Sinks(t) : Sinks(); }
+at::Tensor from_optional(const Sinks& t) { return t.has_value() ? *t : at::Tensor(); }
 
 // The row whose halves are the operators `spanformer::_flash_attention_forward` / `_backward` (the CPU
 // and any device: ATen tiles; CUDA: the kernels where cuda_kernel asks for them and they apply).
@@ -210,26 +239,29 @@ struct FlashDispatchedRow {
   static Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashCall& c) {
     static auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("spanformer::_flash_attention_forward", "").typed<FlashForwardOp>();
-    return op.call(q, k, v, c.band, c.dropout, c.training, c.seed, c.tile, c.cuda_kernel);
+    return op.call(q, k, v, c.band, c.dropout, c.training, c.seed, c.tile, c.cuda_kernel, c.softcap, as_optional(c.sinks));
   }
   static std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                           const at::Tensor& seed, const FlashCall& c) {
     static auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("spanformer::_flash_attention_backward", "").typed<FlashBackwardOp>();
-    auto g = op.call(grad_out, q, k, v, out, lse, seed, c.band, c.dropout, c.training, c.tile, c.cuda_kernel);
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g)};
+    auto g = op.call(grad_out, q, k, v, out, lse, seed, c.band, c.dropout, c.training, c.tile, c.cuda_kernel, c.softcap,
+                     as_optional(c.sinks));
+    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g)};
   }
 };
 
 // spanformer::flash_attention (CompositeImplicitAutograd): checks once, resolves the band.
 at::Tensor flash_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, int64_t band,
-                       double dropout, bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
+                       double dropout, bool training, int64_t seed, int64_t tile, bool cuda_kernel, double softcap,
+                       const Sinks& sinks) {
   const OpAutocast cast(q_in, cpu::half_products_native);  // train.amp: the op's own compute dtype (op_autocast.h)
-  const auto q = cast(q_in), k = cast(k_in), v = cast(v_in);
-  check(q, k, v, FlashOptions{band, dropout, training, 0, tile, cuda_kernel});
+  const auto q = cast(q_in), k = cast(k_in), v = cast(v_in);  // the sinks as they are (a logit each: float32)
+  check(q, k, v, FlashOptions{band, dropout, training, 0, tile, cuda_kernel, softcap, from_optional(sinks)});
   if (band == 0 || band > k.size(2)) band = k.size(2);
-  return FlashFunction<FlashDispatchedRow>::apply(q, k, v, band, dropout, training, seed, tile, cuda_kernel);
+  return FlashFunction<FlashDispatchedRow>::apply(q, k, v, band, dropout, training, seed, tile, cuda_kernel, softcap,
+                                                  sinks.has_value(), sinks.has_value() ? *sinks : q);
 }
 
 // ---- the backend table ----------------------------------------------------------------------------
@@ -260,58 +292,77 @@ const FlashBackend kFlashBackends[] = {
 // The row FlashBackendOverride names (an index into kFlashBackends), or -1.
 std::atomic<int> forced_flash_row{-1};
 
-const FlashBackend& flash_backend(const at::Tensor& q, bool cuda_kernel) {
+// Soft-capping and sinks keep the CUDA kernels out (they compute neither; the ATen tiles do).
+const FlashBackend& flash_backend(const at::Tensor& q, bool cuda_kernel, const FlashOptions& o = {}) {
+  const bool kernels = cuda_kernel && o.softcap == 0 && !o.sinks.defined();
   return pick_row(kFlashBackends, forced_flash_row, q, "flash attention",
-                  [cuda_kernel](const FlashBackend& row, const at::Tensor& x) { return row.takes(x, cuda_kernel); });
+                  [kernels](const FlashBackend& row, const at::Tensor& x) { return row.takes(x, kernels); });
 }
 
 // A private operator's inputs, checked as the public entry checks them (a direct call from Python must
 // not reach a kernel with shapes it would read past); the band is resolved there, so here it is 1 .. C.
 void check_private_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
-                        int64_t tile) {
-  check(q, k, v, FlashOptions{band, dropout, false, 0, tile, false});
+                        int64_t tile, double softcap, const Sinks& sinks) {
+  check(q, k, v, FlashOptions{band, dropout, false, 0, tile, false, softcap, from_optional(sinks)});
   if (band < 1 || band > k.size(2)) fail("flash attention: band must be in [1, C = {}] here (got {})", k.size(2), band);
 }
 
 Triple flash_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
-                            bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
-  check_private_call(q, k, v, band, dropout, tile);
+                            bool training, int64_t seed, int64_t tile, bool cuda_kernel, double softcap,
+                            const Sinks& sinks) {
+  check_private_call(q, k, v, band, dropout, tile, softcap, sinks);
   const int64_t used = resolve_seed(seed, training, dropout);
-  const auto o = flash_options(FlashCall{band, dropout, training, seed, tile, cuda_kernel}, used);
-  auto f = flash_backend(q, cuda_kernel).forward(q, k, v, o);
+  const auto o = flash_options(FlashCall{band, dropout, training, seed, tile, cuda_kernel, softcap, from_optional(sinks)}, used);
+  auto f = flash_backend(q, cuda_kernel, o).forward(q, k, v, o);
   return {f.out, f.saved, seed_tensor(used, q)};
 }
 
-Triple flash_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, int64_t band,
-                             double dropout, bool training, int64_t tile, bool cuda_kernel) {
-  check_private_call(q, k, v, band, dropout, tile);
+// d sinks_h = -sum over the head's rows of e^{sinks_h - L_i} Dv_i, Dv_i = dO_i . out_i (every row's, in the
+// logsumexp's precision); an empty tensor without sinks.
+at::Tensor sink_gradient(const Sinks& sinks, const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse) {
+  if (!sinks.has_value()) return at::empty({0}, lse.options());
+  const auto acc = lse.scalar_type();
+  auto delta = (grad_out.to(acc) * out.to(acc)).sum(-1);                                    // (B, K, N)
+  auto p_sink = (sinks->to(acc).view({1, -1, 1}) - lse).exp();                              // (B, K, N)
+  return (p_sink * delta).sum({0, 2}).neg().to(sinks->scalar_type());                        // (K)
+}
+
+Quad flash_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, int64_t band,
+                           double dropout, bool training, int64_t tile, bool cuda_kernel, double softcap,
+                           const Sinks& sinks) {
+  check_private_call(q, k, v, band, dropout, tile, softcap, sinks);
   if (grad_out.sizes() != q.sizes() || out.sizes() != q.sizes() ||
       lse.sizes() != at::IntArrayRef{q.size(0), q.size(1), q.size(2)} || lse.scalar_type() != lse_dtype(q.scalar_type()))
     fail("flash attention backward: grad_out and out must be q's shape {} and lse (B, K, N) {} (got {}, {}, {} {})",
          fmt::join(q.sizes(), "x"), c10::toString(lse_dtype(q.scalar_type())), fmt::join(grad_out.sizes(), "x"),
          fmt::join(out.sizes(), "x"), fmt::join(lse.sizes(), "x"), c10::toString(lse.scalar_type()));
-  const auto o = flash_options(FlashCall{band, dropout, training, -1, tile, cuda_kernel},
+  const auto o = flash_options(FlashCall{band, dropout, training, -1, tile, cuda_kernel, softcap, from_optional(sinks)},
                                seed_value(seed, training, dropout));
-  auto g = flash_backend(q, cuda_kernel).backward(grad_out, q, k, v, out, lse, o);
-  return {g.q, g.k, g.v};
+  auto g = flash_backend(q, cuda_kernel, o).backward(grad_out, q, k, v, out, lse, o);
+  return {g.q, g.k, g.v, sink_gradient(sinks, grad_out, out, lse)};
 }
 
 Triple flash_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band, double dropout,
-                          bool training, int64_t seed, int64_t tile, bool cuda_kernel) {
+                          bool training, int64_t seed, int64_t tile, bool cuda_kernel, double softcap,
+                          const Sinks& sinks) {
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q.scalar_type())));  // (B, K, N)
   return {at::empty(q.sizes(), q.options()), lse, at::empty({}, q.options().dtype(at::kLong))};
 }
 
-Triple flash_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, int64_t band,
-                           double dropout, bool training, int64_t tile, bool cuda_kernel) {
-  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()), at::empty(v.sizes(), v.options())};
+Quad flash_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, int64_t band,
+                         double dropout, bool training, int64_t tile, bool cuda_kernel, double softcap,
+                         const Sinks& sinks) {
+  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()), at::empty(v.sizes(), v.options()),
+          sinks.has_value() ? at::empty(sinks->sizes(), sinks->options()) : at::empty({0}, lse.options())};
 }
 
 at::Tensor flash_reference_entry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t band,
-                                 double dropout, bool training, int64_t seed) {
+                                 double dropout, bool training, int64_t seed, double softcap, const Sinks& sinks) {
   FlashOptions o{band, dropout, training, static_cast<uint64_t>(resolve_seed(seed, training, dropout))};
+  o.softcap = softcap;
+  o.sinks = from_optional(sinks);
   return flash_attention_reference(q, k, v, o);
 }
 
@@ -321,13 +372,14 @@ at::Tensor flash_reference_entry(const at::Tensor& q, const at::Tensor& k, const
 // The operators (torch.ops.spanformer.* from Python): the public two take the seed -1 for "draw one".
 TORCH_LIBRARY_FRAGMENT(spanformer, m) {
   m.def("flash_attention(Tensor q, Tensor k, Tensor v, int band=0, float dropout=0., bool training=False, "
-        "int seed=-1, int tile=256, bool cuda_kernel=True) -> Tensor");
+        "int seed=-1, int tile=256, bool cuda_kernel=True, float softcap=0., Tensor? sinks=None) -> Tensor");
   m.def("flash_attention_reference(Tensor q, Tensor k, Tensor v, int band=0, float dropout=0., "
-        "bool training=False, int seed=-1) -> Tensor");
+        "bool training=False, int seed=-1, float softcap=0., Tensor? sinks=None) -> Tensor");
   m.def("_flash_attention_forward(Tensor q, Tensor k, Tensor v, int band, float dropout, bool training, int seed, "
-        "int tile, bool cuda_kernel) -> (Tensor out, Tensor lse, Tensor seed)");
+        "int tile, bool cuda_kernel, float softcap, Tensor? sinks) -> (Tensor out, Tensor lse, Tensor seed)");
   m.def("_flash_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "Tensor seed, int band, float dropout, bool training, int tile, bool cuda_kernel) -> (Tensor, Tensor, Tensor)");
+        "Tensor seed, int band, float dropout, bool training, int tile, bool cuda_kernel, float softcap, Tensor? sinks) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(spanformer, CompositeImplicitAutograd, m) {
@@ -366,9 +418,9 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("spanformer::flash_attention", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, bool,
-                                         int64_t, int64_t, bool)>();
+                                         int64_t, int64_t, bool, double, const Sinks&)>();
   const int64_t seed = o.seed == 0 ? -1 : static_cast<int64_t>(o.seed);  // FlashOptions: 0 = draw one
-  return op.call(q, k, v, o.band, o.dropout, o.training, seed, o.tile, o.cuda_kernel);
+  return op.call(q, k, v, o.band, o.dropout, o.training, seed, o.tile, o.cuda_kernel, o.softcap, as_optional(o.sinks));
 }
 
 at::Tensor flash_attention_reference(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -380,9 +432,16 @@ at::Tensor flash_attention_reference(const at::Tensor& q_in, const at::Tensor& k
   if (o.band == 0 || o.band > k.size(2)) o.band = k.size(2);
   const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), o.band, k.size(2) - q.size(2)};
   auto s = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(d.D));  // (B, K, N, C)
-  auto flat = s.reshape({d.B * d.K, d.N, d.C});
+  if (o.softcap > 0) s = at::tanh(s / o.softcap) * o.softcap;
+  auto flat = s.reshape({d.B * d.K, d.N, d.C}).clone();
   mask_scores(flat, d, d.offset, d.N, 0, d.C);
-  auto p = at::softmax(flat.view(s.sizes()), -1);  // (B, K, N, C)
+  at::Tensor p;
+  if (o.sinks.defined()) {  // the sink as one more column of every row, dropped after the softmax
+    auto sink = o.sinks.to(s.scalar_type()).view({1, d.K, 1, 1}).expand({d.B, d.K, d.N, 1});  // (B, K, N, 1)
+    p = at::softmax(at::cat({flat.view(s.sizes()), sink}, -1), -1).narrow(-1, 0, d.C);        // (B, K, N, C)
+  } else {
+    p = at::softmax(flat.view(s.sizes()), -1);  // (B, K, N, C)
+  }
   if (o.training && o.dropout > 0) {
     if (o.seed == 0) fail("flash attention reference: dropout needs an explicit seed");
     p = p * dropout_scale(d, o.seed, o.dropout, d.offset, d.N, 0, d.C, p.options()).view(s.sizes());

@@ -187,11 +187,13 @@ def small_inputs(dtype=torch.float64):
 OPCHECK_CASES = {
     "adaptive_span_attention": lambda t: (*t, 32, 4.0),
     "adaptive_span_attention_reference": lambda t: (*t, 32, 4.0),
-    "flash_attention": lambda t: (t[0], t[0], t[0], 5),
-    "flash_attention_reference": lambda t: (t[0], t[0], t[0], 5),
+    # with soft-capping and a sink logit per head (3 heads), which get gradients of their own
+    "flash_attention": lambda t: (t[0], t[0], t[0], 5, 0.0, False, -1, 256, True, 3.0, SINKS.clone().requires_grad_()),
+    "flash_attention_reference": lambda t: (t[0], t[0], t[0], 5, 0.0, False, -1, 3.0, SINKS.clone().requires_grad_()),
     "_adaptive_span_attention_forward": lambda t: (*[x.detach() for x in t], 32, 4.0, 0.0, False, 3, [], True, "cpu"),
-    "_flash_attention_forward": lambda t: (*[t[0].detach()] * 3, 8, 0.0, False, 3, 256, False),
+    "_flash_attention_forward": lambda t: (*[t[0].detach()] * 3, 8, 0.0, False, 3, 256, False, 3.0, SINKS),
 }
+SINKS = torch.tensor([0.5, -1.0, 2.0])
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs PyTorch 2.4")
@@ -232,13 +234,15 @@ def test_the_private_halves_check_what_they_are_given():
     g = ops._adaptive_span_attention_backward(out, *t, out, saved, seed, 32, 4.0, 0.0, False, [], "cpu")
     assert [x.shape for x in g] == [x.shape for x in t]
     with pytest.raises(RuntimeError, match="C >= N >= 1"):
-        ops._flash_attention_forward(k, q, q, 8, 0.0, False, 3, 256, False)
+        ops._flash_attention_forward(k, q, q, 8, 0.0, False, 3, 256, False, 0.0, None)
     for band in (0, 9):
         with pytest.raises(RuntimeError, match=r"band must be in \[1, C = 8\]"):
-            ops._flash_attention_forward(q, q, q, band, 0.0, False, 3, 256, False)
-    out, lse, seed = ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False)
+            ops._flash_attention_forward(q, q, q, band, 0.0, False, 3, 256, False, 0.0, None)
+    out, lse, seed = ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False, 0.0, None)
     with pytest.raises(RuntimeError, match="lse \\(B, K, N\\)"):
-        ops._flash_attention_backward(out, q, q, q, out, lse[:, :, :2], seed, 8, 0.0, False, 256, False)
+        ops._flash_attention_backward(out, q, q, q, out, lse[:, :, :2], seed, 8, 0.0, False, 256, False, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"sinks must be one floating-point logit per head, \(3\)"):
+        ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False, 0.0, torch.zeros(2))
 
 
 _CACHE_PROBE = """

@@ -452,16 +452,18 @@ def test_transformers_refusals_are_one_line_value_errors():
         assert ours(ids).logits.shape == (1, 8, 97)  # the layer restored: it runs again
 
 
-def test_transformers_models_whose_attention_the_op_does_not_compute_are_refused():
-    """Gemma 2 (its scores tanh-capped: `softcap`), GPT-OSS (a learned sink logit per head: `s_aux`) and a
-    batch of packed sequences (position_ids restarting within the row, which FlashAttention-2 would
-    split): each a one-line ValueError naming what the op does not compute, where eager computes it.
-    Gemma 2 without soft-capping (its own query scale and sliding-window layers) gives eager's logits."""
+def test_transformers_models_with_soft_capping_and_sinks_give_eagers_logits_and_packed_rows_are_refused():
+    """Gemma 2 (scores tanh-capped: `softcap`; its own query scale; sliding-window layers) and GPT-OSS (a
+    learned sink logit per head: `s_aux`; grouped-query heads; sliding windows) on our attention against
+    eager: logits within 1e-5 and, for a fine-tuning step, every gradient (the sinks' included) within
+    1e-4 of eager's largest. Without the cap the logits differ (so the cap is what makes them equal). A
+    batch of packed sequences (position_ids restarting within the row, which FlashAttention-2 would split)
+    is a one-line ValueError."""
     import copy
     import transformers
     import spanformer.hf
     spanformer.hf.register()
-    ids = prompt_ids()[:1, :12]
+    ids = prompt_ids()[:1, :24]
 
     def pair(config, cls):
         torch.manual_seed(5)
@@ -470,32 +472,49 @@ def test_transformers_models_whose_attention_the_op_does_not_compute_are_refused
         ours.load_state_dict(eager.state_dict())
         return eager, ours
 
+    def same(eager, ours, what):
+        want, got = eager(ids).logits, ours(ids).logits
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), (what, (got - want).abs().max())
+        for model in (eager, ours):
+            model.zero_grad()
+            model(ids, labels=ids).loss.backward()
+        for (name, a), (_, b) in zip(eager.named_parameters(), ours.named_parameters()):
+            scale = a.grad.abs().max().item() + 1e-12
+            assert (a.grad - b.grad).abs().max().item() <= 1e-4 * scale, (what, name)
+        return got
+
     gemma = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                      max_position_embeddings=128, sliding_window=8, query_pre_attn_scalar=24)
+                                      max_position_embeddings=128, sliding_window=8, query_pre_attn_scalar=24,
+                                      attn_logit_softcapping=2.0)
+    eager, ours = pair(gemma, transformers.Gemma2ForCausalLM)
+    for model in (eager, ours):  # larger scores, so that the cap of 2 bends them
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.data.mul_(8)
+    capped = same(eager, ours, "gemma2")
+    uncapped = copy.deepcopy(gemma)
+    uncapped.attn_logit_softcapping = None
+    plain, _ = pair(uncapped, transformers.Gemma2ForCausalLM)
+    plain.load_state_dict(eager.state_dict())
     with torch.no_grad():
-        eager, ours = pair(gemma, transformers.Gemma2ForCausalLM)
-        assert torch.isfinite(eager(ids).logits).all()
-        with pytest.raises(ValueError, match=r"^spanformer: soft-capped scores \(softcap=50.0\) are not computed by the op"):
-            ours(ids)
-        gemma.attn_logit_softcapping = None
-        eager, ours = pair(gemma, transformers.Gemma2ForCausalLM)
-        want, got = eager(ids).logits, ours(ids).logits
-        assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
-        oss = transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
-                                        num_experts_per_tok=2, max_position_embeddings=128, sliding_window=8)
-        eager, ours = pair(oss, transformers.GptOssForCausalLM)
-        assert torch.isfinite(eager(ids).logits).all()
-        with pytest.raises(ValueError, match=r"^spanformer: attention sinks \(s_aux\) are not computed by the op"):
-            ours(ids)
+        assert (plain(ids).logits - capped).abs().max() > 1e-3
+    oss = transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                    num_experts_per_tok=2, max_position_embeddings=128, sliding_window=8)
+    eager, ours = pair(oss, transformers.GptOssForCausalLM)
+    for model in (eager, ours):
+        for layer in model.model.layers:
+            layer.self_attn.sinks.data.normal_(generator=torch.Generator().manual_seed(1)).mul_(2)
+    same(eager, ours, "gpt-oss")
+    assert ours.model.layers[0].self_attn.sinks.grad.abs().max() > 0
+    with torch.no_grad():
         eager, ours = hf_pair("llama")
         packed = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]])
         with pytest.raises(ValueError, match=r"^spanformer: packed sequences \(position_ids restarting within a row\)"):
-            ours(ids, position_ids=packed)
+            ours(ids[:, :12], position_ids=packed)
         straight = torch.arange(12)[None]
-        assert torch.allclose(ours(ids, position_ids=straight).logits, eager(ids, position_ids=straight).logits,
-                              atol=1e-5, rtol=0)
+        assert torch.allclose(ours(ids[:, :12], position_ids=straight).logits,
+                              eager(ids[:, :12], position_ids=straight).logits, atol=1e-5, rtol=0)
 
 
 def test_transformers_padded_batches_are_refused_by_name():

@@ -19,6 +19,12 @@
 //   dQ_t += dS K_u / sqrt(D);  dK_u += dS^T Q_t / sqrt(D).
 // (rowsum(dP P) = dout . out holds with dropout too, since out already carries Z.)
 //
+// Soft-capping and sinks (Gemma 2, GPT-OSS): with softcap c > 0 every score is c tanh(s_ij / c) before the
+// softmax, and dS picks up the factor 1 - tanh^2; a sink logit sigma_h joins every row's normaliser
+// (L_i = log(sum_j e^{s_ij} + e^{sigma_h}): the running maximum and sum start at sigma_h and 1), and its
+// gradient is -sum_i e^{sigma_h - L_i} Dv_i over the head's rows. The CUDA kernels take neither: the
+// ATen tiles compute them on a GPU.
+//
 // Dropout: keep_ij is the splitmix64 hash of (seed, batch, head, p_i, j) (ops/dropout_hash.h), so
 // backward regenerates the forward's mask without storing it, and the reference composition below
 // drops exactly the same weights. The seed is drawn from the default generator per call (checkpoints
@@ -48,6 +54,11 @@ struct FlashOptions {
   uint64_t seed = 0;       // dropout hash seed (flash_attention draws one when 0 and dropout is on)
   int64_t tile = 256;      // queries and keys per tile (docs/benchmarks.md: 256 beat 64 and 128 on CPU)
   bool cuda_kernel = false;  // CUDA inputs: the hand-written kernels (tile unused) instead of ATen tiles
+  // Gemma 2's soft-capped scores: s = softcap tanh(s / softcap) before the softmax (0 = none).
+  double softcap = 0.0;
+  // Attention sinks (GPT-OSS): a learned logit per head, (K), in every row's softmax with no value:
+  // L_i = log(sum_j exp(s_ij) + exp(sinks_h)). Undefined = none. Differentiable.
+  at::Tensor sinks;
 };
 
 // q (B, K, N, D); k, v (B, K, C, D) with C >= N >= 1, one dtype and device. Returns (B, K, N, D),

@@ -35,6 +35,10 @@
 // Either way the row statistics, the softmax, dropout's Z and every sum stay float32; the logsumexp is
 // float32.
 //
+// Soft-capping (FlashOptions::softcap) caps each score of a row where the row reads its keys, before the
+// row statistics, and keeps 1 - tanh^2 per tile for dS; sinks start each row's running maximum and sum
+// at the head's sink term (flash_attention.h has the formulas; the op adds the sinks' gradient).
+//
 // Tiles: `tile` keys per key tile, min(tile, 64) queries per query tile (FlashOptions::tile; the tests
 // use tiles of 6 to 128 to reach every edge), both starting at multiples of their size. Key tiles of 64 to
 // 1024 measured within 4% of each other at T 4k (2-core AMD EPYC, Zen 4; 256 fastest); query tiles of
@@ -141,17 +145,21 @@ struct ForwardScratch {
 
 // One query tile [i0, i0 + n) of head x. kT holds the head's K^T in blocks of k_tile keys
 // (transpose_blocks), vrows (C, D) its values, both as operands. Key tiles start at multiples of k_tile.
+// sinks: each head's sink logit (K), or null; softcap: drop.o.softcap (0 = none).
 template <typename scalar_t, typename acc_t, typename op_t>
-void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int64_t i0, int64_t n, const scalar_t* q,
-                  const op_t* kT, const op_t* vrows, scalar_t* out, acc_t* lse, ForwardScratch<acc_t, op_t>& w) {
+void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* sinks, int64_t x, int64_t i0, int64_t n,
+                  const scalar_t* q, const op_t* kT, const op_t* vrows, scalar_t* out, acc_t* lse,
+                  ForwardScratch<acc_t, op_t>& w) {
   constexpr bool native = !std::is_same_v<op_t, acc_t>;
   const int64_t D = sh.D;
   const acc_t scale = acc_t(1) / std::sqrt(acc_t(D));
   const acc_t pre = native ? acc_t(1) : scale, post = native ? scale : acc_t(1);  // where 1/sqrt(D) goes
   widen_rows(q + i0 * D, D, n, D, pre, w.qs.data());                               // (n, D) = Q_t pre
   std::fill(w.acc.begin(), w.acc.begin() + n * D, acc_t(0));
-  std::fill(w.m.begin(), w.m.begin() + n, -std::numeric_limits<acc_t>::infinity());
-  std::fill(w.l.begin(), w.l.begin() + n, acc_t(0));
+  // The running maximum and sum: empty, or the sink's own term e^{sigma - sigma} = 1.
+  std::fill(w.m.begin(), w.m.begin() + n, sinks ? acc_t(sinks[x % sh.K]) : -std::numeric_limits<acc_t>::infinity());
+  std::fill(w.l.begin(), w.l.begin() + n, sinks ? acc_t(1) : acc_t(0));
+  const acc_t softcap = static_cast<acc_t>(drop.o.softcap);
   const int64_t lo = sh.first_key(i0), hi = sh.offset + i0 + n;                    // keys [lo, hi)
   for (int64_t j0 = lo / sh.k_tile * sh.k_tile; j0 < hi; j0 += sh.k_tile) {
     const int64_t c = std::min(sh.k_tile, hi - j0);
@@ -168,6 +176,8 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, int64_t x, int
         continue;
       }
       if (post != acc_t(1)) rows::scale(row + a, b - a, post);
+      if (softcap > 0)
+        for (int64_t col = a; col < b; ++col) row[col] = softcap * std::tanh(row[col] / softcap);
       const acc_t m_new = std::max(w.m[r], rows::max_of(row + a, b - a));
       const acc_t alpha = std::exp(w.m[r] - m_new);                                // 0 on the row's first tile
       std::fill(row, row + a, acc_t(0));
@@ -221,6 +231,12 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   };
   std::stable_sort(items.begin(), items.end(), [&](int64_t a, int64_t b) { return keys_of(a % tiles) > keys_of(b % tiles); });
   const FlashDropout drop{o};
+  std::vector<double> sink_values;  // (K)
+  if (o.sinks.defined()) {
+    const auto s64 = o.sinks.to(at::kDouble).contiguous();
+    sink_values.assign(s64.data_ptr<double>(), s64.data_ptr<double>() + s64.numel());
+  }
+  const double* sinks = sink_values.empty() ? nullptr : sink_values.data();
   const scalar_t* qp = q.template data_ptr<scalar_t>();
   scalar_t* op = out.template data_ptr<scalar_t>();
   acc_t* lp = lse.template data_ptr<acc_t>();
@@ -229,7 +245,7 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
       X * tiles, [&] { return ForwardScratch<acc_t, op_t>(sh); },
       [&](int64_t j, ForwardScratch<acc_t, op_t>& w) {
         const int64_t x = items[j] / tiles, t = items[j] % tiles, i0 = t * sh.q_tile;
-        forward_tile<scalar_t, acc_t, op_t>(sh, drop, x, i0, std::min(sh.q_tile, N - i0), qp + x * N * D,
+        forward_tile<scalar_t, acc_t, op_t>(sh, drop, sinks, x, i0, std::min(sh.q_tile, N - i0), qp + x * N * D,
                                             kTp + x * kT_size, vwp + x * C * D, op + x * N * D, lp + x * N, w);
         if constexpr (!std::is_same_v<op_t, acc_t>) release_half_products(op_dtype);
       });
@@ -243,6 +259,7 @@ struct BackwardScratch {
   std::vector<op_t> qs, qsT, dO, dOT, kr, kT, vr;  // per head, as operands; the ...T in blocks
   std::vector<acc_t> dQT, lse, delta;              // per head
   std::vector<acc_t> pT, dpT, pz, dK, dV;          // per tile
+  std::vector<acc_t> cap;                          // per tile with softcap: 1 - tanh^2 of the scores (c, n)
   std::vector<op_t> pz_op, ds_op;                  // per tile: P^T Z and dS^T as 16-bit operands (native)
   explicit BackwardScratch(const FlashShape& sh)
       : qs(sh.N * sh.D), qsT(blocked_size(sh.N, sh.D, sh.q_tile)), dO(sh.N * sh.D),
@@ -250,7 +267,7 @@ struct BackwardScratch {
         vr(sh.C * sh.D), dQT(blocked_size(sh.N, sh.D, sh.q_tile)), lse(sh.N), delta(sh.N), pT(sh.k_tile * sh.q_tile),
         dpT(sh.k_tile * sh.q_tile), pz(sh.k_tile * sh.q_tile), dK(sh.k_tile * sh.D), dV(sh.k_tile * sh.D),
         pz_op(std::is_same_v<op_t, acc_t> ? 0 : sh.k_tile * sh.q_tile),
-        ds_op(std::is_same_v<op_t, acc_t> ? 0 : sh.k_tile * sh.q_tile) {}
+        ds_op(std::is_same_v<op_t, acc_t> ? 0 : sh.k_tile * sh.q_tile), cap(sh.k_tile * sh.q_tile) {}
 };
 
 template <typename scalar_t, typename acc_t, typename op_t>
@@ -261,6 +278,7 @@ void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, co
   const int64_t N = sh.N, C = sh.C, D = sh.D, bq = sh.q_tile, bk = sh.k_tile;
   const acc_t scale = acc_t(1) / std::sqrt(acc_t(D));
   const acc_t pre = native ? acc_t(1) : scale, post = native ? scale : acc_t(1);  // where 1/sqrt(D) goes
+  const acc_t softcap = static_cast<acc_t>(drop.o.softcap);
   widen_rows(q, D, N, D, pre, w.qs.data());                                        // (N, D) = Q pre
   transpose_blocks(q, N, D, bq, pre, w.qsT.data());                                // (N / bq, D, bq)
   widen_rows(dout, D, N, D, acc_t(1), w.dO.data());                                // (N, D)
@@ -308,6 +326,12 @@ void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, co
         std::fill(prow, prow + a, acc_t(0));
         std::fill(prow + std::max(a, b), prow + n, acc_t(0));
         if (a < b && post != acc_t(1)) rows::scale(prow + a, b - a, post);
+        if (a < b && softcap > 0)
+          for (int64_t r = a; r < b; ++r) {
+            const acc_t t = std::tanh(prow[r] / softcap);
+            prow[r] = softcap * t;
+            w.cap[cc * bq + r] = acc_t(1) - t * t;
+          }
         if (a < b) rows::exp_minus(prow + a, w.lse.data() + i0 + a, b - a);
       }
       const acc_t* p_for_v = pT;
@@ -328,6 +352,12 @@ void backward_head(const FlashShape& sh, const FlashDropout& drop, int64_t x, co
       }
       for (int64_t cc = 0; cc < c; ++cc) {                                         // dS^T = P^T (dP^T - Dv)
         rows::times_difference(pT + cc * bq, dpT + cc * bq, w.delta.data() + i0, n);
+        if (softcap > 0) {  // through the cap: the rows outside [a, b) are 0 already
+          const int64_t j = j0 + cc;
+          const int64_t a = std::clamp<int64_t>(j - sh.offset - i0, 0, n);
+          const int64_t b = std::clamp<int64_t>(j + sh.band - sh.offset - i0, 0, n);
+          for (int64_t r = a; r < b; ++r) pT[cc * bq + r] *= w.cap[cc * bq + r];
+        }
         if constexpr (native) to_operands(pT + cc * bq, n, w.ds_op.data() + cc * bq);  // dS^T rounded to 16 bits
       }
       const op_t* dsT;                                                             // (c, n), ld bq
