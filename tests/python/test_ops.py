@@ -435,6 +435,8 @@ def test_integer_and_mixed_inputs_are_one_line_errors_naming_the_dtypes():
         spanformer.adaptive_span_attention(q, k, k, pe.long(), torch.zeros(1), 8)
 
 
+@pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                    reason="PyTorch 1.13 has no autograd fallback for the Meta key (needs PyTorch 2)")
 def test_meta_tensors_give_the_output_shapes():
     """Both operators on meta tensors (shape inference, torch.compile's fake tensors without their mode):
     the output's shape and dtype, no data, no error (autocast has no state for the meta device)."""
