@@ -324,7 +324,7 @@ at::Tensor sink_gradient(const Sinks& sinks, const at::Tensor& grad_out, const a
   const auto acc = lse.scalar_type();
   auto delta = (grad_out.to(acc) * out.to(acc)).sum(-1);                                    // (B, K, N)
   auto p_sink = (sinks->to(acc).view({1, -1, 1}) - lse).exp();                              // (B, K, N)
-  return (p_sink * delta).sum({0, 2}).neg().to(sinks->scalar_type());                        // (K)
+  return (p_sink * delta).sum(at::IntArrayRef{0, 2}).neg().to(sinks->scalar_type());         // (K)
 }
 
 Quad flash_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
