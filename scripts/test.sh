@@ -146,8 +146,11 @@ stage_python() {
 # GPU is (CTest's python.cuda).
 run_pytest() {
   local env=$1 src=$PWD
+  # Bounded (about 4 minutes when all is well): a test still running after 300 s prints its stack (pytest's
+  # faulthandler_timeout), and the whole run ends after 1200 s, so a hang fails the stage, named.
   (cd "$env" && env -u SPANFORMER_TORCH_OPS -u SPANFORMER_CLI PATH="$env/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 \
-     "$env/bin/python" -m pytest -q -p no:cacheprovider --ignore="$src/tests/python/test_oracles.py" \
+     timeout --kill-after=10 1200 "$env/bin/python" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+     --ignore="$src/tests/python/test_oracles.py" \
      --ignore="$src/tests/python/test_cuda.py" "$src/tests/python")
 }
 

@@ -343,7 +343,23 @@ def _processes_running(needle):
                 cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
             except OSError:
                 continue
-            if needle in cmdline and "train" in cmdline and "python" not in cmdline.split("\0")[0]:
+            # The program by its file name (an installed one lies under .../python3.11/site-packages/).
+            if needle in cmdline and "train" in cmdline and \
+                    os.path.basename(cmdline.split("\0")[0]).startswith("spanformer"):
+                pids.append(int(entry))
+    return pids
+
+
+def _children(parent):
+    """The pids whose parent is `parent`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
                 pids.append(int(entry))
     return pids
 
@@ -366,8 +382,6 @@ def test_a_killed_python_process_stops_its_training(shared, tmp_path):
     # No validation and no checkpoint until the end: the program writes nothing a closed pipe would stop.
     script = (f"import spanformer; spanformer.train({str(config)!r}, {str(run)!r}, data={str(data)!r}, threads=1, "
               "quiet=True, nb_steps=10**9, eval_interval=10**9, checkpoint_interval=10**9)")
-    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.path.dirname(
-        os.path.dirname(spanformer.__file__))})
 
     def locked():
         with open(run / ".lock", "a") as lock:
@@ -378,24 +392,36 @@ def test_a_killed_python_process_stops_its_training(shared, tmp_path):
             fcntl.flock(lock, fcntl.LOCK_UN)
             return False
 
-    for _ in range(1200):
-        if (run / "train.log").exists() and locked():
-            break
-        time.sleep(0.1)
-    time.sleep(2)  # some steps
-    assert _processes_running(str(run)), "the training did not start"
-    parent.kill()
-    parent.wait()
-    for _ in range(600):  # the training's stop: its checkpoint written, then the process gone
-        if not _processes_running(str(run)):
-            break
-        time.sleep(0.1)
-    assert not _processes_running(str(run)), "the training runs on without its Python process"
-    assert not locked(), "the run directory is still locked"
-    log = open(run / "train.log").read()
-    said = re.search(r"checkpoint saved at step (\d+)", log)
-    assert (run / "checkpoint.pt").exists(), f"the stop saved no checkpoint: {log[-500:]}"
-    assert said, f"the stop said nothing in train.log: {log[-500:]}"
+    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.path.dirname(
+        os.path.dirname(spanformer.__file__))})
+    try:
+        for _ in range(1200):
+            if (run / "train.log").exists() and locked():
+                break
+            time.sleep(0.1)
+        time.sleep(2)  # some steps
+        assert _processes_running(str(run)), "the training did not start"
+        parent.kill()
+        parent.wait()
+        for _ in range(600):  # the training's stop: its checkpoint written, then the process gone
+            if not _processes_running(str(run)):
+                break
+            time.sleep(0.1)
+        assert not _processes_running(str(run)), "the training runs on without its Python process"
+        assert not locked(), "the run directory is still locked"
+        log = open(run / "train.log").read()
+        said = re.search(r"checkpoint saved at step (\d+)", log)
+        assert (run / "checkpoint.pt").exists(), f"the stop saved no checkpoint: {log[-500:]}"
+        assert said, f"the stop said nothing in train.log: {log[-500:]}"
+    finally:  # whatever failed above, nothing of this test runs on (its run asks for 10**9 steps)
+        running = _processes_running(str(run)) + _children(parent.pid)
+        parent.kill()
+        parent.wait()
+        for pid in running:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     step = int(said.group(1))
     result = spanformer.train(config, run, data=data, threads=1, quiet=True, resume=True, nb_steps=step + 2,
                               eval_interval=1)
@@ -419,12 +445,21 @@ def test_a_killed_training_is_said_killed(shared, tmp_path):
             if (run / "log.jsonl").exists() and (run / "log.jsonl").stat().st_size:
                 break
             time.sleep(0.1)
-        for pid in _processes_running(str(run)):
-            os.kill(pid, signal.SIGKILL)
+        pids = _processes_running(str(run))
+        found.append(bool(pids))
+        # Not found: this process's children are stopped all the same, so that the test fails rather than
+        # waiting on 10**9 steps.
+        for pid in pids or _children(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
+    found = []
     threading.Thread(target=kill_after_first_record, daemon=True).start()
     with pytest.raises(RuntimeError, match=r"^spanformer: error: the program was killed by SIGKILL \(signal 9\)$"):
         spanformer.train(config, run, data=data, threads=1, quiet=True, nb_steps=10**9, checkpoint_interval=10**9)
+    assert found == [True], "the training's process was not found by its command line"
 
 
 def test_python_arguments_of_load_and_train_take_python_types(shared, tmp_path):
