@@ -86,7 +86,7 @@ at::Tensor emulated_flash(const tu::Inputs& in, const ops::FlashOptions& o) {
   const int64_t band = o.band == 0 || o.band > in[1].size(2) ? in[1].size(2) : o.band;
   return ops::FlashFunction<EmulatedFlashRow>::apply(in[0], in[1], in[2], band, o.dropout, o.training,
                                                      static_cast<int64_t>(o.seed), o.tile, true, 0.0,
-                                                     /*has_sinks=*/false, in[0]);
+                                                     /*has_sinks=*/false, in[0], /*has_ranges=*/false, in[0]);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ using tu::max_diff;
 
 // out[b, h, i] = sum_j P_ij Z_ij v_j over keys p_i - band < j <= p_i, p_i = C - N + i, written as loops from
 // the header's formula (Z from ops::dropout_keep, the hash every implementation shares).
+// With key_ranges, row b reads keys first_b <= j < end_b only, and a query with none gives 0.
 at::Tensor loop_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::FlashOptions& o) {
   const int64_t B = q.size(0), K = q.size(1), N = q.size(2), C = k.size(2), D = q.size(3);
   const int64_t band = o.band == 0 ? C : o.band;
@@ -47,16 +48,19 @@ at::Tensor loop_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     for (int64_t h = 0; h < K; ++h)
       for (int64_t i = 0; i < N; ++i) {
         const int64_t p = C - N + i;
+        const int64_t lo = o.key_ranges.defined() ? o.key_ranges[b][0].item<int64_t>() : 0;
+        const int64_t hi = o.key_ranges.defined() ? o.key_ranges[b][1].item<int64_t>() : C;
+        if (p < lo || p >= hi) continue;  // no key: 0
         std::vector<double> s;
         double best = -1e300, total = 0;
-        for (int64_t j = std::max<int64_t>(0, p - band + 1); j <= p; ++j) {
+        for (int64_t j = std::max<int64_t>(lo, p - band + 1); j <= p; ++j) {
           double dot = 0;
           for (int64_t e = 0; e < D; ++e) dot += qa[b][h][i][e] * ka[b][h][j][e];
           s.push_back(dot / std::sqrt(static_cast<double>(D)));
           best = std::max(best, s.back());
         }
         for (double x : s) total += std::exp(x - best);
-        const int64_t first = std::max<int64_t>(0, p - band + 1);
+        const int64_t first = std::max<int64_t>(lo, p - band + 1);
         for (int64_t j = first; j <= p; ++j) {
           double w = std::exp(s[static_cast<size_t>(j - first)] - best) / total;
           if (o.training && o.dropout > 0) w *= ops::dropout_keep(o.seed, b, h, p, j, o.dropout) ? 1 / (1 - o.dropout) : 0;
@@ -202,6 +206,118 @@ TEST(FlashAttention, SoftcapAndSinksOutOfRangeAreOneLineErrors) {
   o.sinks = torch::zeros({3});
   EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("sinks must be one floating-point logit per head, (2)"),
             std::string::npos);
+}
+
+// Padded batches (key_ranges): every CPU row against the loop oracle that reads each row's range, in
+// double; the gradients against autograd of the plain composition; 16 bits on the fused kernel within
+// the reference's own error. Left, right and both-sided padding, a row padded but for one key, a row
+// with no key at all, a KV cache (N < C), a band, soft-capping and sinks, and dropout (the ATen tiles).
+// A padded query's output and every gradient of a padded position are exactly 0.
+TEST(FlashAttention, PaddedBatchesReadEachRowsKeysOnly) {
+  struct Case {
+    int64_t K, N, C, D, band;
+    std::vector<std::array<int64_t, 2>> ranges;  // one per batch row
+    double softcap, dropout;
+    bool sinks;
+    int64_t tile;
+  };
+  const std::vector<Case> cases = {
+      {3, 37, 37, 16, 0, {{5, 37}, {0, 30}, {3, 33}, {36, 37}}, 0.0, 0.0, false, 8},   // left, right, both, one key
+      {2, 40, 40, 32, 9, {{11, 40}, {0, 17}, {0, 0}}, 0.0, 0.0, false, 16},            // a band; a row with no key
+      {2, 1, 50, 16, 0, {{20, 50}, {0, 50}}, 0.0, 0.0, false, 7},                        // a decoding step (KV cache)
+      {2, 30, 61, 32, 12, {{40, 61}, {2, 61}, {0, 45}}, 5.0, 0.0, true, 16},             // N < C, softcap, sinks
+      {2, 33, 33, 16, 0, {{4, 33}, {0, 21}}, 0.0, 0.3, false, 8}};                       // dropout
+  for (const auto& c : cases) {
+    const int64_t B = static_cast<int64_t>(c.ranges.size());
+    SCOPED_TRACE(fmt::format("B{} K{} N{} C{} D{} band {} softcap {} dropout {} sinks {}", B, c.K, c.N, c.C, c.D,
+                             c.band, c.softcap, c.dropout, c.sinks));
+    torch::manual_seed(c.N + c.C + B);
+    const auto o64 = torch::TensorOptions().dtype(torch::kDouble);
+    const tu::Inputs base{2 * torch::randn({B, c.K, c.N, c.D}, o64), torch::randn({B, c.K, c.C, c.D}, o64),
+                          torch::randn({B, c.K, c.C, c.D}, o64)};
+    const auto sinks = torch::randn({c.K}, o64);
+    const auto weights = torch::randn({B, c.K, c.N, c.D}, o64);
+    auto ranges = torch::empty({B, 2}, torch::kLong);
+    for (int64_t b = 0; b < B; ++b) {
+      ranges[b][0] = c.ranges[static_cast<size_t>(b)][0];
+      ranges[b][1] = c.ranges[static_cast<size_t>(b)][1];
+    }
+    ops::FlashOptions o;
+    o.band = c.band;
+    o.softcap = c.softcap;
+    o.dropout = c.dropout;
+    o.training = c.dropout > 0;
+    o.seed = 91;
+    o.tile = c.tile;
+    o.key_ranges = ranges;
+    if (c.sinks) o.sinks = sinks;
+    // The loop oracle has neither soft-capping nor sinks: the composition stands in for it there, itself held
+    // to the loops where both apply.
+    const auto truth = c.softcap == 0 && !c.sinks ? loop_flash(base[0], base[1], base[2], o)
+                                                  : ops::flash_attention_reference(base[0], base[1], base[2], o);
+    if (c.softcap == 0 && !c.sinks)
+      EXPECT_LT(max_diff(ops::flash_attention_reference(base[0], base[1], base[2], o), truth), 1e-12);
+    // Padding changes the result (the ranges are not ignored): the unpadded op differs by far more than rounding.
+    auto unpadded = o;
+    unpadded.key_ranges = at::Tensor();
+    EXPECT_GT(max_diff(ops::flash_attention(base[0], base[1], base[2], unpadded), truth), 1e-2);
+    const std::vector<std::string> rows = c.dropout > 0 ? std::vector<std::string>{"tiles"} : kCpuRows;
+    for (const auto& row : rows) {
+      SCOPED_TRACE(row);
+      const ops::FlashBackendOverride forced(row);
+      tu::KernelRun run = [&](bool kernel, at::ScalarType t, at::Device d) {
+        auto in = tu::inputs_on({base[0], base[1], base[2]}, t, d);
+        auto out = kernel ? ops::flash_attention(in[0], in[1], in[2], o) : ops::flash_attention_reference(in[0], in[1], in[2], o);
+        return tu::output_and_gradients(out, in, weights);
+      };
+      const auto kernel = run(true, at::kDouble, at::kCPU), plain = run(false, at::kDouble, at::kCPU);
+      EXPECT_LT(max_diff(kernel[0], truth), 1e-12) << "out";
+      const std::vector<std::string> names{"out", "q", "k", "v"};
+      for (size_t i = 1; i < kernel.size(); ++i)
+        EXPECT_LT(max_diff(kernel[i], plain[i]), 1e-10 * (1 + plain[i].abs().max().item<double>())) << names[i];
+      // Exactly 0 where a row is padded: queries outside the range (output, dq), keys outside it (dk, dv).
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t lo = c.ranges[static_cast<size_t>(b)][0], hi = c.ranges[static_cast<size_t>(b)][1];
+        for (int64_t i = 0; i < c.N; ++i) {
+          const int64_t p = c.C - c.N + i;
+          if (p < lo || p >= hi) {
+            EXPECT_EQ(kernel[0][b].select(1, i).abs().max().item<double>(), 0.0) << "out of padded query " << b << "," << i;
+            EXPECT_EQ(kernel[1][b].select(1, i).abs().max().item<double>(), 0.0) << "dq of padded query " << b << "," << i;
+          }
+        }
+        for (int64_t j = 0; j < c.C; ++j)
+          if (j < lo || j >= hi) {
+            EXPECT_EQ(kernel[2][b].select(1, j).abs().max().item<double>(), 0.0) << "dk of padded key " << b << "," << j;
+            EXPECT_EQ(kernel[3][b].select(1, j).abs().max().item<double>(), 0.0) << "dv of padded key " << b << "," << j;
+          }
+      }
+      if (row != "cpu") continue;
+      for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        if (dtype == at::kHalf && !SPANFORMER_HAS_CPU_HALF_MATMUL) continue;
+        tu::expect_within_reference_error(run, names, row, dtype, 2.0, at::kCPU);
+      }
+    }
+  }
+}
+
+// key_ranges of the wrong shape, type or values: one line each; dropout in a padded batch on the fused
+// row is refused by name (the ATen tiles run it).
+TEST(FlashAttention, KeyRangesOutOfRangeAreOneLineErrors) {
+  auto q = torch::randn({2, 2, 4, 8});
+  ops::FlashOptions o;
+  o.key_ranges = torch::tensor({0, 4}, torch::kLong);
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("key_ranges must be (B, 2) = (2, 2) integers"),
+            std::string::npos);
+  o.key_ranges = torch::tensor({0, 4, 3, 2}, torch::kLong).view({2, 2});
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("key_ranges row 1 is [3, 2): expected 0 <= first <= end <= C = 4"),
+            std::string::npos);
+  o.key_ranges = torch::tensor({0, 5, 0, 4}, torch::kLong).view({2, 2});
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("key_ranges row 0 is [0, 5)"), std::string::npos);
+  o.key_ranges = torch::tensor({1, 4, 0, 4}, torch::kLong).view({2, 2});
+  o.dropout = 0.2;
+  o.training = true;
+  const ops::FlashBackendOverride forced("cpu");
+  EXPECT_NE(tu::error_of([&] { ops::flash_attention(q, q, q, o); }).find("the cpu row cannot take"), std::string::npos);
 }
 
 // train.amp=bf16 where the bf16 products have no hardware is said once (train, bench): the line names

@@ -54,6 +54,16 @@ drift falls on all of them alike; a row prints the median of each over the round
             eager     torch.nn.Transformer of the same sizes (post-norm), the same embeddings and loss
             compiled  that model under torch.compile
 
+  hf      a transformers GPT-2 (12 x 768, 12 heads, V 50257, random weights) scoring a batch of 8, forward
+          under torch.no_grad (--hf-lengths T, default 128, 512 and 1024; --hf-dtypes float32,bfloat16):
+            ours padded    attn_implementation="spanformer" on a left-padded batch: row b holds
+                           T - b T / 16 real tokens (T down to 9 T / 16), the rest padding (the mask
+                           becomes the op's key_ranges)
+            ours unpadded  the same model on 8 unpadded rows of the padded batch's mean length (the
+                           same real tokens, within 8): the padded path's cost beside it
+            sdpa           attn_implementation="sdpa" on the padded batch (transformers' default)
+          checked: ours and sdpa give the same logits at every real token (1e-3 in float32 relative to
+          the largest, 0.1 in bfloat16), else a MISMATCH line and a non-zero exit
   example the Python example's training step (examples/python/nanogpt_adaptive_span.py: 4 blocks of H 256,
           4 heads, L 512, M 128, batch 16, the caches carried, Adam, clipping at 1; each layer's spans
           fixed at 26, 77, 154 and 230 tokens, so that no step changes a cache size):
@@ -66,6 +76,7 @@ Prints a Markdown table (milliseconds per call or step; ratio = peer / ours, > 1
 """
 import argparse
 import contextlib
+import copy
 import json
 import math
 import os
@@ -335,6 +346,45 @@ def flash_impls(T, dtype=torch.float32):
 def flash_row(T, rounds, dtype=torch.float32):
     med, _ = interleave(flash_impls(T, dtype), rounds, 1)
     return med
+
+
+# ---- transformers' GPT-2 on padded batches ----------------------------------------------------------
+
+def hf_row(T, rounds, dtype):
+    """{name: median ms} of the hf rows (the module docstring) at length T, and the largest logit
+    difference of ours from sdpa at real tokens, relative to the largest logit."""
+    import transformers
+    import spanformer.hf
+    transformers.logging.set_verbosity_error()
+    spanformer.hf.register()
+    config = transformers.GPT2Config(n_positions=max(1024, T), n_embd=768, n_layer=12, n_head=12)
+    torch.manual_seed(0)
+    models = {impl: transformers.GPT2LMHeadModel._from_config(copy.deepcopy(config), attn_implementation=impl)
+              for impl in ("spanformer", "sdpa")}
+    models["sdpa"].load_state_dict(models["spanformer"].state_dict())
+    for m in models.values():
+        m.eval().to(dtype)
+    B = 8
+    lengths = [T - b * T // 16 for b in range(B)]
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, T - n:] = 1
+    ids = torch.randint(0, config.vocab_size, (B, T), generator=torch.Generator().manual_seed(1)) * mask
+    mean = round(sum(lengths) / B)
+    flat = torch.randint(0, config.vocab_size, (B, mean), generator=torch.Generator().manual_seed(2))
+    real = mask.bool()
+    with torch.no_grad():
+        ours, sdpa = (models[i](ids, attention_mask=mask).logits.float() for i in ("spanformer", "sdpa"))
+    diff = ((ours - sdpa)[real].abs().max() / sdpa[real].abs().max()).item()
+
+    def run(impl, x, m):
+        def fn():
+            with torch.no_grad():
+                models[impl](x, attention_mask=m)
+        return fn
+    med, _ = interleave({"ours padded": run("spanformer", ids, mask), "ours unpadded": run("spanformer", flat, None),
+                         "sdpa": run("sdpa", ids, mask)}, rounds, 1)
+    return med, diff
 
 
 def cpu_line():
@@ -673,6 +723,8 @@ def main():
     parser.add_argument("--flash-lengths", default="1024,4096,16384")
     parser.add_argument("--flash-dtypes", default="float32,bfloat16", help="the flash rows' input dtypes")
     parser.add_argument("--gpt-attentions", default="dense,window,adaptive_span")
+    parser.add_argument("--hf-lengths", default="128,512,1024", help="the hf rows' lengths T")
+    parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="the hf rows' model dtypes")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
     parser.add_argument("--amp", default="off", choices=["off", "bf16"],
                         help="bf16: the CPU training rows under bf16 autocast, ours with train.amp=bf16")
@@ -741,6 +793,20 @@ def main():
             print(f"| seq2seq Transformer 3+3 H 256 B 128, train step | {med['ours']:.0f} | nn.Transformer {peer} | "
                   f"{med[peer]:.0f} | {med[peer] / med['ours']:.2f} |", flush=True)
         memory_rows("seq2seq Transformer 3+3 H 256 B 128, train step", med)
+    if "hf" in rows:
+        for dtype in args.hf_dtypes.split(","):
+            for T in (int(t) for t in args.hf_lengths.split(",")):
+                med, diff = hf_row(T, args.rounds, getattr(torch, dtype))
+                close = diff <= (1e-3 if dtype == "float32" else 0.1)
+                print(f"# twin check, hf T {T} {dtype}: logits of ours and sdpa at real tokens differ by {diff:.1e} "
+                      f"of the largest: {'ok' if close else 'MISMATCH'}", flush=True)
+                if not close:
+                    MISMATCHES.append(f"hf T {T} {dtype}")
+                what = f"transformers GPT-2 12 x 768, B 8 left-padded to T {T}, {dtype}, forward"
+                print(f"| {what} | {med['ours padded']:.0f} | sdpa, same batch | {med['sdpa']:.0f} | "
+                      f"{med['sdpa'] / med['ours padded']:.2f} |", flush=True)
+                print(f"| {what} | {med['ours padded']:.0f} | ours unpadded, same real tokens | {med['ours unpadded']:.0f} | "
+                      f"{med['ours unpadded'] / med['ours padded']:.2f} |", flush=True)
     if "example" in rows:
         med, diff = example_row(args.rounds)
         close = diff <= 1e-5  # float32 rounding of two orders of the same sums (and the 1e-8 Z term)

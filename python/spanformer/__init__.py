@@ -106,17 +106,21 @@ def adaptive_span_attention(q, k, v, key_pe, span_ratio, attn_span, ramp=32.0, d
                                                         _arg(w, "training", training, bool), _arg(w, "seed", seed, int))
 
 
-def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_kernel=True, softcap=0.0, sinks=None):
+def flash_attention(q, k, v, band=0, dropout=0.0, training=False, seed=-1, cuda_kernel=True, softcap=0.0, sinks=None,
+                    key_ranges=None):
     """Causal attention: q (B,K,N,D); k, v (B,K,C,D), C >= N, query i at key position C - N + i, reading
     the last `band` keys (0: all earlier keys) -> (B,K,N,D). Differentiable; no N x C tensor is kept.
     softcap > 0 caps every score at softcap * tanh(s / softcap) (Gemma 2); sinks, a (K) tensor of
     logits, joins every row's softmax with no value (GPT-OSS), differentiable too.
+    key_ranges, a (B, 2) integer tensor, makes a padded batch: row b reads keys first_b <= j < end_b only
+    (left padding before first_b, right padding from end_b); its queries outside the range give 0.
     Semantics: include/spanformer/ops/flash_attention.h."""
     w = "flash_attention"
     return torch.ops.spanformer.flash_attention(q, k, v, _arg(w, "band", band, int), _arg(w, "dropout", dropout, float),
                                                 _arg(w, "training", training, bool), _arg(w, "seed", seed, int),
                                                 cuda_kernel=_arg(w, "cuda_kernel", cuda_kernel, bool),
-                                                softcap=_arg(w, "softcap", softcap, float), sinks=sinks)
+                                                softcap=_arg(w, "softcap", softcap, float), sinks=sinks,
+                                                key_ranges=key_ranges)
 
 
 def cpu_half_products(mode=None):

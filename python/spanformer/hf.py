@@ -16,14 +16,18 @@ generation with a KV cache needs nothing more. What it maps:
   - `sliding_window` (Mistral-style layers): the op's band, the last `sliding_window` keys;
   - `softcap` (Gemma 2's soft-capped scores) and `s_aux` (GPT-OSS's attention sinks): the op's own;
   - dropout in training: the op's hashed dropout, seeded from torch's generator (other masks than
-    eager's, the same distribution).
+    eager's, the same distribution);
+  - padded batches (left padding, as batched generation pads, or right padding, as fine-tuning
+    collators pad): the 2-D attention_mask that transformers' FlashAttention-2 mask function passes
+    (registered beside it: None for unpadded batches), or a 4-D mask that is a causal mask with padding
+    (bool, or float with 0 where kept), becomes the op's key_ranges, each row's [first, end) of real
+    tokens. Padded positions give 0 (eager gives them values no token reads).
 What it refuses, with a one-line ValueError naming the way out (attn_implementation "sdpa" or "eager"):
-padded batches (an attention_mask with a 0), non-causal layers (encoders, cross-attention, is_causal=False),
-attention weights asked for (output_attentions: the op never forms them), and packed sequences
-(position_ids restarting within a row). The mask function registered beside it is
-transformers' own for FlashAttention-2, which passes no mask for unpadded batches. (The name has no
-"flash" in it: transformers takes any implementation named "...flash..." for a FlashAttention kernel to
-fetch from its hub.)
+masks that are not one run of real tokens per row (a 0 between two 1s, or a 4-D mask of another
+pattern), non-causal layers (encoders, cross-attention, is_causal=False), attention weights asked for
+(output_attentions: the op never forms them), and packed sequences (position_ids restarting within an
+unpadded row). (The name has no "flash" in it: transformers takes any implementation named "...flash..."
+for a FlashAttention kernel to fetch from its hub.)
 """
 import torch
 
@@ -54,13 +58,69 @@ def _packed(position_ids, query):
     return bool((pos[1:] - pos[:-1] != 1).any())
 
 
+def _runs(valid):
+    """(B, 2) int64 [first, end) of each row's real tokens from valid (B, C) bool, or None where a row's
+    real tokens are not one run."""
+    B, C = valid.shape
+    pos = torch.arange(C, device=valid.device)
+    count = valid.sum(-1)                                                          # (B)
+    first = torch.where(valid, pos, C).min(-1).values                              # (B)
+    end = torch.where(valid, pos + 1, 0).max(-1).values                            # (B)
+    first = torch.where(count > 0, first, 0)
+    end = torch.where(count > 0, end, 0)
+    if bool((end - first != count).any()):
+        return None
+    return torch.stack([first, end], -1)
+
+
+def _key_ranges(attention_mask, query, key, band):
+    """The op's key_ranges (B, 2) for transformers' mask, None for no padding; the keys the mask covers
+    (a static cache's mask is shorter than its keys: the rest is unwritten). A mask that is not padding of
+    one run per row is a ValueError."""
+    N, C = query.shape[-2], key.shape[-2]
+    refuse = ValueError(f"{NAME}: this attention_mask is not a causal mask with padding (one run of real tokens per "
+                        "row); use attn_implementation='sdpa' for it")
+    if attention_mask.dim() == 2:  # (B, C'): transformers' FlashAttention-2 mask function's, 1 = a real token
+        valid = attention_mask[:, -C:] != 0
+        ranges = _runs(valid)
+        if ranges is None:
+            raise refuse
+        return ranges, valid.shape[1]
+    if attention_mask.dim() != 4:
+        raise refuse
+    # (B, 1 or H, N, C'): kept where True (bool) or 0 (float, -inf or the dtype's minimum elsewhere)
+    kept = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    kept = kept[..., -C:]
+    Ck = kept.shape[-1]
+    if kept.shape[-2] != N:
+        raise refuse
+    ranges = _runs(kept.any(-2).any(1))                                            # keys any query reads
+    if ranges is None:
+        raise refuse
+    qpos = torch.arange(Ck - N, Ck, device=kept.device).view(1, N, 1)               # (1, N, 1)
+    kpos = torch.arange(Ck, device=kept.device).view(1, 1, Ck)                      # (1, 1, C')
+    first, end = ranges[:, 0].view(-1, 1, 1), ranges[:, 1].view(-1, 1, 1)           # (B, 1, 1)
+    expected = (kpos <= qpos) & (kpos >= first) & (kpos < end)                       # (B, N, C')
+    if band:
+        expected &= qpos - kpos < band
+    real = (qpos >= first) & (qpos < end)                                            # (B, N, 1): rows a token reads
+    if not bool(((kept == expected.unsqueeze(1)) | ~real.unsqueeze(1)).all()):
+        raise refuse
+    if bool((ranges == torch.tensor([0, Ck], device=ranges.device)).all()) and Ck == C:
+        return None, C
+    return ranges, Ck
+
+
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                **kwargs):
     """transformers' attention-function signature: query (B, H, N, D), key and value (B, Hkv, C, D) ->
     ((B, N, H, D), None)."""
+    band = int(sliding_window) if sliding_window else 0
+    key_ranges = None
     if attention_mask is not None:
-        raise ValueError(f"{NAME}: padded batches are not supported (attention_mask has zeros); "
-                         "use attn_implementation='sdpa' for them")
+        key_ranges, kept = _key_ranges(attention_mask, query, key, band)
+        if kept < key.shape[-2]:  # a static cache: its unwritten slots after the mask's keys
+            key, value = key[..., :kept, :], value[..., :kept, :]
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -69,7 +129,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
                          "use attn_implementation='sdpa' for it")
     if kwargs.get("output_attentions") or _attention_weights_asked():
         raise ValueError(f"{NAME}: attention weights are never formed; use attn_implementation='eager' for them")
-    if _packed(kwargs.get("position_ids"), query):
+    if attention_mask is None and _packed(kwargs.get("position_ids"), query):
         raise ValueError(f"{NAME}: packed sequences (position_ids restarting within a row) would attend across "
                          "their boundaries; give each sequence a row of its own, or use attn_implementation='sdpa' "
                          "with a mask")
@@ -81,11 +141,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     training = bool(getattr(module, "training", False)) and dropout > 0
-    band = int(sliding_window) if sliding_window else 0
     softcap = float(kwargs.get("softcap") or 0.0)  # Gemma 2's attn_logit_softcapping: tanh-capped scores
     sinks = kwargs.get("s_aux")  # GPT-OSS's sinks: a learned logit per head in every row's softmax
     out = spanformer.flash_attention(query, key, value, band=band, dropout=float(dropout) if training else 0.0,
-                                     training=training, softcap=softcap, sinks=sinks)
+                                     training=training, softcap=softcap, sinks=sinks, key_ranges=key_ranges)
     return out.transpose(1, 2), None  # (B, N, H, D)
 
 

@@ -11,7 +11,7 @@
 //   FlashRow: forward(q, k, v, FlashCall)                               -> (out, lse, seed)
 //             backward(grad_out, q, k, v, out, lse, seed, FlashCall)    -> 3 gradients, or 4 with the sinks'
 //             (FlashCall carries softcap and sinks; a row without them gets 0 and an undefined tensor;
-//             apply() takes has_sinks and, without sinks, any placeholder tensor)
+//             apply() takes has_sinks and, without sinks, any placeholder tensor; key_ranges the same way)
 // Seeds: SpanCall / FlashCall carry the caller's seed, -1 = the forward draws one from LibTorch's default
 // CPU generator when it drops anything (at run time, not when a graph is traced).
 #pragma once
@@ -45,6 +45,7 @@ struct FlashCall {
   bool cuda_kernel;
   double softcap = 0.0;  // FlashOptions::softcap
   at::Tensor sinks;      // FlashOptions::sinks, (K) or undefined
+  at::Tensor key_ranges;  // FlashOptions::key_ranges, (B, 2) or undefined
 };
 
 template <class Row>
@@ -82,12 +83,14 @@ class FlashFunction : public torch::autograd::Function<FlashFunction<Row>> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, int64_t band, double dropout, bool training, int64_t seed,
-                            int64_t tile, bool cuda_kernel, double softcap, bool has_sinks, const at::Tensor& sinks_in) {
+                            int64_t tile, bool cuda_kernel, double softcap, bool has_sinks, const at::Tensor& sinks_in,
+                            bool has_ranges, const at::Tensor& ranges_in) {
     // Without sinks, sinks_in is a placeholder (an undefined tensor cannot be an autograd function's input).
     const at::Tensor sinks = has_sinks ? sinks_in : at::Tensor();
-    const FlashCall call{band, dropout, training, seed, tile, cuda_kernel, softcap, sinks};
+    const at::Tensor ranges = has_ranges ? ranges_in : at::Tensor();
+    const FlashCall call{band, dropout, training, seed, tile, cuda_kernel, softcap, sinks, ranges};
     auto [out, lse, seed_used] = Row::forward(q, k, v, call);
-    ctx->save_for_backward({q, k, v, out, lse, seed_used, sinks});
+    ctx->save_for_backward({q, k, v, out, lse, seed_used, sinks, ranges});
     ctx->saved_data["band"] = band;
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["training"] = training;
@@ -103,10 +106,10 @@ class FlashFunction : public torch::autograd::Function<FlashFunction<Row>> {
     const FlashCall call{ctx->saved_data["band"].toInt(),     ctx->saved_data["dropout"].toDouble(),
                          ctx->saved_data["training"].toBool(), -1,
                          ctx->saved_data["tile"].toInt(),      ctx->saved_data["cuda_kernel"].toBool(),
-                         ctx->saved_data["softcap"].toDouble(), s[6]};
+                         ctx->saved_data["softcap"].toDouble(), s[6], s[7]};
     auto g = Row::backward(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], call);
     const at::Tensor dsinks = g.size() > 3 && s[6].defined() ? g[3] : at::Tensor();
-    return {g[0], g[1], g[2], {}, {}, {}, {}, {}, {}, {}, {}, dsinks};
+    return {g[0], g[1], g[2], {}, {}, {}, {}, {}, {}, {}, {}, dsinks, {}, {}};
   }
 };
 

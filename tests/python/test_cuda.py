@@ -87,6 +87,29 @@ def test_transformers_models_in_bfloat16_on_our_tensor_core_kernels_are_as_close
             assert (eager16(ids).logits.float() - exact).abs().max().item() > 10 * (2 * their_err + floor)
 
 
+@pytest.mark.parametrize("kind", ("gpt2", "llama", "mistral"))
+def test_transformers_padded_batches_on_our_cuda_kernels_give_eagers_logits(kind):
+    """Left-, right- and all-but-one-padded rows (the op's key_ranges: each row's real tokens through the
+    kernels as a batch of one) against eager at every real token, float32; greedy generation of a
+    left-padded batch gives eager's tokens."""
+    eager, ours = (m.cuda() for m in hf_pair(kind))
+    mask = torch.zeros(4, 20, dtype=torch.long, device="cuda")
+    for b, (first, end) in enumerate(((0, 20), (5, 20), (0, 13), (19, 20))):
+        mask[b, first:end] = 1
+    ids, real = prompt_ids("cuda")[:1, :20].repeat(4, 1) * mask, mask.bool()
+    with torch.no_grad():
+        want = eager(ids, attention_mask=mask).logits
+        got, names = kernels_run(lambda: ours(ids, attention_mask=mask).logits)
+        assert ours_ran(names, "forward_kernel"), sorted(names)
+        assert torch.allclose(got[real], want[real], atol=1e-5, rtol=0), (got - want)[real].abs().max()
+        args = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+        left = ids[1:2].repeat(2, 1)
+        left_mask = mask[1:2].repeat(2, 1)
+        left_mask[1, :5] = 1
+        assert torch.equal(ours.generate(left, attention_mask=left_mask, **args),
+                           eager.generate(left, attention_mask=left_mask, **args))
+
+
 if __name__ == "__main__":
     if NO_GPU:
         print("test_cuda.py: no CUDA device: skipped")

@@ -187,13 +187,17 @@ def small_inputs(dtype=torch.float64):
 OPCHECK_CASES = {
     "adaptive_span_attention": lambda t: (*t, 32, 4.0),
     "adaptive_span_attention_reference": lambda t: (*t, 32, 4.0),
-    # with soft-capping and a sink logit per head (3 heads), which get gradients of their own
-    "flash_attention": lambda t: (t[0], t[0], t[0], 5, 0.0, False, -1, 256, True, 3.0, SINKS.clone().requires_grad_()),
-    "flash_attention_reference": lambda t: (t[0], t[0], t[0], 5, 0.0, False, -1, 3.0, SINKS.clone().requires_grad_()),
+    # with soft-capping and a sink logit per head (3 heads), which get gradients of their own, and a padded
+    # batch (row 0 left-padded by 2, row 1 right-padded after 5 keys)
+    "flash_attention": lambda t: (t[0], t[0], t[0], 5, 0.0, False, -1, 256, True, 3.0, SINKS.clone().requires_grad_(),
+                                  KEY_RANGES),
+    "flash_attention_reference": lambda t: (t[0], t[0], t[0], 5, 0.0, False, -1, 3.0, SINKS.clone().requires_grad_(),
+                                            KEY_RANGES),
     "_adaptive_span_attention_forward": lambda t: (*[x.detach() for x in t], 32, 4.0, 0.0, False, 3, [], True, "cpu"),
-    "_flash_attention_forward": lambda t: (*[t[0].detach()] * 3, 8, 0.0, False, 3, 256, False, 3.0, SINKS),
+    "_flash_attention_forward": lambda t: (*[t[0].detach()] * 3, 8, 0.0, False, 3, 256, False, 3.0, SINKS, KEY_RANGES),
 }
 SINKS = torch.tensor([0.5, -1.0, 2.0])
+KEY_RANGES = torch.tensor([[2, 8], [0, 5]])
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs PyTorch 2.4")
@@ -234,15 +238,21 @@ def test_the_private_halves_check_what_they_are_given():
     g = ops._adaptive_span_attention_backward(out, *t, out, saved, seed, 32, 4.0, 0.0, False, [], "cpu")
     assert [x.shape for x in g] == [x.shape for x in t]
     with pytest.raises(RuntimeError, match="C >= N >= 1"):
-        ops._flash_attention_forward(k, q, q, 8, 0.0, False, 3, 256, False, 0.0, None)
+        ops._flash_attention_forward(k, q, q, 8, 0.0, False, 3, 256, False, 0.0, None, None)
     for band in (0, 9):
         with pytest.raises(RuntimeError, match=r"band must be in \[1, C = 8\]"):
-            ops._flash_attention_forward(q, q, q, band, 0.0, False, 3, 256, False, 0.0, None)
-    out, lse, seed = ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False, 0.0, None)
+            ops._flash_attention_forward(q, q, q, band, 0.0, False, 3, 256, False, 0.0, None, None)
+    out, lse, seed = ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False, 0.0, None, None)
     with pytest.raises(RuntimeError, match="lse \\(B, K, N\\)"):
-        ops._flash_attention_backward(out, q, q, q, out, lse[:, :, :2], seed, 8, 0.0, False, 256, False, 0.0, None)
+        ops._flash_attention_backward(out, q, q, q, out, lse[:, :, :2], seed, 8, 0.0, False, 256, False, 0.0, None, None)
     with pytest.raises(RuntimeError, match=r"sinks must be one floating-point logit per head, \(3\)"):
-        ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False, 0.0, torch.zeros(2))
+        ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False, 0.0, torch.zeros(2), None)
+    for ranges, said in ((torch.tensor([[0, 9], [0, 8]]), r"key_ranges row 0 is \[0, 9\): expected 0 <= first <= end <= C = 8"),
+                         (torch.tensor([[0, 8], [5, 4]]), r"key_ranges row 1 is \[5, 4\)"),
+                         (torch.tensor([[0, 8]]), r"key_ranges must be \(B, 2\) = \(2, 2\) integers"),
+                         (torch.zeros(2, 2), r"key_ranges must be .* integers")):
+        with pytest.raises(RuntimeError, match=said):
+            ops._flash_attention_forward(q, q, q, 8, 0.0, False, 3, 256, False, 0.0, None, ranges)
 
 
 _CACHE_PROBE = """

@@ -25,6 +25,13 @@
 // gradient is -sum_i e^{sigma_h - L_i} Dv_i over the head's rows. The CUDA kernels take neither: the
 // ATen tiles compute them on a GPU.
 //
+// Padded batches (key_ranges, FlashAttention-2's variable-length batches in another form): row b reads the
+// keys first_b <= j < end_b only, and its queries outside that range are empty (out 0, L = -inf). The
+// ATen tiles mask them; the fused kernels (CPU and CUDA) run each row's real tokens as a batch of one,
+// queries [max(first_b, C - N), end_b) over keys [first_b, end_b): the same formula on fewer tokens, so
+// that their own tests hold them. With dropout the ATen tiles run (the dropout hash takes each row's
+// own batch index and positions, which a batch of one would renumber).
+//
 // Dropout: keep_ij is the splitmix64 hash of (seed, batch, head, p_i, j) (ops/dropout_hash.h), so
 // backward regenerates the forward's mask without storing it, and the reference composition below
 // drops exactly the same weights. The seed is drawn from the default generator per call (checkpoints
@@ -59,6 +66,10 @@ struct FlashOptions {
   // Attention sinks (GPT-OSS): a learned logit per head, (K), in every row's softmax with no value:
   // L_i = log(sum_j exp(s_ij) + exp(sinks_h)). Undefined = none. Differentiable.
   at::Tensor sinks;
+  // Padded batches: (B, 2) integers, row b's keys [first, end) (left padding before `first`, right padding
+  // from `end`, positions 0 .. C); keys outside are masked, and a query whose position p_i is outside
+  // has no key: its output and gradients are 0. Undefined = every key. Not differentiable.
+  at::Tensor key_ranges;
 };
 
 // q (B, K, N, D); k, v (B, K, C, D) with C >= N >= 1, one dtype and device. Returns (B, K, N, D),
