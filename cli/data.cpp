@@ -1,8 +1,14 @@
-// spanformer data: prepare corpora (bytes: prepare, get; words: words, cutoffs).
+// spanformer data: prepare corpora (bytes: prepare, get; words: words, cutoffs), and GPT-2's byte-level BPE
+// (tokenize).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
 #include "command.h"
+#include "spanformer/data/byte_bpe.h"
 #include "spanformer/data/corpus.h"
 #include "spanformer/data/download.h"
 #include "spanformer/data/words.h"
@@ -20,6 +26,8 @@ void add_data(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
     data::WordPrepareOptions words;
     std::vector<double> coverage{0.8, 0.9, 0.95};
     int64_t round_to = 1000;
+    std::string tokenizer, text_file;
+    bool decode = false;
   };
   auto o = std::make_shared<Options>();
   auto* data_cmd = app.add_subcommand("data", "prepare corpora");
@@ -82,6 +90,37 @@ void add_data(CLI::App& app, const std::shared_ptr<Globals>&, Run& run) {
       if (s.same_train_valid)
         fmt::print("note: train and valid are the same file: validation measures fit, not generalisation; "
                    "report the test split\n");
+    };
+  });
+
+  auto* tokenize = data_cmd->add_subcommand(
+      "tokenize", "GPT-2's byte-level BPE: a file's bytes -> ids (one line, spaces), or ids -> bytes (--decode)");
+  tokenize->add_option("--tokenizer", o->tokenizer,
+                       "tokenizer.json, or a directory holding tokenizer.json or vocab.json + merges.txt")->required();
+  tokenize->add_option("file", o->text_file, "the bytes to encode (with --decode: ids separated by white space)")->required();
+  tokenize->add_flag("--decode", o->decode, "ids -> bytes");
+  tokenize->callback([o, &run] {
+    run = [o] {
+      const auto bpe = data::load_byte_bpe(o->tokenizer);
+      const std::string input = read_file(o->text_file);
+      if (!o->decode) {
+        fmt::print("{}\n", fmt::join(bpe->encode(input), " "));
+        return;
+      }
+      std::vector<int64_t> ids;
+      size_t at = 0;
+      while ((at = input.find_first_not_of(" \t\r\n", at)) != std::string::npos) {
+        const size_t end = std::min(input.find_first_of(" \t\r\n", at), input.size());
+        const std::string word = input.substr(at, end - at);
+        char* stop = nullptr;
+        errno = 0;
+        const long long id = std::strtoll(word.c_str(), &stop, 10);
+        if (*stop != '\0' || errno != 0) fail("data tokenize --decode: '{}' in {} is not an id", word, o->text_file);
+        ids.push_back(id);
+        at = end;
+      }
+      const std::string bytes = bpe->decode(ids);
+      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
     };
   });
 

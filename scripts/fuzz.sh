@@ -18,7 +18,7 @@
 # replay holds the fix and the outcome the fix chose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(vocab config idx tokens pairs jsonl safetensors checkpoint reference xl_reference sentencepiece archive)
+targets=(vocab config idx tokens pairs jsonl safetensors checkpoint reference xl_reference sentencepiece archive bpe)
 
 make_seeds() {  # DIR CLI
   local out=$1 cli=$2 work
@@ -78,6 +78,21 @@ with open(sys.argv[1], "rb") as f:
 open(sys.argv[2], "wb").write(bytes.fromhex(header["__metadata__"]["spanformer.vocab_model"]))
 PY
   fi
+  # A byte-level BPE tokenizer.json: the 256 byte tokens (GPT-2's byte-to-unicode characters), two merges
+  # and an added token.
+  python3 - "$out/bpe/tokenizer.json" <<'PY'
+import json, sys
+printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+chars, n = {}, 256
+for b in range(256):
+    chars[b] = chr(b) if b in printable else chr(n)
+    n += b not in printable
+vocab = {chars[b]: b for b in range(256)}
+vocab.update({"th": 256, "the": 257, "<|endoftext|>": 258})
+json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": ["t h", "th e"]},
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+           "added_tokens": [{"id": 258, "content": "<|endoftext|>"}]}, open(sys.argv[1], "w"))
+PY
   # Archives: the member data get unpacks, deflated and stored.
   python3 - "$work/text.txt" "$out/archive" <<'PY'
 import sys, zipfile

@@ -39,6 +39,7 @@ packages=(
   dataset-fashion-mnist   # Fashion-MNIST (IDX) for the Vision Transformer
   zlib1g-dev              # reading gzip-compressed IDX files
   libsentencepiece-dev    # subword tokenisation of the translation pairs (seq2seq, by flag)
+  libpcre2-dev            # GPT-2's pre-tokenizer pattern (Unicode letters and numbers) for its byte-level BPE
   python3-venv python3-dev  # the project's virtual environment; Python's headers for torch.compile's C++
 )
 # Tests and benchmarks: GoogleTest, Google Benchmark, headless Chromium (renders the run report),

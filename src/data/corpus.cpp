@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "spanformer/data/byte_bpe.h"
 #include "spanformer/data/subwords.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
@@ -82,6 +83,7 @@ void for_each_byte(const uint8_t* data, int64_t begin, int64_t end, bool crlf_to
 
 std::string Vocab::decode(int64_t id) const {
   if (id < 0 || id >= size()) return "?";
+  if (bpe) return bpe->decode({id});
   const auto& t = tokens[id];
   if (word_level) return t == kEos ? "\n" : t + " ";
   if (t == kEos) return "\n";
@@ -90,6 +92,7 @@ std::string Vocab::decode(int64_t id) const {
 
 std::vector<int64_t> Vocab::byte_to_id() const {
   std::vector<int64_t> map(256, -1);
+  if (word_level || bpe) return map;  // no token is one byte of the text
   for (int64_t id = 0; id < size(); ++id) {
     if (tokens[id] == kEos) {
       map['\n'] = id;
@@ -141,18 +144,34 @@ std::string vocab_to_text(const Vocab& vocab) {
 }
 
 bool same_vocabulary(const Vocab& a, const Vocab& b) {
-  if (a.tokens != b.tokens || a.word_level != b.word_level || !a.subwords != !b.subwords) return false;
-  return !a.subwords || a.subwords->proto() == b.subwords->proto();
+  if (a.tokens != b.tokens || a.word_level != b.word_level || !a.subwords != !b.subwords || !a.bpe != !b.bpe) return false;
+  return a.model_bytes() == b.model_bytes();
+}
+
+std::string Vocab::model_bytes() const {
+  return subwords ? subwords->proto() : bpe ? bpe->source() : std::string();
 }
 
 const char* vocab_level(const Vocab& vocab) {
-  return vocab.subwords ? "sentencepiece" : vocab.word_level ? "word" : "byte";
+  return vocab.subwords ? "sentencepiece" : vocab.bpe ? "bpe" : vocab.word_level ? "word" : "byte";
+}
+
+Vocab bpe_vocab(std::shared_ptr<const ByteBpe> bpe) {
+  Vocab vocab;
+  vocab.tokens = bpe->tokens();
+  vocab.bpe = std::move(bpe);
+  return vocab;
 }
 
 Vocab vocab_from_parts(const std::string& text, const std::string& level, const std::string& subword_model,
                        const std::string& origin) {
   if (level == "byte" || level.empty()) return parse_vocab(text, origin + " (vocabulary)");
   if (level == "word") return parse_word_vocab(text, origin + " (vocabulary)");
+  if (level == "bpe") {
+    Vocab vocab = bpe_vocab(ByteBpe::from_tokenizer_json(subword_model, origin + " (tokenizer)"));
+    if (vocab_to_text(vocab) != text) fail("{}: the vocabulary is not the tokens of its tokenizer", origin);
+    return vocab;
+  }
   if (level != "sentencepiece") fail("{}: unknown vocabulary level '{}'", origin, level);
   Vocab vocab = parse_word_vocab(text, origin + " (vocabulary)");
   auto model = std::make_shared<const SubwordModel>(subword_model, origin + " (subword model)");

@@ -1,8 +1,10 @@
 // Hugging Face's GPT-2 layout (transformers' GPT2LMHeadModel: save_pretrained / from_pretrained), both
 // ways, for the gpt family (io/gpt2.h).
 //
-// A directory: config.json (GPT2Config), model.safetensors (the state dict) and, written by spanformer,
-// vocab.txt (the ids' tokens; GPT-2's own BPE tokenizer is not spanformer's). The model is the same
+// A directory: config.json (GPT2Config), model.safetensors (the state dict) and the tokens: vocab.txt,
+// written by spanformer for its byte and word vocabularies, or GPT-2's byte-level BPE tokenizer
+// (tokenizer.json, or vocab.json + merges.txt, as transformers' tokenizer saves them: data/byte_bpe.h),
+// which import keeps, so that generate takes and prints text as transformers does. The model is the same
 // function when ours is what GPT-2 can express: dense causal attention (or flash, the same function),
 // learned positions, standard residual layers, LayerNorm eps 1e-5, GELU exact ("gelu") or tanh
 // ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"). GPT-2's Conv1D layers store weight (in, out), the
@@ -27,6 +29,7 @@
 #include <fmt/ranges.h>
 
 #include "spanformer/config/gpt_config.h"
+#include "spanformer/data/byte_bpe.h"
 #include "spanformer/data/corpus.h"
 #include "spanformer/io/safetensors.h"
 #include "spanformer/train/checkpoint.h"
@@ -103,7 +106,7 @@ void export_gpt2(const train::Checkpoint& checkpoint, const std::string& dir) {
   const auto c = gpt_config_from_json(family->config_json(), checkpoint.path()).model;
   if (const auto why = outside_gpt2(c); !why.empty()) fail("export gpt2: {} (export safetensors keeps it)", why);
   const auto& vocab = checkpoint.vocab();
-  if (vocab.subwords) fail("export gpt2: a SentencePiece vocabulary does not travel in the GPT-2 layout (byte and word ones do)");
+  if (vocab.subwords) fail("export gpt2: a SentencePiece vocabulary does not travel in the GPT-2 layout (byte, word and BPE ones do)");
   if (file_exists(dir)) fail("export gpt2: {} is a file; the GPT-2 layout is a directory (config.json, model.safetensors)", dir);
   make_dirs(dir);
   std::map<std::string, torch::Tensor> params;
@@ -113,7 +116,9 @@ void export_gpt2(const train::Checkpoint& checkpoint, const std::string& dir) {
     const auto& p = params.at(t.ours);
     tensors.emplace_back(t.theirs, t.transposed ? p.t().contiguous() : p);  // Conv1D: (in, out)
   }
-  const int64_t eos = eos_id(vocab);
+  const int64_t eos = vocab.bpe ? vocab.bpe->end_of_text() : eos_id(vocab);
+  const std::string vocab_file = vocab.bpe ? "tokenizer.json" : "vocab.txt";
+  const std::string vocab_text = vocab.bpe ? vocab.bpe->source() : data::vocab_to_text(vocab);
   auto config = family->config_json();
   config["arch"] = family->name();
   const nlohmann::json hf = {
@@ -128,9 +133,9 @@ void export_gpt2(const train::Checkpoint& checkpoint, const std::string& dir) {
       {"bos_token_id", eos >= 0 ? nlohmann::json(eos) : nlohmann::json()},
       {"eos_token_id", eos >= 0 ? nlohmann::json(eos) : nlohmann::json()},
       {"spanformer_vocab_level", data::vocab_level(vocab)}, {"spanformer_config", config},
-      {"spanformer_vocab_sha256", data::vocab_checksum(data::vocab_to_text(vocab))}};
+      {"spanformer_vocab_sha256", data::vocab_checksum(vocab_text)}};
   write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  write_file_atomic(dir + "/vocab.txt", data::vocab_to_text(vocab));
+  write_file_atomic(dir + "/" + vocab_file, vocab_text);
   write_file_atomic(dir + "/config.json", hf.dump(2) + "\n");
 }
 
@@ -203,8 +208,16 @@ bool import_gpt2(const std::string& dir, const std::string& vocab_path, const st
                  "its tokens are taken as they are\n", dir);
     }
     vocab = data::vocab_from_parts(text, level, "", dir + "/vocab.txt");
+  } else if (file_exists(dir + "/tokenizer.json") || (file_exists(dir + "/vocab.json") && file_exists(dir + "/merges.txt"))) {
+    auto bpe = data::load_byte_bpe(dir);  // GPT-2's own tokenizer, as transformers saved it
+    if (hf.contains("spanformer_vocab_sha256") && hf.value("spanformer_vocab_level", std::string()) == "bpe" &&
+        (!hf["spanformer_vocab_sha256"].is_string() || hf["spanformer_vocab_sha256"].get<std::string>() != data::vocab_checksum(bpe->source())))
+      fail("import gpt2: {}/tokenizer.json does not match the spanformer_vocab_sha256 in config.json (edited after export: "
+           "ids would map to other tokens)", dir);
+    vocab = data::bpe_vocab(std::move(bpe));
   } else {
-    fail("import gpt2: {} has no vocab.txt: give --vocab (the token of every id, a byte value or <eos> per line)", dir);
+    fail("import gpt2: {} has neither vocab.txt nor GPT-2's tokenizer (tokenizer.json, or vocab.json + merges.txt): give "
+         "--vocab (the token of every id, a byte value or <eos> per line)", dir);
   }
   auto family = train::family_from_json(config, config_path);
   family->set_vocab_size(vocab.size(), vocab_path.empty() ? dir + "/vocab.txt" : vocab_path);

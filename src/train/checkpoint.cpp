@@ -62,8 +62,8 @@ CheckpointWriter::CheckpointWriter(const std::string& family, const nlohmann::js
   put_text("config", config.dump());
   put_text("vocab", data::vocab_to_text(vocab));
   put_text("vocab_level", data::vocab_level(vocab));
-  if (vocab.subwords) {  // the model's bytes, as a uint8 tensor (they are not text)
-    const std::string& proto = vocab.subwords->proto();
+  if (vocab.subwords || vocab.bpe) {  // the model's bytes, as a uint8 tensor (SentencePiece's are not text)
+    const std::string proto = vocab.model_bytes();
     put("vocab_model", torch::from_blob(const_cast<char*>(proto.data()), {static_cast<int64_t>(proto.size())}, torch::kUInt8).clone());
   }
 }
@@ -225,7 +225,7 @@ Checkpoint::Checkpoint(const std::string& path_in) : path_(checkpoint_file(path_
     fail("{} is damaged: its config is not valid JSON", path_);
   }
   std::string subword_model;
-  if (text("vocab_level") == "sentencepiece") {
+  if (text("vocab_level") == "sentencepiece" || text("vocab_level") == "bpe") {
     auto bytes = tensor("vocab_model");
     if (bytes.scalar_type() != torch::kUInt8 || bytes.dim() != 1) fail("{} is damaged: its vocab_model is not bytes", path_);
     subword_model.assign(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));

@@ -34,7 +34,7 @@ void export_safetensors(const Checkpoint& checkpoint, const std::string& path, c
       {"spanformer.vocab_level", data::vocab_level(checkpoint.vocab())},
       {"spanformer.version", kVersion}};
   auto with_model = metadata;
-  if (checkpoint.vocab().subwords) with_model["spanformer.vocab_model"] = hex_encode(checkpoint.vocab().subwords->proto());
+  if (!checkpoint.vocab().model_bytes().empty()) with_model["spanformer.vocab_model"] = hex_encode(checkpoint.vocab().model_bytes());
   io::write_safetensors(path, tensors, with_model);
   write_file_atomic(config_path, config.dump(2) + "\n");
 }
@@ -54,12 +54,12 @@ bool import_safetensors(const std::string& path, const std::string& checkpoint_p
     fail("{}: its metadata names family '{}' but a config of arch '{}'", path, file.metadata["spanformer.family"],
          config_arch(config, path));
   const std::string& level = file.metadata["spanformer.vocab_level"];
-  if (level != "byte" && level != "word" && level != "sentencepiece")
-    fail("{}: vocab_level '{}' is not byte, word or sentencepiece", path, level);
+  if (level != "byte" && level != "word" && level != "sentencepiece" && level != "bpe")
+    fail("{}: vocab_level '{}' is not byte, word, sentencepiece or bpe", path, level);
   const std::string origin = path + " (metadata)";
   std::string subword_model;
-  if (level == "sentencepiece") {
-    if (!file.metadata.count("spanformer.vocab_model")) fail("{}: a sentencepiece vocabulary without spanformer.vocab_model", path);
+  if (level == "sentencepiece" || level == "bpe") {
+    if (!file.metadata.count("spanformer.vocab_model")) fail("{}: a {} vocabulary without spanformer.vocab_model", path, level);
     subword_model = hex_decode(file.metadata["spanformer.vocab_model"], origin);
   }
   auto vocab = data::vocab_from_parts(file.metadata["spanformer.vocab"], level, subword_model, origin);

@@ -15,6 +15,7 @@
 import json
 import os
 import random
+import subprocess
 
 import pytest
 import sacrebleu
@@ -401,6 +402,102 @@ def test_a_transformers_users_gpt2_opens_in_generate(cli, byte_data, tmp_path):
     assert text == "".join(decode(i) for i in want) + "\n", (text, want)
 
 
+def trained_bpe(shared, where, vocab_size=2000):
+    """A byte-level BPE trained here by `tokenizers` (GPT-2's kind: ByteLevel pre-tokenizer, no prefix
+    space, <|endoftext|> as an added token) on 2 MB of Dickens: saved as tokenizer.json and as vocab.json
+    + merges.txt in `where`. Returns the Tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    text = open(os.path.join(shared, "data", "dickens.txt"), encoding="utf-8", errors="replace").read()[:2_000_000]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text[i:i + 10000] for i in range(0, len(text), 10000)], trainer)
+    os.makedirs(where, exist_ok=True)
+    tok.save(os.path.join(where, "tokenizer.json"))
+    tok.model.save(where)
+    return tok
+
+
+BPE_TEXTS = [
+    "It was the best of times, it was the worst of times; it's I'd we'll they've you're she's.",
+    "  runs   of spaces\n\n\tand tabs \t  \n",
+    "naïve café, 東京タワー, Ελληνικά, 😀 emoji, ünïcödé.",
+    "<|endoftext|>between two<|endoftext|>",
+    " a leading space and a trailing one ",
+    "digits 3.14159 and 1,000,000 and 42nd",
+    "'quoted' don't 'S 'LL", "", "x" * 300, "no\u00a0break\u2003em space\u200bzero width",
+]
+
+
+def test_gpt2_byte_level_bpe_encodes_and_decodes_as_tokenizers_does(cli, shared, tmp_path):
+    """`spanformer data tokenize` against the tokenizers library, on a byte-level BPE that library trained
+    (2000 tokens): the same ids for text with unicode, runs of whitespace, contractions, digits and the
+    added token, read from tokenizer.json and from vocab.json + merges.txt alike; decoding the library's
+    ids gives the text back; bytes that are not UTF-8 (which the library cannot take) come back exactly;
+    a missing or foreign tokenizer is one line."""
+    tok = trained_bpe(shared, str(tmp_path / "bpe"))
+    for i, text in enumerate(BPE_TEXTS):
+        (tmp_path / f"t{i}.txt").write_bytes(text.encode())
+        want = tok.encode(text).ids
+        got_json = [int(x) for x in cli("data", "tokenize", "--tokenizer", str(tmp_path / "bpe" / "tokenizer.json"),
+                                        str(tmp_path / f"t{i}.txt")).split()]
+        assert got_json == want, (text, got_json[:30], want[:30])
+        (tmp_path / f"ids{i}.txt").write_text(" ".join(map(str, want)))
+        done = subprocess.run([cli.path, "data", "tokenize", "--tokenizer", str(tmp_path / "bpe" / "tokenizer.json"),
+                               "--decode", str(tmp_path / f"ids{i}.txt")], capture_output=True, check=True)
+        assert done.stdout == text.encode()
+    merges_only = tmp_path / "merges_only"
+    merges_only.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (merges_only / name).write_bytes((tmp_path / "bpe" / name).read_bytes())
+    for i, text in enumerate(BPE_TEXTS):
+        got = [int(x) for x in cli("data", "tokenize", "--tokenizer", str(merges_only), str(tmp_path / f"t{i}.txt")).split()]
+        assert got == tok.encode(text).ids, text
+    raw = b"ab\xff\xfecd \x80x \xe2\x82 end\xc3"
+    (tmp_path / "raw.bin").write_bytes(raw)
+    ids = cli("data", "tokenize", "--tokenizer", str(tmp_path / "bpe"), str(tmp_path / "raw.bin"))
+    (tmp_path / "raw.ids").write_text(ids)
+    back = subprocess.run([cli.path, "data", "tokenize", "--tokenizer", str(tmp_path / "bpe"), "--decode",
+                           str(tmp_path / "raw.ids")], capture_output=True, check=True).stdout
+    assert back == raw
+    (tmp_path / "foreign.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}}))
+    for path, said in ((tmp_path / "nothing", "no such file or directory"), (merges_only.parent / "t0.txt", "not JSON"),
+                       (tmp_path / "foreign.json", "the model is not BPE")):
+        done = subprocess.run([cli.path, "data", "tokenize", "--tokenizer", str(path), str(tmp_path / "t0.txt")],
+                              capture_output=True, text=True)
+        assert done.returncode != 0 and said in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_transformers_gpt2_with_its_tokenizer_generates_text_as_transformers_does(cli, shared, tmp_path):
+    """A GPT-2 saved by transformers with its byte-level BPE tokenizer (tokenizer.json, vocab.json,
+    merges.txt): import gpt2 keeps the tokenizer (no --vocab), and generate takes a text prompt and prints
+    transformers' greedy continuation, decoded as its tokenizer decodes; export gpt2 writes the tokenizer
+    back, and the re-imported model generates the same."""
+    import transformers
+    saved = tmp_path / "user"
+    tok = trained_bpe(shared, str(saved))
+    config = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(5)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(str(saved))
+    checkpoint = str(tmp_path / "user.pt")
+    cli("import", "gpt2", str(saved), "-o", checkpoint)
+    prompt = "It was the best of times, it was"
+    ids = tok.encode(prompt).ids
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=15, do_sample=False, pad_token_id=0)[0, len(ids):]
+    text = cli("generate", checkpoint, "--prompt", prompt, "--tokens", "15", "--top-k", "1")
+    assert text == prompt + tok.decode(want.tolist()) + "\n", (text, tok.decode(want.tolist()))  # the prompt, then the tokens
+    exported = str(tmp_path / "exported")
+    cli("export", "gpt2", checkpoint, "-o", exported)
+    assert json.load(open(os.path.join(exported, "tokenizer.json"))) == json.load(open(saved / "tokenizer.json"))
+    again = str(tmp_path / "again.pt")
+    cli("import", "gpt2", exported, "-o", again)
+    assert cli("generate", again, "--prompt", prompt, "--tokens", "15", "--top-k", "1") == text
+
+
 # ---- 5. transformers: its models on our attention (spanformer.hf) -------------------------------------
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -517,12 +614,80 @@ def test_transformers_models_with_soft_capping_and_sinks_give_eagers_logits_and_
                               eager(ids[:, :12], position_ids=straight).logits, atol=1e-5, rtol=0)
 
 
-def test_transformers_padded_batches_are_refused_by_name():
-    """A padded batch (an attention_mask with zeros) is a ValueError that names the way out, not
-    silently wrong logits."""
-    _, ours = hf_pair("gpt2")
-    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 7, 8]])
-    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    with pytest.raises(ValueError, match="padded batches are not supported.*attn_implementation='sdpa'"):
-        with torch.no_grad():
-            ours(ids, attention_mask=mask)
+# Padded batches: four rows of 20 tokens (longer than Mistral's 8-key window): unpadded, left-padded by 5,
+# right-padded after 13, and left-padded but for the last token.
+PADDING = ((0, 20), (5, 20), (0, 13), (19, 20))
+
+
+def padded_batch():
+    """(ids, mask): (4, 20) each, 0 in ids where mask is 0."""
+    mask = torch.zeros(len(PADDING), 20, dtype=torch.long)
+    for b, (first, end) in enumerate(PADDING):
+        mask[b, first:end] = 1
+    return prompt_ids()[:1, :20].repeat(len(PADDING), 1) * mask, mask
+
+
+@pytest.mark.parametrize("kind", ("gpt2", "llama", "mistral"))
+def test_transformers_padded_batches_give_eagers_logits_gradients_and_tokens(kind):
+    """A padded batch through attn_implementation="spanformer" (the mask becomes the op's key_ranges):
+    at every real token, float32 logits within 1e-5 of eager's (the same sums in another order), and the
+    gradients of a fine-tuning step (cross-entropy on the real tokens that follow a real token) within
+    1e-4 relative; bfloat16
+    logits no farther from eager's float32 than twice eager's own bfloat16 (plus its rounding); greedy
+    generation of a left-padded batch gives eager's tokens and each row's tokens generated alone."""
+    eager, ours = hf_pair(kind)
+    ids, mask = padded_batch()
+    real = mask.bool()
+    with torch.no_grad():
+        want, got = eager(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert torch.allclose(got[real], want[real], atol=1e-5, rtol=0), (got - want)[real].abs().max()
+    assert (ours(ids).logits[real] - got[real]).abs().max() > 1e-3  # the mask is not ignored
+    # The first real token of a row is not predicted (it would be read from a padded position, whose
+    # output eager fills with an average of the row and FlashAttention-2, as the op, with 0).
+    labels = ids.masked_fill(~real, -100)
+    labels[torch.arange(len(PADDING)), torch.tensor([f for f, _ in PADDING])] = -100
+    grads = []
+    for model in (eager, ours):
+        model.zero_grad()
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        assert torch.allclose(grads[1][name], g, atol=1e-4 * (1 + g.abs().max().item()), rtol=0), name
+    with torch.no_grad():
+        half_eager, half_ours = (hf_model(kind, impl).to(torch.bfloat16) for impl in ("eager", "spanformer"))
+        half_eager.load_state_dict(eager.state_dict())
+        half_ours.load_state_dict(eager.state_dict())
+        own = (half_eager(ids, attention_mask=mask).logits.float() - want)[real].abs().max()
+        ours_err = (half_ours(ids, attention_mask=mask).logits.float() - want)[real].abs().max()
+        assert ours_err <= 2 * own + 0.05, (ours_err, own)
+        left = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8], [0, 0, 0, 0, 0, 0, 9, 3]])
+        left_mask = (torch.arange(8) >= torch.tensor([3, 0, 6])[:, None]).long()
+        args = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+        batched = ours.generate(left, attention_mask=left_mask, **args)
+        assert torch.equal(batched, eager.generate(left, attention_mask=left_mask, **args))
+        for b in range(3):
+            alone = ours.generate(left[b:b + 1, left_mask[b].bool()], **args)
+            assert torch.equal(batched[b, 8:], alone[0, alone.shape[1] - 12:]), b
+
+
+def test_transformers_masks_other_than_padding_are_refused_by_name():
+    """A 4-D causal mask with padding is taken like the 2-D one (eager's logits); a mask with a hole
+    inside a row (a 0 between two 1s) or a 4-D mask of another pattern is a ValueError that names the
+    way out, not silently other logits."""
+    eager, ours = hf_pair("llama")
+    ids, mask = padded_batch()
+    real = mask.bool()
+    causal = torch.tril(torch.ones(20, 20, dtype=torch.bool))
+    four = causal[None, None] & real[:, None, None, :] & real[:, None, :, None]  # (4, 1, 20, 20)
+    with torch.no_grad():
+        want = eager(ids, attention_mask=mask).logits
+        got = ours(ids, attention_mask=four).logits
+        assert torch.allclose(got[real], want[real], atol=1e-5, rtol=0), (got - want)[real].abs().max()
+        holed = mask.clone()
+        holed[0, 7] = 0
+        with pytest.raises(ValueError, match=r"^spanformer: this attention_mask is not a causal mask with padding.*'sdpa'"):
+            ours(ids, attention_mask=holed)
+        bidirectional = real[:, None, None, :] & real[:, None, :, None]
+        with pytest.raises(ValueError, match=r"^spanformer: this attention_mask is not a causal mask with padding"):
+            ours(ids, attention_mask=bidirectional)

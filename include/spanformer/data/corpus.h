@@ -24,14 +24,19 @@ namespace spanformer::data {
 inline constexpr const char* kEos = "<eos>";
 
 class SubwordModel;  // data/subwords.h
+class ByteBpe;       // data/byte_bpe.h
 
 // Token strings: "<eos>" or the decimal value of a byte ("97" is 'a'), saved as vocab.txt; or, for
 // word-level data (data/words.h), words saved as words.txt; or SentencePiece pieces (data/subwords.h),
-// word_level and with the model that makes them.
+// word_level and with the model that makes them; or GPT-2's byte-level BPE tokens (data/byte_bpe.h), with
+// the tokenizer that makes them (a GPT-2 imported with its tokenizer).
 struct Vocab {
   std::vector<std::string> tokens;  // id -> token
   bool word_level = false;
   std::shared_ptr<const SubwordModel> subwords;  // set for SentencePiece vocabularies
+  std::shared_ptr<const ByteBpe> bpe;            // set for byte-level BPE vocabularies
+  // The bytes of the model that makes the tokens (SentencePiece's proto, the BPE's tokenizer.json), or "".
+  std::string model_bytes() const;
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
   // Bytes of a token ("<eos>" -> "\n"; a word -> the word and a space).
   std::string decode(int64_t id) const;
@@ -57,6 +62,8 @@ const char* vocab_level(const Vocab& vocab);
 // A vocabulary from its stored parts (a checkpoint's or an exported file's): the token text, the level,
 // and for "sentencepiece" the model's bytes (which must make exactly these tokens). One-line errors
 // naming `origin`.
+// A vocabulary of a byte-level BPE's tokens, with it.
+Vocab bpe_vocab(std::shared_ptr<const ByteBpe> bpe);
 Vocab vocab_from_parts(const std::string& text, const std::string& level, const std::string& subword_model,
                        const std::string& origin);
 

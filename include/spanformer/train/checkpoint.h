@@ -5,7 +5,8 @@
 //   "format"       "spanformer-checkpoint"           "version"   2
 //   "family"       "adaptive-span" | "xl" | ...      "config"    the whole config (JSON text)
 //   "vocab"        vocabulary text, one token a line  "vocab_level" "byte" | "word" | "sentencepiece"
-//   "vocab_model"  the SentencePiece model's bytes (uint8 tensor; level sentencepiece only)
+//   "vocab_model"  the SentencePiece model's bytes, or the byte-level BPE's tokenizer.json (uint8 tensor;
+//                  levels sentencepiece and bpe only)
 //   "model.<name>" parameters                         "optim.*", "arch_optim.*"  optimizer state
 //   "state.*"      training state: step, data positions, carried caches/memories, generator state
 //   "manifest"     JSON {key: SHA-256 of the entry} over every other entry

@@ -22,6 +22,7 @@
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
+#include "spanformer/data/byte_bpe.h"
 #include "spanformer/util/precision.h"
 #include "spanformer/util/runtime.h"
 #include "spanformer/util/torch_compat.h"
@@ -30,6 +31,11 @@ namespace spanformer::train {
 
 std::vector<int64_t> prompt_ids(const data::Vocab& vocab, const std::string& prompt) {
   std::vector<int64_t> ids;
+  if (vocab.bpe) {  // GPT-2's tokenizer, as transformers encodes; an empty prompt starts from <|endoftext|>
+    ids = vocab.bpe->encode(prompt);
+    if (ids.empty()) ids.push_back(std::max<int64_t>(0, vocab.bpe->end_of_text()));
+    return ids;
+  }
   if (vocab.word_level) {
     int64_t unk = -1, eos = -1;
     std::unordered_map<std::string, int64_t> index;
