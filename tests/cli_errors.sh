@@ -71,7 +71,7 @@ expect_error "unknown dataset" "$bin" data get enwik9 --out "$tmp/d3"
 expect_error "nccl backend needs a CUDA build" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11" --dist_backend=nccl
 expect_error "dist_backend must be auto, gloo or nccl (got 'mpi')" "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r11b" --dist_backend=mpi
-expect_error "SPANFORMER_CPU_HALF_PRODUCTS is 'fast': expected auto, widened or native" \
+expect_error "SPANFORMER_CPU_HALF_PRODUCTS=fast is not one of: auto, widened, native" \
   env SPANFORMER_CPU_HALF_PRODUCTS=fast "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r_env"
 expect_error "MASTER_ADDR is not set" env RANK=0 WORLD_SIZE=2 MASTER_ADDR= \
   "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/r12"
@@ -379,7 +379,7 @@ expect_error "import gpt2: .*/hf_bin has no model.safetensors" "$bin" import gpt
 cp -r "$tmp/hf" "$tmp/hf_llama" && sed -i 's/"model_type": "gpt2"/"model_type": "llama"/' "$tmp/hf_llama/config.json"
 expect_error "hf_llama/config.json: a 'llama' model, not gpt2" "$bin" import gpt2 "$tmp/hf_llama" --out "$tmp/g3.pt"
 cp -r "$tmp/hf" "$tmp/hf_novocab" && rm "$tmp/hf_novocab/vocab.txt"
-expect_error "import gpt2: .*/hf_novocab has no vocab.txt: give --vocab" "$bin" import gpt2 "$tmp/hf_novocab" --out "$tmp/g4.pt"
+expect_error "import gpt2: .*/hf_novocab has neither vocab.txt nor GPT-2.s tokenizer (tokenizer.json, or vocab.json + merges.txt): give --vocab" "$bin" import gpt2 "$tmp/hf_novocab" --out "$tmp/g4.pt"
 head -n 5 "$tmp/data/vocab.txt" > "$tmp/short_vocab.txt"
 expect_error "vocab_size" "$bin" import gpt2 "$tmp/hf_novocab" --vocab "$tmp/short_vocab.txt" --out "$tmp/g5.pt"
 expect_error "import gpt2: the directory's config.json describes the model; --config and overrides are not used" \

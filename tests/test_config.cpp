@@ -17,7 +17,9 @@
 #include "spanformer/train/registry.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/names.h"
+#include "spanformer/util/build_info.h"
 #include "spanformer/util/runtime.h"
+#include "spanformer/util/switches.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -239,4 +241,29 @@ TEST(Runtime, ThreadsZeroFollowsOmpNumThreadsElseAllCores) {
   EXPECT_EQ(set_threads(0), cores);
   if (restore) setenv("OMP_NUM_THREADS", restore->c_str(), 1);
   at::set_num_threads(before);
+}
+
+// The switches (util/switches.h): each reads its variable through the one table (unset and empty are the
+// default, a listed value is itself), a value outside the table is one line of one form naming the values,
+// and --version's switches line shows each variable's value, the bad one marked.
+TEST(Switches, OneTableOneErrorFormAndVersionShowsThem) {
+  const char* saved = std::getenv("SPANFORMER_STEP_KERNELS");
+  const std::optional<std::string> restore = saved ? std::optional<std::string>(saved) : std::nullopt;
+  unsetenv("SPANFORMER_STEP_KERNELS");
+  EXPECT_EQ(switch_value("SPANFORMER_STEP_KERNELS"), "auto");
+  setenv("SPANFORMER_STEP_KERNELS", "", 1);
+  EXPECT_EQ(switch_value("SPANFORMER_STEP_KERNELS"), "auto");
+  setenv("SPANFORMER_STEP_KERNELS", "composition", 1);
+  EXPECT_EQ(switch_value("SPANFORMER_STEP_KERNELS"), "composition");
+  EXPECT_NE(version_line().find("\nswitches: SPANFORMER_CPU_HALF_PRODUCTS="), std::string::npos) << version_line();
+  EXPECT_NE(version_line().find("SPANFORMER_STEP_KERNELS=composition"), std::string::npos) << version_line();
+  setenv("SPANFORMER_STEP_KERNELS", "fast", 1);
+  EXPECT_EQ(tu::error_of([] { switch_value("SPANFORMER_STEP_KERNELS"); }),
+            "SPANFORMER_STEP_KERNELS=fast is not one of: auto, kernels, composition");
+  EXPECT_NE(switches_text().find("SPANFORMER_STEP_KERNELS=fast (not one of its values)"), std::string::npos);
+  EXPECT_NE(tu::error_of([] { switch_value("SPANFORMER_NO_SUCH"); }).find("is not a switch"), std::string::npos);
+  for (const char* variable : {"SPANFORMER_SPAN_KERNEL", "SPANFORMER_FLASH_KERNEL", "SPANFORMER_CPU_HALF_PRODUCTS"})
+    EXPECT_NE(switches_text().find(std::string(variable) + "="), std::string::npos) << variable;
+  if (restore) setenv("SPANFORMER_STEP_KERNELS", restore->c_str(), 1);
+  else unsetenv("SPANFORMER_STEP_KERNELS");
 }

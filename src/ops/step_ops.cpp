@@ -8,6 +8,7 @@
 #include <string>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/switches.h"
 
 #ifdef SPANFORMER_WITH_CUDA
 #include <ATen/autocast_mode.h>
@@ -21,11 +22,9 @@ namespace {
 enum class StepKernels { automatic, kernels, composition };
 
 StepKernels step_kernels_mode() {
-  const char* value = std::getenv("SPANFORMER_STEP_KERNELS");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return StepKernels::automatic;
-  if (std::strcmp(value, "kernels") == 0) return StepKernels::kernels;
-  if (std::strcmp(value, "composition") == 0) return StepKernels::composition;
-  fail("SPANFORMER_STEP_KERNELS={} is not auto, kernels or composition", value);
+  const std::string value = switch_value("SPANFORMER_STEP_KERNELS");  // util/switches.h
+  return value == "kernels" ? StepKernels::kernels : value == "composition" ? StepKernels::composition
+                                                                             : StepKernels::automatic;
 }
 
 bool kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }

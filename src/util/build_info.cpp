@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "spanformer/git_commit.h"
+#include "spanformer/util/switches.h"
 #include "spanformer/util/torch_compat.h"
 #include "spanformer/version.h"
 #include "ops/cpu_features.h"
@@ -53,8 +54,8 @@ std::string bf16_speed_warning(const compat::CpuInfo& cpu, bool products_in_hard
 void check_environment() { ops::cpu::half_products_native(at::kBFloat16); }
 
 std::string version_line() {
-  return fmt::format("spanformer {} (commit {}), LibTorch {}, CUDA: {}, CPU: {}", kVersion, kGitCommit,
-                     compat::torch_version(), cuda_text(), cpu_text());
+  return fmt::format("spanformer {} (commit {}), LibTorch {}, CUDA: {}, CPU: {}\nswitches: {}", kVersion, kGitCommit,
+                     compat::torch_version(), cuda_text(), cpu_text(), switches_text());
 }
 
 nlohmann::json build_record(const std::vector<std::string>& command) {

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "spanformer/util/error.h"
+#include "spanformer/util/switches.h"
 #include "spanformer/util/torch_compat.h"
 
 #include <atomic>
@@ -125,10 +126,7 @@ std::atomic<int> g_override{-1};
 HalfProducts mode_from_env() {
   int m = g_env_mode.load();
   if (m < 0) {
-    const char* s = std::getenv("SPANFORMER_CPU_HALF_PRODUCTS");
-    const std::string v = s ? s : "auto";
-    if (v != "auto" && v != "widened" && v != "native")
-      fail("SPANFORMER_CPU_HALF_PRODUCTS is '{}': expected auto, widened or native", v);
+    const std::string v = switch_value("SPANFORMER_CPU_HALF_PRODUCTS");  // util/switches.h
     m = static_cast<int>(v == "native" ? HalfProducts::native : v == "widened" ? HalfProducts::widened
                                                                                   : HalfProducts::automatic);
     g_env_mode.store(m);

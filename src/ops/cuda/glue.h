@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "spanformer/util/switches.h"
 #include "params.h"
 #ifndef SPANFORMER_CUDA_EMULATE
 #include <c10/cuda/CUDAStream.h>
@@ -44,18 +45,14 @@ inline at::Tensor uninitialized(at::IntArrayRef sizes, const at::TensorOptions& 
 #endif
 }
 
-// The row of a variant table (variants.h) an environment variable names: unset or empty is the table's
-// first row ("auto"); a name not in the table is one line listing the names it takes.
+// The row of a variant table (variants.h) a switch names (util/switches.h: unset or empty is the table's
+// first row, "auto"; a name not in the table is its one line listing the names it takes).
 template <typename Id, size_t N>
 Id variant_named(const KernelVariant<Id> (&table)[N], const char* variable) {
-  const char* value = std::getenv(variable);
-  if (value == nullptr || *value == '\0') return table[0].id;
-  std::string names;
-  for (const auto& row : table) {
-    if (std::strcmp(row.name, value) == 0) return row.id;
-    names += (names.empty() ? "" : ", ") + std::string(row.name);
-  }
-  TORCH_CHECK(false, variable, "=", value, " names no kernel variant; it takes ", names);
+  const std::string value = switch_value(variable);
+  for (const auto& row : table)
+    if (value == row.name) return row.id;
+  return table[0].id;  // not reached: switch_value takes only the table's names
 }
 
 inline void check_launch(cudaError_t err, const char* what) {
