@@ -62,6 +62,9 @@ drift falls on all of them alike; a row prints the median of each over the round
             ours unpadded  the same model on 8 unpadded rows of the padded batch's mean length (the
                            same real tokens, within 8): the padded path's cost beside it
             sdpa           attn_implementation="sdpa" on the padded batch (transformers' default)
+            and the attention alone, forward + backward, as the model calls it (B 8, 12 heads of 64): the
+            op on the padded batch (key_ranges), on the unpadded batch of the same real tokens, and
+            scaled_dot_product_attention with the padded causal mask (what transformers' sdpa passes)
           checked: ours and sdpa give the same logits at every real token (1e-3 in float32 relative to
           the largest, 0.1 in bfloat16), else a MISMATCH line and a non-zero exit
   example the Python example's training step (examples/python/nanogpt_adaptive_span.py: 4 blocks of H 256,
@@ -384,6 +387,25 @@ def hf_row(T, rounds, dtype):
         return fn
     med, _ = interleave({"ours padded": run("spanformer", ids, mask), "ours unpadded": run("spanformer", flat, None),
                          "sdpa": run("sdpa", ids, mask)}, rounds, 1)
+    # The attention alone, as the model calls it (12 heads of 64): forward + backward of the padded batch
+    # (key_ranges), of the unpadded batch of the same real tokens, and SDPA with the padded causal mask.
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, 12, T, 64, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    qf, kf, vf = (torch.randn(B, 12, mean, 64, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    ranges = torch.tensor([[T - n, T] for n in lengths])
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))[None, None] & real[:, None, None, :]  # (B, 1, T, T)
+    allowed = allowed | ~real[:, None, :, None]  # padded queries read every key (no row without one: no NaN)
+
+    def step(fn):
+        def run_step():
+            fn().float().sum().backward()
+        return run_step
+    op, _ = interleave({
+        "op padded": step(lambda: spanformer.flash_attention(q, k, v, key_ranges=ranges)),
+        "op unpadded": step(lambda: spanformer.flash_attention(qf, kf, vf)),
+        "op sdpa": step(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)),
+    }, rounds, 1)
+    med.update(op)
     return med, diff
 
 
@@ -807,6 +829,11 @@ def main():
                       f"{med['sdpa'] / med['ours padded']:.2f} |", flush=True)
                 print(f"| {what} | {med['ours padded']:.0f} | ours unpadded, same real tokens | {med['ours unpadded']:.0f} | "
                       f"{med['ours unpadded'] / med['ours padded']:.2f} |", flush=True)
+                what = f"its attention alone, B 8 K 12 D 64 left-padded to T {T}, {dtype}, fwd+bwd"
+                print(f"| {what} | {med['op padded']:.1f} | SDPA, the padded mask | {med['op sdpa']:.1f} | "
+                      f"{med['op sdpa'] / med['op padded']:.2f} |", flush=True)
+                print(f"| {what} | {med['op padded']:.1f} | ours unpadded, same real tokens | {med['op unpadded']:.1f} | "
+                      f"{med['op unpadded'] / med['op padded']:.2f} |", flush=True)
     if "example" in rows:
         med, diff = example_row(args.rounds)
         close = diff <= 1e-5  # float32 rounding of two orders of the same sums (and the 1e-8 Z term)
