@@ -67,6 +67,15 @@ drift falls on all of them alike; a row prints the median of each over the round
             scaled_dot_product_attention with the padded causal mask (what transformers' sdpa passes)
           checked: ours and sdpa give the same logits at every real token (1e-3 in float32 relative to
           the largest, 0.1 in bfloat16), else a MISMATCH line and a non-zero exit
+  generate greedy decoding, batch 1, a prompt of 128 bytes then 256 new tokens, float32, of a byte-level
+          GPT-2 of 4 x 256 (4 heads) and of 12 x 768 (12 heads), V 256, weights of one training step
+          (configs/gpt/bench_attention.json's model), exported with `export gpt2` (--generate-shapes):
+            ours          `spanformer bench --mode generate --context 384 --tokens 256`: tokens/s of the
+                          256 steps with the KV cache (the prompt not counted)
+            transformers  GPT2LMHeadModel.from_pretrained of the export, eager attention, its dynamic
+                          cache: generate(max_new_tokens=256) minus the prompt's forward, as tokens/s
+          checked: `spanformer generate --top-k 1` and transformers' greedy generate give the same 64
+          tokens after the same prompt, else a MISMATCH line and a non-zero exit
   example the Python example's training step (examples/python/nanogpt_adaptive_span.py: 4 blocks of H 256,
           4 heads, L 512, M 128, batch 16, the caches carried, Adam, clipping at 1; each layer's spans
           fixed at 26, 77, 154 and 230 tokens, so that no step changes a cache size):
@@ -409,6 +418,60 @@ def hf_row(T, rounds, dtype):
     return med, diff
 
 
+# ---- greedy decoding beside transformers --------------------------------------------------------------
+
+def generate_row(layers, width, rounds, cli, threads, work):
+    """{name: median tokens/s} for the generate rows (the module docstring) and whether the tokens agree."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    data = os.path.join(work, "data")
+    if not os.path.isdir(data):
+        text = os.path.join(work, "text.txt")
+        with open(os.path.join(ROOT, "..", "shared", "data", "dickens.txt"), "rb") as f:
+            open(text, "wb").write(f.read(300000))
+        subprocess.run([cli, "data", "prepare", text, "--out", data], check=True, capture_output=True)
+    config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
+    shape = [f"--n_layer={layers}", f"--d_model={width}", f"--n_head={width // 64}", "--context=384"]
+    run = os.path.join(work, f"run{layers}x{width}")
+    subprocess.run([cli, "--threads", str(threads), "train", "-c", config, "--data", data, "--out", run, *shape,
+                    "--nb_steps=1", "--batch_size=1", "--eval_interval=1", "--eval_blocks=1", "--lr_warmup=0",
+                    "--eval_batch_size=1", "--quiet"], check=True, capture_output=True)
+    hf_dir = os.path.join(work, f"hf{layers}x{width}")
+    subprocess.run([cli, "export", "gpt2", run, "-o", hf_dir], check=True, capture_output=True)
+    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
+    tokens = [line.rstrip("\n") for line in open(os.path.join(hf_dir, "vocab.txt"))]
+    prompt_text = open(os.path.join(work, "text.txt"), "rb").read()[1000:1128].decode("latin-1")
+    ids = [tokens.index("<eos>") if ch == "\n" else tokens.index(str(ord(ch))) for ch in prompt_text]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)[0, len(ids):]
+    decode = lambda i: "\n" if tokens[i] == "<eos>" else chr(int(tokens[i]))  # noqa: E731
+    ours_text = subprocess.run([cli, "--threads", str(threads), "generate", run, "--prompt", prompt_text, "--tokens", "64",
+                                "--top-k", "1"], check=True, capture_output=True).stdout.decode("latin-1")
+    same = ours_text == prompt_text + "".join(decode(int(i)) for i in want) + "\n"
+    prompt = torch.tensor([ids])
+
+    def theirs():
+        with torch.no_grad():
+            start = time.perf_counter()
+            model(prompt)
+            prefill = time.perf_counter() - start
+            start = time.perf_counter()
+            model.generate(prompt, max_new_tokens=256, do_sample=False, pad_token_id=0)
+            return 256 / (time.perf_counter() - start - prefill)
+
+    def ours():
+        out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, *shape, "--mode", "generate",
+                              "--tokens", "256", "--steps", "1", "--warmup", "1", "--json"],
+                             check=True, capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])["cached_tokens_per_s"]
+    theirs()
+    rates = {"ours": [], "transformers": []}
+    for _ in range(rounds):
+        rates["ours"].append(ours())
+        rates["transformers"].append(theirs())
+    return {name: statistics.median(r) for name, r in rates.items()}, same
+
+
 def cpu_line():
     """The CPU's model name, the vector ISA ATen's kernels use, its bf16 hardware (AMX, AVX512-BF16 or
     none), from /proc/cpuinfo and torch, and how our attention kernels multiply bf16 inputs on it."""
@@ -746,6 +809,7 @@ def main():
     parser.add_argument("--flash-dtypes", default="float32,bfloat16", help="the flash rows' input dtypes")
     parser.add_argument("--gpt-attentions", default="dense,window,adaptive_span")
     parser.add_argument("--hf-lengths", default="128,512,1024", help="the hf rows' lengths T")
+    parser.add_argument("--generate-shapes", default="4x256,12x768", help="the generate rows' layers x width")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="the hf rows' model dtypes")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
     parser.add_argument("--amp", default="off", choices=["off", "bf16"],
@@ -834,6 +898,20 @@ def main():
                       f"{med['op sdpa'] / med['op padded']:.2f} |", flush=True)
                 print(f"| {what} | {med['op padded']:.1f} | ours unpadded, same real tokens | {med['op unpadded']:.1f} | "
                       f"{med['op unpadded'] / med['op padded']:.2f} |", flush=True)
+    if "generate" in rows:
+        import tempfile
+        with tempfile.TemporaryDirectory() as work:
+            for spec in args.generate_shapes.split(","):
+                layers, width = (int(x) for x in spec.split("x"))
+                med, same = generate_row(layers, width, args.rounds, cli, args.threads, work)
+                print(f"# twin check, generate {spec}: 64 greedy tokens of ours and transformers "
+                      f"{'agree: ok' if same else 'differ: MISMATCH'}", flush=True)
+                if not same:
+                    MISMATCHES.append(f"generate {spec}")
+                what = f"greedy decoding, GPT-2 {layers} x {width}, V 256, batch 1, 256 tokens after 128, fp32 (tokens/s)"
+                # rates: the ratio is ours / peer, so that > 1 still means ours is faster
+                print(f"| {what} | {med['ours']:.0f} | transformers eager, dynamic cache | {med['transformers']:.0f} | "
+                      f"{med['ours'] / med['transformers']:.2f} |", flush=True)
     if "example" in rows:
         med, diff = example_row(args.rounds)
         close = diff <= 1e-5  # float32 rounding of two orders of the same sums (and the 1e-8 Z term)
