@@ -75,7 +75,8 @@ drift falls on all of them alike; a row prints the median of each over the round
             transformers  GPT2LMHeadModel.from_pretrained of the export, eager attention, its dynamic
                           cache: generate(max_new_tokens=256) minus the prompt's forward, as tokens/s
           checked: `spanformer generate --top-k 1` and transformers' greedy generate give the same 64
-          tokens after the same prompt, else a MISMATCH line and a non-zero exit
+          tokens after the same prompt, else a MISMATCH line and a non-zero exit; these rows print
+          tokens/s, and their ratio is ours / transformers (> 1: ours faster, as elsewhere)
   example the Python example's training step (examples/python/nanogpt_adaptive_span.py: 4 blocks of H 256,
           4 heads, L 512, M 128, batch 16, the caches carried, Adam, clipping at 1; each layer's spans
           fixed at 26, 77, 154 and 230 tokens, so that no step changes a cache size):
