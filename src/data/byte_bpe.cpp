@@ -298,7 +298,7 @@ std::string ByteBpe::decode(const std::vector<int64_t>& ids) const {
 int64_t ByteBpe::end_of_text() const {
   for (const auto& [text, id] : added_)
     if (text == "<|endoftext|>") return id;
-  return added_.empty() ? -1 : added_.back().second;
+  return -1;
 }
 
 std::shared_ptr<const ByteBpe> load_byte_bpe(const std::string& path) {

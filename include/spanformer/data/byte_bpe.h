@@ -44,7 +44,7 @@ class ByteBpe {
   const std::vector<std::string>& tokens() const { return tokens_; }
   // The tokenizer.json it was read from (vocab.json + merges.txt written as one): what checkpoints keep.
   const std::string& source() const { return source_; }
-  // The id of GPT-2's "<|endoftext|>" (or the first added token), or -1.
+  // The id of GPT-2's "<|endoftext|>", or -1 where the tokenizer has none.
   int64_t end_of_text() const;
 
  private:
