@@ -31,7 +31,7 @@ void record_in_run(const std::string& checkpoint, const nlohmann::json& record) 
 
 void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   struct Options {
-    std::string checkpoint, data, split = "test", unit, ids, vocab, dump, outputs;
+    std::string checkpoint, data, split = "test", unit, ids, text, vocab, dump, outputs;
     int64_t batch = -1;
     int nproc = 1;
     bool json = false;
@@ -42,9 +42,11 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--data", o->data, "prepared data directory or image set (default: the one the model was trained on)");
   cmd->add_option("--split", o->split, "train | valid | test")->capture_default_str();
   cmd->add_option("--batch", o->batch, "evaluation streams, or images per forward (default: the config's eval_batch_size)");
-  cmd->add_option("--unit", o->unit, "bpc or ppl (default: bpc for byte vocabularies, ppl for word ones)");
+  cmd->add_option("--unit", o->unit, "bpc or ppl (default: bpc for byte vocabularies, ppl for word and BPE ones)");
   cmd->add_option("--ids", o->ids, "evaluate a headerless file of one-byte token ids of the checkpoint's vocabulary "
                                    "(e.g. the reference's valid.ids.u8) instead of a data split");
+  cmd->add_option("--text", o->text, "score a text file, tokenized with the checkpoint's vocabulary (byte or GPT-2 "
+                                     "BPE), instead of a data split; also prints bits per byte of the text");
   cmd->add_option("--vocab", o->vocab, "vocab.txt the ids were made with; must be the checkpoint's vocabulary");
   cmd->add_option("--dump-logprobs", o->dump, "write the log-probability of every scored token to this file "
                                               "(one per line, in text order)");
@@ -78,6 +80,7 @@ void add_eval(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
         request.unit = metrics::parse_unit(o->unit);
       }
       request.ids = o->ids;
+      request.text = o->text;
       request.vocab = o->vocab;
       request.dump_logprobs = o->dump;
       request.dump_outputs = o->outputs;

@@ -136,14 +136,18 @@ stage_python() {
   wheel=$(ls "$tmp/dist"/spanformer-*.whl)
   echo "test: built $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
   "$tmp/env/bin/python" -m pip install --quiet --disable-pip-version-check "$wheel" "$pytest_pin"
+  # What a Hugging Face user adds (test_hf.py): transformers and tokenizers, at the pinned versions.
+  "$tmp/env/bin/python" -m pip install --quiet --disable-pip-version-check -c python/requirements.txt \
+    transformers tokenizers
   run_pytest "$tmp/env"
 }
 
 # The Python tests against the package installed in a virtual environment, from outside the checkout
-# (so `import spanformer` finds the installed copy), with its `spanformer` command first on PATH. The
-# oracle tests need the test-only packages (sacrebleu, transformers, ...), which a user's environment
-# does not have: the suite stage runs them (CTest's python.oracles, with .venv); test_cuda.py runs where a
-# GPU is (CTest's python.cuda).
+# (so `import spanformer` finds the installed copy), with its `spanformer` command first on PATH, and
+# transformers and tokenizers beside it as a Hugging Face user has them (test_hf.py). The other oracle
+# tests need test-only packages (sacrebleu, safetensors, FlexAttention's compiler), which a user's
+# environment does not have: the suite stage runs them (CTest's python.oracles, with .venv); test_cuda.py
+# runs where a GPU is (CTest's python.cuda).
 run_pytest() {
   local env=$1 src=$PWD
   # Bounded (about 4 minutes when all is well): a test still running after 300 s prints its stack (pytest's

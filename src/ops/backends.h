@@ -117,6 +117,19 @@ FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const
                           const at::Tensor& out, const at::Tensor& lse, const FlashOptions& options);
 }  // namespace tiles
 
+// Padded batches (FlashOptions::key_ranges) on a row whose kernels do not read the ranges (the CUDA
+// kernels): each batch row's real tokens as a batch of one, read by `row` without key_ranges; padded
+// queries give out 0, L = -inf, and padded positions no gradient (flash_attention.cpp).
+using FlashForwardFn = Forward (*)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o);
+using FlashBackwardFn = FlashGrads (*)(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                       const FlashOptions& o);
+Forward flash_forward_by_rows(FlashForwardFn row, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const FlashOptions& o);
+FlashGrads flash_backward_by_rows(FlashBackwardFn row, const at::Tensor& grad_out, const at::Tensor& q,
+                                  const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                  const at::Tensor& lse, const FlashOptions& o);
+
 // The CUDA kernels' glue (src/ops/cuda/*_cuda.cpp): compiled into -DSPANFORMER_CUDA=ON builds, and into
 // the tests' CPU model of CUDA (tests/cuda_emulated), where the same code runs on CPU tensors.
 namespace cuda_glue {

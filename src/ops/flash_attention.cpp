@@ -239,6 +239,61 @@ FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const
 
 }  // namespace tiles
 
+// Padded batches on a row that does not read key_ranges (the CUDA kernels): each batch row's real tokens
+// as a batch of one, queries at positions [max(first, C - N), end) over keys [first, end) (the causal
+// keys of the last of them); the padded queries keep out 0 and L = -inf, and their keys no gradient.
+namespace {
+struct RowSlice {
+  int64_t b, q0, n, k0, c;  // batch row; queries [q0, q0 + n); keys [k0, k0 + c)
+};
+std::vector<RowSlice> row_slices(const at::Tensor& key_ranges, int64_t N, int64_t C) {
+  auto r = key_ranges.to(at::kCPU, at::kLong).contiguous();  // (B, 2)
+  const int64_t* a = r.data_ptr<int64_t>();
+  std::vector<RowSlice> rows;
+  for (int64_t b = 0; b < r.size(0); ++b) {
+    const int64_t first = a[2 * b], end = a[2 * b + 1], p0 = std::max(first, C - N);
+    if (p0 < end) rows.push_back({b, p0 - (C - N), end - p0, first, end - first});
+  }
+  return rows;
+}
+
+FlashOptions slice_options(FlashOptions o, const RowSlice& r) {
+  o.key_ranges = at::Tensor();
+  o.band = std::min(o.band, r.c);
+  return o;
+}
+}  // namespace
+
+Forward flash_forward_by_rows(FlashForwardFn row, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const FlashOptions& o) {
+  auto out = at::zeros_like(q);                                                                   // (B, K, N, D)
+  auto lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(),
+                      q.options().dtype(lse_dtype(q.scalar_type())));                              // (B, K, N)
+  for (const RowSlice& r : row_slices(o.key_ranges, q.size(2), k.size(2))) {
+    auto f = row(q.narrow(0, r.b, 1).narrow(2, r.q0, r.n).contiguous(),   // (1, K, n, D)
+                 k.narrow(0, r.b, 1).narrow(2, r.k0, r.c).contiguous(),   // (1, K, c, D)
+                 v.narrow(0, r.b, 1).narrow(2, r.k0, r.c).contiguous(), slice_options(o, r));
+    out.narrow(0, r.b, 1).narrow(2, r.q0, r.n).copy_(f.out);
+    lse.narrow(0, r.b, 1).narrow(2, r.q0, r.n).copy_(f.saved);
+  }
+  return {out, lse};
+}
+
+FlashGrads flash_backward_by_rows(FlashBackwardFn row, const at::Tensor& grad_out, const at::Tensor& q,
+                                  const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                  const at::Tensor& lse, const FlashOptions& o) {
+  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  for (const RowSlice& r : row_slices(o.key_ranges, q.size(2), k.size(2))) {
+    auto rows = [&](const at::Tensor& t) { return t.narrow(0, r.b, 1).narrow(2, r.q0, r.n).contiguous(); };
+    auto keys = [&](const at::Tensor& t) { return t.narrow(0, r.b, 1).narrow(2, r.k0, r.c).contiguous(); };
+    auto g = row(rows(grad_out), rows(q), keys(k), keys(v), rows(out), rows(lse), slice_options(o, r));
+    dq.narrow(0, r.b, 1).narrow(2, r.q0, r.n).copy_(g.q);
+    dk.narrow(0, r.b, 1).narrow(2, r.k0, r.c).copy_(g.k);
+    dv.narrow(0, r.b, 1).narrow(2, r.k0, r.c).copy_(g.v);
+  }
+  return {dq, dk, dv};
+}
+
 namespace {
 
 FlashOptions flash_options(const FlashCall& c, int64_t seed) {
@@ -311,6 +366,7 @@ at::Tensor flash_entry(const at::Tensor& q_in, const at::Tensor& k_in, const at:
 struct FlashBackend {
   const char* name;
   bool (*takes)(const at::Tensor& q, bool cuda_kernel);
+  bool key_ranges;  // reads FlashOptions::key_ranges itself (else flash_forward_by_rows runs it)
   Forward (*forward)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& o);
   FlashGrads (*backward)(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& out, const at::Tensor& lse, const FlashOptions& o);
@@ -319,81 +375,29 @@ struct FlashBackend {
 const FlashBackend kFlashBackends[] = {
 #ifdef SPANFORMER_WITH_CUDA
     {"cuda", [](const at::Tensor& q, bool cuda_kernel) { return cuda_kernel && q.is_cuda() && cuda_glue::flash_supported(q); },
-     &cuda_glue::flash_forward, &cuda_glue::flash_backward},
+     false, &cuda_glue::flash_forward, &cuda_glue::flash_backward},
 #endif
-    {"cpu", [](const at::Tensor& q, bool) { return cpu::flash_supported(q); }, &cpu::flash_forward, &cpu::flash_backward},
-    {"tiles", [](const at::Tensor&, bool) { return true; }, &tiles::flash_forward, &tiles::flash_backward},
+    {"cpu", [](const at::Tensor& q, bool) { return cpu::flash_supported(q); }, true, &cpu::flash_forward, &cpu::flash_backward},
+    {"tiles", [](const at::Tensor&, bool) { return true; }, true, &tiles::flash_forward, &tiles::flash_backward},
 };
 
 // The row FlashBackendOverride names (an index into kFlashBackends), or -1.
 std::atomic<int> forced_flash_row{-1};
 
 // Soft-capping and sinks keep the CUDA kernels out (they compute neither; the ATen tiles do); dropout in
-// a padded batch keeps both fused rows out (they run each row as a batch of one: padded_forward).
+// a padded batch keeps the rows out that run it as batches of one (flash_forward_by_rows: each slice would hash
+// its own positions).
 const FlashBackend& flash_backend(const at::Tensor& q, bool cuda_kernel, const FlashOptions& o = {}) {
   const bool kernels = cuda_kernel && o.softcap == 0 && !o.sinks.defined();
-  const bool tiles_only = o.key_ranges.defined() && o.training && o.dropout > 0;
+  const bool ranges_in_place = o.key_ranges.defined() && o.training && o.dropout > 0;
   return pick_row(kFlashBackends, forced_flash_row, q, "flash attention",
-                  [kernels, tiles_only](const FlashBackend& row, const at::Tensor& x) {
-                    return (!tiles_only || std::string(row.name) == "tiles") && row.takes(x, kernels);
+                  [kernels, ranges_in_place](const FlashBackend& row, const at::Tensor& x) {
+                    return (!ranges_in_place || row.key_ranges) && row.takes(x, kernels);
                   });
 }
 
-// Padded batches on a fused row: each batch row's real tokens as a batch of one, queries at positions
-// [max(first, C - N), end) over keys [first, end) (the causal keys of the last of them); the padded
-// queries keep out 0 and L = -inf, and their keys no gradient.
-struct RowSlice {
-  int64_t b, q0, n, k0, c;  // batch row; queries [q0, q0 + n); keys [k0, k0 + c)
-};
-std::vector<RowSlice> row_slices(const at::Tensor& key_ranges, int64_t N, int64_t C) {
-  auto r = key_ranges.to(at::kCPU, at::kLong).contiguous();  // (B, 2)
-  const int64_t* a = r.data_ptr<int64_t>();
-  std::vector<RowSlice> rows;
-  for (int64_t b = 0; b < r.size(0); ++b) {
-    const int64_t first = a[2 * b], end = a[2 * b + 1], p0 = std::max(first, C - N);
-    if (p0 < end) rows.push_back({b, p0 - (C - N), end - p0, first, end - first});
-  }
-  return rows;
-}
-
-FlashOptions slice_options(FlashOptions o, const RowSlice& r) {
-  o.key_ranges = at::Tensor();
-  o.band = std::min(o.band, r.c);
-  return o;
-}
-
-Forward padded_forward(const FlashBackend& row, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const FlashOptions& o) {
-  auto out = at::zeros_like(q);                                                                   // (B, K, N, D)
-  auto lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(),
-                      q.options().dtype(lse_dtype(q.scalar_type())));                              // (B, K, N)
-  for (const RowSlice& r : row_slices(o.key_ranges, q.size(2), k.size(2))) {
-    auto f = row.forward(q.narrow(0, r.b, 1).narrow(2, r.q0, r.n).contiguous(),   // (1, K, n, D)
-                         k.narrow(0, r.b, 1).narrow(2, r.k0, r.c).contiguous(),   // (1, K, c, D)
-                         v.narrow(0, r.b, 1).narrow(2, r.k0, r.c).contiguous(), slice_options(o, r));
-    out.narrow(0, r.b, 1).narrow(2, r.q0, r.n).copy_(f.out);
-    lse.narrow(0, r.b, 1).narrow(2, r.q0, r.n).copy_(f.saved);
-  }
-  return {out, lse};
-}
-
-FlashGrads padded_backward(const FlashBackend& row, const at::Tensor& grad_out, const at::Tensor& q,
-                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                           const FlashOptions& o) {
-  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-  for (const RowSlice& r : row_slices(o.key_ranges, q.size(2), k.size(2))) {
-    auto rows = [&](const at::Tensor& t) { return t.narrow(0, r.b, 1).narrow(2, r.q0, r.n).contiguous(); };
-    auto keys = [&](const at::Tensor& t) { return t.narrow(0, r.b, 1).narrow(2, r.k0, r.c).contiguous(); };
-    auto g = row.backward(rows(grad_out), rows(q), keys(k), keys(v), rows(out), rows(lse), slice_options(o, r));
-    dq.narrow(0, r.b, 1).narrow(2, r.q0, r.n).copy_(g.q);
-    dk.narrow(0, r.b, 1).narrow(2, r.k0, r.c).copy_(g.k);
-    dv.narrow(0, r.b, 1).narrow(2, r.k0, r.c).copy_(g.v);
-  }
-  return {dq, dk, dv};
-}
-
 bool runs_padded(const FlashBackend& row, const FlashOptions& o) {
-  return o.key_ranges.defined() && std::string(row.name) != "tiles";
+  return o.key_ranges.defined() && !row.key_ranges;
 }
 
 // A private operator's inputs, checked as the public entry checks them (a direct call from Python must
@@ -420,7 +424,7 @@ Triple flash_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::
   const auto o = flash_options(FlashCall{band, dropout, training, seed, tile, cuda_kernel, softcap, from_optional(sinks),
                                          from_optional(key_ranges)}, used);
   const FlashBackend& row = flash_backend(q, cuda_kernel, o);
-  auto f = runs_padded(row, o) ? padded_forward(row, q, k, v, o) : row.forward(q, k, v, o);
+  auto f = runs_padded(row, o) ? flash_forward_by_rows(row.forward, q, k, v, o) : row.forward(q, k, v, o);
   return {f.out, f.saved, seed_tensor(used, q)};
 }
 
@@ -449,7 +453,7 @@ Quad flash_backward_kernel(const at::Tensor& grad_out, const at::Tensor& q, cons
                                          from_optional(key_ranges)},
                                seed_value(seed, training, dropout));
   const FlashBackend& row = flash_backend(q, cuda_kernel, o);
-  auto g = runs_padded(row, o) ? padded_backward(row, grad_out, q, k, v, out, lse, o)
+  auto g = runs_padded(row, o) ? flash_backward_by_rows(row.backward, grad_out, q, k, v, out, lse, o)
                                : row.backward(grad_out, q, k, v, out, lse, o);
   return {g.q, g.k, g.v, sink_gradient(sinks, grad_out, out, lse)};
 }

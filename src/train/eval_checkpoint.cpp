@@ -1,11 +1,16 @@
 #include "spanformer/train/eval_checkpoint.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <memory>
 
 #include <fmt/format.h>
 #include <torch/utils.h>
 
+#include "spanformer/data/byte_bpe.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/util/error.h"
 #include "spanformer/util/io.h"
@@ -22,9 +27,47 @@ void refuse_non_finite(const Checkpoint& ck, const std::string& split, double nl
          ck.path(), split, nll);
 }
 
+// A text file as the checkpoint's tokens: GPT-2's BPE as transformers' tokenizer encodes it, or a byte
+// vocabulary's bytes (one that lacks a byte of the text is refused: the score would skip it). Written to a
+// temporary token file, removed once read (TokenFile maps it; the mapping outlives the name).
+std::unique_ptr<data::TokenFile> text_tokens(const Checkpoint& ck, const std::string& path, int64_t& bytes) {
+  const data::Vocab& vocab = ck.vocab();
+  if (vocab.word_level || vocab.subwords)
+    fail("--text reads byte and GPT-2 BPE vocabularies; {} has a {} vocabulary: prepare the text with `spanformer "
+         "data prepare` and its vocabulary instead", ck.path(), data::vocab_level(vocab));
+  const std::string text = read_file(path);
+  bytes = static_cast<int64_t>(text.size());
+  std::vector<int64_t> ids;
+  if (vocab.bpe) {
+    ids = vocab.bpe->encode(text);
+  } else {
+    const auto byte_to_id = vocab.byte_to_id();
+    for (size_t i = 0; i < text.size(); ++i) {
+      const int64_t id = byte_to_id[static_cast<unsigned char>(text[i])];
+      if (id < 0) fail("{}: byte {} (0x{:02x}) is not in the checkpoint's vocabulary", path, i, static_cast<unsigned char>(text[i]));
+      ids.push_back(id);
+    }
+  }
+  if (ids.size() < 2) fail("{}: {} token(s); scoring needs at least 2", path, ids.size());
+  std::string tmp = (std::filesystem::temp_directory_path() / "spanformer-eval-XXXXXX").string();
+  const int fd = mkstemp(tmp.data());
+  if (fd < 0) fail("cannot create a temporary file in {}", std::filesystem::temp_directory_path().string());
+  close(fd);
+  try {
+    data::write_tokens(tmp, ids, vocab.size());
+    auto file = std::make_unique<data::TokenFile>(tmp);
+    std::filesystem::remove(tmp);
+    return file;
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+}
+
 CheckpointEvalResult evaluate_examples(const Checkpoint& ck, Family& family, ExampleSets& sets, const CheckpointEval& r) {
-  if (!r.ids.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || r.unit)
-    fail("--ids, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());
+  if (!r.ids.empty() || !r.text.empty() || !r.vocab.empty() || !r.dump_logprobs.empty() || r.unit)
+    fail("--ids, --text, --vocab, --dump-logprobs and --unit are for language models, not the {} family", family.name());
   const std::string dir = r.data.empty() ? family.train().data : r.data;
   if (!r.dump_outputs.empty() && r.group && r.group->world() > 1) fail("--dump-outputs runs in one process");
   if (!r.dump_outputs.empty()) check_regular_or_absent(r.dump_outputs, "--dump-outputs");
@@ -79,8 +122,12 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
   std::unique_ptr<data::TokenFile> raw;
   data::Corpus corpus;
   const std::string dir = r.data.empty() ? family.train().data : r.data;
+  if (!r.ids.empty() && !r.text.empty()) fail("--ids and --text both name what to score: give one");
+  int64_t text_bytes = 0;
   if (!r.ids.empty()) {
     raw = std::make_unique<data::TokenFile>(r.ids, data::TokenFile::RawBytes{}, ck.vocab().size());
+  } else if (!r.text.empty()) {
+    raw = text_tokens(ck, r.text, text_bytes);
   } else {
     corpus = data::load_corpus(dir, r.split);
     if (data::vocab_to_text(corpus.vocab) != data::vocab_to_text(ck.vocab()))
@@ -99,18 +146,27 @@ CheckpointEvalResult evaluate_checkpoint(const Checkpoint& ck, Family& family, c
     out.main = false;
     return out;
   }
-  refuse_non_finite(ck, raw ? r.ids : r.split, report.nll);
-  const auto unit_kind = r.unit ? *r.unit : ck.vocab().word_level ? metrics::Unit::kPpl : metrics::Unit::kBpc;
+  const std::string split = !r.ids.empty() ? r.ids : !r.text.empty() ? r.text : r.split;
+  refuse_non_finite(ck, split, report.nll);
+  // Perplexity per token for word and BPE vocabularies (as transformers' users compute it), bits per
+  // character for byte ones.
+  const bool per_token = ck.vocab().word_level || ck.vocab().bpe;
+  const auto unit_kind = r.unit ? *r.unit : per_token ? metrics::Unit::kPpl : metrics::Unit::kBpc;
   const std::string unit = metrics::unit_name(unit_kind);
   const double value = metrics::in_unit(report.nll, unit_kind);
   const double seconds = now_seconds() - start;
-  const std::string split = raw ? r.ids : r.split;
-  out.record = nlohmann::json{{"checkpoint", ck.path()}, {"split", split}, {"data", raw ? r.ids : dir},
+  out.record = nlohmann::json{{"checkpoint", ck.path()}, {"split", split}, {"data", raw ? split : dir},
                               {"unit", unit}, {unit, value}, {"nll", report.nll}, {"tokens", report.tokens},
                               {"blocks", report.blocks}, {"protocol", report.details}, {"seconds", seconds},
                               {"step", ck.has("state.step") ? ck.integer("state.step") : -1}};
   out.text = fmt::format("{} {} {:.7f} (nll {:.6f} nats/token; {}; {:.1f} s)", split, unit, value, report.nll,
                          report.details, seconds);
+  if (text_bytes > 0) {  // a text's score in bits per byte of it too: comparable across tokenizers
+    const double bpb = report.nll * static_cast<double>(report.tokens) / (static_cast<double>(text_bytes) * std::log(2.0));
+    out.record["bytes"] = text_bytes;
+    out.record["bits_per_byte"] = bpb;
+    out.text += fmt::format("; {:.6f} bits per byte of the text's {} bytes", bpb, text_bytes);
+  }
   return out;
 }
 

@@ -1,4 +1,4 @@
-"""Small random models of Hugging Face transformers for tests/python/test_oracles.py (CPU) and
+"""Small random models of Hugging Face transformers for tests/python/test_hf.py (CPU) and
 tests/python/test_cuda.py (GPU): the same weights twice, attention `eager` (transformers' own) and
 `spanformer` (spanformer.hf).
 

@@ -1,6 +1,6 @@
 """The Python side on a GPU: Hugging Face transformers' models on spanformer's CUDA flash kernels.
 
-What test_oracles.py holds on the CPU, on CUDA: GPT-2, a Llama with grouped-query attention and a
+What test_hf.py holds on the CPU, on CUDA: GPT-2, a Llama with grouped-query attention and a
 Mistral with 8-key sliding windows, attn_implementation="spanformer" (spanformer.hf) against
 transformers' own `eager` on the same device, and the profiler's record that our kernels ran (not a
 fallback):

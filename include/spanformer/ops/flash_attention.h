@@ -27,10 +27,10 @@
 //
 // Padded batches (key_ranges, FlashAttention-2's variable-length batches in another form): row b reads the
 // keys first_b <= j < end_b only, and its queries outside that range are empty (out 0, L = -inf). The
-// ATen tiles mask them; the fused kernels (CPU and CUDA) run each row's real tokens as a batch of one,
-// queries [max(first_b, C - N), end_b) over keys [first_b, end_b): the same formula on fewer tokens, so
-// that their own tests hold them. With dropout the ATen tiles run (the dropout hash takes each row's
-// own batch index and positions, which a batch of one would renumber).
+// ATen tiles mask them; the fused CPU kernel computes each row's real tokens in place as a problem of its
+// own, queries [max(first_b, C - N), end_b) over keys [first_b, end_b) (the same formula on fewer tokens,
+// dropout hashing their true positions); the CUDA kernels run them as batches of one, copied out and back
+// (flash_forward_by_rows), and so not with dropout, which the ATen tiles then run.
 //
 // Dropout: keep_ij is the splitmix64 hash of (seed, batch, head, p_i, j) (ops/dropout_hash.h), so
 // backward regenerates the forward's mask without storing it, and the reference composition below

@@ -25,6 +25,8 @@ struct CheckpointEval {
   int64_t batch = -1;         // streams, or examples per forward (-1: the config's eval_batch_size)
   std::optional<metrics::Unit> unit;  // language models: bpc | ppl (none: bpc for byte vocabularies, ppl for words)
   std::string ids;            // language models: score this headerless one-byte id file instead of a split
+  std::string text;           // language models: score this text file, tokenized with the checkpoint's vocabulary
+                              // (byte or GPT-2 BPE), instead of a split
   std::string vocab;          // vocab.txt the ids were made with (must be the checkpoint's)
   std::string dump_logprobs;  // language models: one log-probability per scored token to this file
   std::string dump_outputs;   // example families: "expected<TAB>produced" per example to this file

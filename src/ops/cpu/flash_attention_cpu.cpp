@@ -39,6 +39,11 @@
 // row statistics, and keeps 1 - tanh^2 per tile for dS; sinks start each row's running maximum and sum
 // at the head's sink term (flash_attention.h has the formulas; the op adds the sinks' gradient).
 //
+// Padded batches (FlashOptions::key_ranges): each head of batch row b is a problem of its own over the
+// row's real tokens, read in place (head_shape: queries at positions [max(first_b, C - N), end_b), keys
+// [first_b, end_b), dropout hashing the true positions); its padded queries get 0 and L = -inf, its
+// padded positions no gradient. Nothing is copied, so a padded batch costs what its real tokens cost.
+//
 // Tiles: `tile` keys per key tile, min(tile, 64) queries per query tile (FlashOptions::tile; the tests
 // use tiles of 6 to 128 to reach every edge), both starting at multiples of their size. Key tiles of 64 to
 // 1024 measured within 4% of each other at T 4k (2-core AMD EPYC, Zen 4; 256 fastest); query tiles of
@@ -78,6 +83,7 @@ using acc_type = std::conditional_t<std::is_same_v<scalar_t, double>, double, fl
 struct FlashShape {
   int64_t B, K, N, C, D, band, offset;  // offset = C - N: the key position of query 0
   int64_t q_tile, k_tile;
+  int64_t pos0 = 0;  // the position of key 0 (a padded batch's head: its first real key; head_shape)
   int64_t X() const { return B * K; }
   // The keys query i reads: [first_key(i), C - N + i].
   int64_t first_key(int64_t i) const { return std::max<int64_t>(0, offset + i - band + 1); }
@@ -95,9 +101,35 @@ struct FlashDropout {
   bool on() const { return o.training && o.dropout > 0; }
   template <typename T>
   T factor(int64_t x, const FlashShape& s, int64_t i, int64_t j) const {
-    return dropout_keep_hash(o.seed, x / s.K, x % s.K, s.offset + i, j, o.dropout) ? T(1.0 / (1.0 - o.dropout)) : T(0);
+    return dropout_keep_hash(o.seed, x / s.K, x % s.K, s.pos0 + s.offset + i, s.pos0 + j, o.dropout)
+               ? T(1.0 / (1.0 - o.dropout))
+               : T(0);
   }
 };
+
+// Padded batches (FlashOptions::key_ranges): each batch row's [first, end), (B, 2) flattened; empty = none.
+std::vector<int64_t> key_ranges_of(const FlashOptions& o) {
+  if (!o.key_ranges.defined()) return {};
+  const auto r = o.key_ranges.to(at::kCPU, at::kLong).contiguous();  // (B, 2)
+  return {r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel()};
+}
+
+// The problem head x computes: the whole head, or in a padded batch its row's real tokens as a problem of
+// their own, read in place: queries [q0, q0 + N) at positions [max(first, C - N), end) over keys
+// [first, end) (pos0 = first, so dropout hashes the same positions). N = 0: the head has no real query.
+// The tiles stay the whole problem's sizes (the scratch is sized by it).
+FlashShape head_shape(const FlashShape& sh, const std::vector<int64_t>& ranges, int64_t x, int64_t& q0) {
+  q0 = 0;
+  if (ranges.empty()) return sh;
+  const int64_t b = x / sh.K, first = ranges[2 * b], end = ranges[2 * b + 1], p0 = std::max(first, sh.offset);
+  FlashShape h = sh;
+  h.pos0 = first;
+  h.C = end - first;
+  h.N = std::max<int64_t>(0, end - p0);
+  h.offset = h.C - h.N;
+  q0 = h.N > 0 ? p0 - sh.offset : 0;
+  return h;
+}
 
 // rows x cols of src (row stride ld_src) into dst (rows, cols) in dst_t, times `mul` (1: a plain copy).
 template <typename scalar_t, typename dst_t, typename mul_t>
@@ -217,19 +249,34 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   const scalar_t* kp = k.template data_ptr<scalar_t>();
   const scalar_t* vp = v.template data_ptr<scalar_t>();
   op_t* kTp = kT.template data_ptr<op_t>();
+  const std::vector<int64_t> ranges = key_ranges_of(o);
+  scalar_t* op = out.template data_ptr<scalar_t>();
+  acc_t* lp = lse.template data_ptr<acc_t>();
   for_each_item(X, [&](int64_t x) {
-    transpose_blocks(kp + x * C * D, C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
-    if (copy_v) widen_rows(vp + x * C * D, D, C, D, acc_t(1), vw.template data_ptr<op_t>() + x * C * D);
+    int64_t q0;
+    const FlashShape h = head_shape(sh, ranges, x, q0);
+    transpose_blocks(kp + (x * C + h.pos0) * D, h.C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
+    if (copy_v) widen_rows(vp + (x * C + h.pos0) * D, D, h.C, D, acc_t(1), vw.template data_ptr<op_t>() + x * C * D);
+    // A padded query: output 0, L = -inf.
+    for (const auto& [i, n] : {std::pair{int64_t(0), q0}, std::pair{q0 + h.N, N - q0 - h.N}}) {
+      std::fill(op + (x * N + i) * D, op + (x * N + i + n) * D, scalar_t(0));
+      std::fill(lp + x * N + i, lp + x * N + i + n, -std::numeric_limits<acc_t>::infinity());
+    }
   });
   // Items (head, query tile), the tiles with the most keys first.
-  const int64_t tiles = (N + sh.q_tile - 1) / sh.q_tile;
-  std::vector<int64_t> items(X * tiles);
-  std::iota(items.begin(), items.end(), 0);
-  auto keys_of = [&](int64_t t) {
-    const int64_t i0 = t * sh.q_tile, n = std::min(sh.q_tile, N - i0);
-    return sh.offset + i0 + n - sh.first_key(i0);
+  struct Item {
+    int64_t x, q0, keys;
+    FlashShape sh;
+    int64_t i0;
   };
-  std::stable_sort(items.begin(), items.end(), [&](int64_t a, int64_t b) { return keys_of(a % tiles) > keys_of(b % tiles); });
+  std::vector<Item> items;
+  for (int64_t x = 0; x < X; ++x) {
+    int64_t q0;
+    const FlashShape h = head_shape(sh, ranges, x, q0);
+    for (int64_t i0 = 0; i0 < h.N; i0 += sh.q_tile)
+      items.push_back({x, q0, h.offset + i0 + std::min(sh.q_tile, h.N - i0) - h.first_key(i0), h, i0});
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
   const FlashDropout drop{o};
   std::vector<double> sink_values;  // (K)
   if (o.sinks.defined()) {
@@ -238,15 +285,15 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   }
   const double* sinks = sink_values.empty() ? nullptr : sink_values.data();
   const scalar_t* qp = q.template data_ptr<scalar_t>();
-  scalar_t* op = out.template data_ptr<scalar_t>();
-  acc_t* lp = lse.template data_ptr<acc_t>();
   const op_t* vwp = vw.template data_ptr<op_t>();
   for_each_item(
-      X * tiles, [&] { return ForwardScratch<acc_t, op_t>(sh); },
+      static_cast<int64_t>(items.size()), [&] { return ForwardScratch<acc_t, op_t>(sh); },
       [&](int64_t j, ForwardScratch<acc_t, op_t>& w) {
-        const int64_t x = items[j] / tiles, t = items[j] % tiles, i0 = t * sh.q_tile;
-        forward_tile<scalar_t, acc_t, op_t>(sh, drop, sinks, x, i0, std::min(sh.q_tile, N - i0), qp + x * N * D,
-                                            kTp + x * kT_size, vwp + x * C * D, op + x * N * D, lp + x * N, w);
+        const Item& it = items[static_cast<size_t>(j)];
+        const int64_t x = it.x, row0 = x * N + it.q0;  // the head's first real query
+        const op_t* vrows = vwp + (x * C + (copy_v ? 0 : it.sh.pos0)) * D;
+        forward_tile<scalar_t, acc_t, op_t>(it.sh, drop, sinks, x, it.i0, std::min(sh.q_tile, it.sh.N - it.i0),
+                                            qp + row0 * D, kTp + x * kT_size, vrows, op + row0 * D, lp + row0, w);
         if constexpr (!std::is_same_v<op_t, acc_t>) release_half_products(op_dtype);
       });
   return {out, lse};
@@ -259,8 +306,8 @@ struct BackwardScratch {
   std::vector<op_t> qs, qsT, dO, dOT, kr, kT, vr;  // per head, as operands; the ...T in blocks
   std::vector<acc_t> dQT, lse, delta;              // per head
   std::vector<acc_t> pT, dpT, pz, dK, dV;          // per tile
-  std::vector<acc_t> cap;                          // per tile with softcap: 1 - tanh^2 of the scores (c, n)
   std::vector<op_t> pz_op, ds_op;                  // per tile: P^T Z and dS^T as 16-bit operands (native)
+  std::vector<acc_t> cap;                          // per tile with softcap: 1 - tanh^2 of the scores (c, n)
   explicit BackwardScratch(const FlashShape& sh)
       : qs(sh.N * sh.D), qsT(blocked_size(sh.N, sh.D, sh.q_tile)), dO(sh.N * sh.D),
         dOT(blocked_size(sh.N, sh.D, sh.q_tile)), kr(sh.C * sh.D), kT(blocked_size(sh.C, sh.D, sh.k_tile)),
@@ -391,12 +438,25 @@ FlashGrads backward_impl(const at::Tensor& grad_out, const at::Tensor& q_in, con
   const scalar_t *op = out.template data_ptr<scalar_t>(), *gp = dout.template data_ptr<scalar_t>();
   const acc_t* lp = lse.template data_ptr<acc_t>();
   scalar_t *dqp = dq.template data_ptr<scalar_t>(), *dkp = dk.template data_ptr<scalar_t>(), *dvp = dv.template data_ptr<scalar_t>();
+  const std::vector<int64_t> ranges = key_ranges_of(o);
   for_each_item(
       sh.X(), [&] { return BackwardScratch<acc_t, op_t>(sh); },
       [&](int64_t x, BackwardScratch<acc_t, op_t>& w) {
-        backward_head<scalar_t, acc_t, op_t>(sh, drop, x, gp + x * N * D, qp + x * N * D, kp + x * C * D,
-                                             vp + x * C * D, op + x * N * D, lp + x * N, dqp + x * N * D,
-                                             dkp + x * C * D, dvp + x * C * D, w);
+        int64_t q0;
+        const FlashShape h = head_shape(sh, ranges, x, q0);
+        const int64_t row0 = x * N + q0, key0 = x * C + h.pos0;  // the head's first real query and key
+        // Padded queries and keys: gradient 0.
+        std::fill(dqp + x * N * D, dqp + row0 * D, scalar_t(0));
+        std::fill(dqp + (row0 + h.N) * D, dqp + (x + 1) * N * D, scalar_t(0));
+        const int64_t kept = h.N > 0 ? h.C : 0;
+        for (scalar_t* g : {dkp, dvp}) {
+          std::fill(g + x * C * D, g + key0 * D, scalar_t(0));
+          std::fill(g + (key0 + kept) * D, g + (x + 1) * C * D, scalar_t(0));
+        }
+        if (h.N == 0) return;
+        backward_head<scalar_t, acc_t, op_t>(h, drop, x, gp + row0 * D, qp + row0 * D, kp + key0 * D, vp + key0 * D,
+                                             op + row0 * D, lp + row0, dqp + row0 * D, dkp + key0 * D,
+                                             dvp + key0 * D, w);
         if constexpr (!std::is_same_v<op_t, acc_t>) release_half_products(c10::CppTypeToScalarType<op_t>::value);
       });
   return {dq, dk, dv};
