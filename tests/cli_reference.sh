@@ -7,6 +7,7 @@ ref="$src/../shared/reference/adaptive-span-tiny"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cfg="$src/tests/data/adaptive_span_tiny.json"
+py="${SPANFORMER_PYTHON:-/usr/bin/python3}"  # any Python 3 (CTest passes the build's)
 
 "$bin" import adaptive-span "$ref/model.pt" --config "$cfg" --vocab "$ref/vocab.txt" --out "$tmp/tiny.pt"
 check() {  # check SPLIT EXPECTED
@@ -28,6 +29,19 @@ head -c 40000 "$ref/valid.ids.u8" > "$tmp/valid_head.ids.u8"
 a=$("$bin" eval "$tmp/tiny.pt" --ids "$tmp/valid_head.ids.u8" | awk '{print $3}')
 b=$("$bin" eval "$tmp/again.pt" --ids "$tmp/valid_head.ids.u8" | awk '{print $3}')
 test "$a" = "$b"
+
+# The same ids as the text they stand for (<eos> is a newline): eval --text tokenizes it with the byte vocabulary
+# and gives the same figure; a byte outside the vocabulary, or --text with --ids, is one line.
+"$py" -c 'import sys; v = open(sys.argv[1]).read().split("\n")[:-1]; ids = open(sys.argv[2], "rb").read()
+open(sys.argv[3], "wb").write(bytes(10 if v[i] == "<eos>" else int(v[i]) for i in ids))' "$ref/vocab.txt" "$tmp/valid_head.ids.u8" "$tmp/valid_head.txt"
+c=$("$bin" eval "$tmp/tiny.pt" --text "$tmp/valid_head.txt" | awk '{print $3}')
+test "$a" = "$c" || { echo "FAIL: eval --text gives bpc $c, the same tokens as ids give $a"; exit 1; }
+printf 'It was\xff' > "$tmp/bad.txt"
+if "$bin" eval "$tmp/tiny.pt" --text "$tmp/bad.txt" 2> "$tmp/err"; then echo "FAIL: a byte outside the vocabulary accepted"; exit 1; fi
+grep -q "bad.txt: byte 6 (0xff) is not in the checkpoint's vocabulary" "$tmp/err"
+if "$bin" eval "$tmp/tiny.pt" --text "$tmp/valid_head.txt" --ids "$tmp/valid_head.ids.u8" 2> "$tmp/err"; then
+  echo "FAIL: --text with --ids accepted"; exit 1; fi
+grep -q "give one" "$tmp/err"
 
 # Fine-tune the imported model on Dickens prepared the reference's way (same vocabulary).
 "$bin" data prepare "$src/../shared/data/dickens.txt" --crlf-to-lf --out "$tmp/dickens" > /dev/null
