@@ -322,6 +322,37 @@ TEST(GptModel, KvCacheGenerationEqualsRecomputation) {
     }
 }
 
+// The decoding layout (lay_out_for_decoding, what generate calls): every parameter keeps its values and
+// shape bit for bit, the block weights become transposed storage, and the KV-cache generation gives the
+// recomputation's hidden states (double: the products' order is the only difference, within 1e-12).
+TEST(GptModel, DecodingLayoutKeepsEveryValue) {
+  auto config = tiny_gpt(CausalKind::kDense, 24);
+  auto model = double_model(config.model);
+  std::vector<torch::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+  models::GptDecoder recompute;
+  recompute.use_cache = false;
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(4);
+  auto tokens = torch::randint(11, {1, 40}, torch::kLong);
+  auto want = model->extend(tokens.narrow(1, 0, 10), recompute);
+  model->lay_out_for_decoding();
+  const auto after = model->parameters();
+  ASSERT_EQ(after.size(), before.size());
+  int64_t transposed = 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].sizes(), before[i].sizes());
+    EXPECT_TRUE(torch::equal(after[i], before[i])) << "parameter " << i;
+    transposed += after[i].dim() == 2 && !after[i].is_contiguous() && after[i].t().is_contiguous();
+  }
+  EXPECT_EQ(transposed, 4 * config.model.n_layer);  // qkv, proj, fc1, fc2 of each block
+  models::GptDecoder cached;
+  EXPECT_LT(max_diff(model->extend(tokens.narrow(1, 0, 10), cached), want), 1e-12);
+  for (int64_t i = 10; i < 40; ++i)
+    EXPECT_LT(max_diff(model->extend(tokens.narrow(1, i, 1), cached), model->extend(tokens.narrow(1, i, 1), recompute)),
+              1e-12) << "token " << i;
+}
+
 // Generation at fixed shapes (what `generate --cuda-graphs` captures: GptDecoder::fixed_shapes) gives
 // the hidden states of recomputing the whole context, for every pattern with a KV cache, plain and
 // reversible layers, through context slides; each single token runs through the runner (the graph's

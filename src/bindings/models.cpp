@@ -127,8 +127,9 @@ class Model : public torch::CustomClassHolder {
 
   c10::Dict<std::string, at::Tensor> state_dict() const {
     c10::Dict<std::string, at::Tensor> out;
-    for (const auto& item : family_->module().named_parameters()) out.insert(item.key(), item.value().detach().cpu().clone());
-    for (const auto& item : family_->module().named_buffers()) out.insert(item.key(), item.value().detach().cpu().clone());
+    for (const auto& item : family_->module().named_parameters()) out.insert(item.key(), item.value().detach().cpu().clone(at::MemoryFormat::Contiguous));
+    for (const auto& item : family_->module().named_buffers())
+      out.insert(item.key(), item.value().detach().cpu().clone(at::MemoryFormat::Contiguous));
     return out;
   }
 

@@ -100,7 +100,7 @@ T hf_field(const nlohmann::json& config, const char* key, const std::string& ori
 
 void export_gpt2(const train::Checkpoint& checkpoint, const std::string& dir) {
   auto family = train::family_from_checkpoint(checkpoint);
-  if (family->name() != "gpt")
+  if (std::string(family->name()) != "gpt")
     fail("export gpt2: {} is of the {} family; the GPT-2 layout is for the gpt family (export safetensors keeps any)",
          checkpoint.path(), family->name());
   const auto c = gpt_config_from_json(family->config_json(), checkpoint.path()).model;

@@ -41,6 +41,32 @@ GptBlockOptions gpt_block_options(const GptModelConfig& config, int64_t layer) {
       .activation(config.activation);
 }
 
+namespace {
+
+// A KV cache (B, K, C, D) with `rows` (B, K, N, D) after it. The cache is a view of a buffer of `slot`
+// rows a head made here (every cache is: the first call makes one), starting at row `start`: the rows go
+// into the room after the view, in place, and the C rows are not copied; without room, a new buffer
+// with as many rows again to spare (so a decoding step copies its own row, and the cache moves only
+// when its buffer doubles). The view's rows are those of `torch::cat({cache, rows}, 2)`.
+torch::Tensor append_rows(const torch::Tensor& cache, const torch::Tensor& rows) {
+  const int64_t B = rows.size(0), K = rows.size(1), N = rows.size(2), D = rows.size(3);
+  const int64_t C = cache.defined() ? cache.size(2) : 0;
+  if (C > 0 && cache.stride(3) == 1 && cache.stride(2) == D && cache.stride(0) == K * cache.stride(1)) {
+    const int64_t slot = cache.stride(1) / D, start = cache.storage_offset() / D;
+    if (start + C + N <= slot) {
+      auto grown = cache.as_strided({B, K, C + N, D}, cache.strides(), cache.storage_offset());  // (B, K, C + N, D)
+      grown.narrow(2, C, N).copy_(rows);
+      return grown;
+    }
+  }
+  auto buffer = torch::empty({B, K, 2 * (C + N), D}, rows.options());  // (B, K, slot, D)
+  if (C > 0) buffer.narrow(2, 0, C).copy_(cache);
+  buffer.narrow(2, C, N).copy_(rows);
+  return buffer.narrow(2, 0, C + N);  // (B, K, C + N, D)
+}
+
+}  // namespace
+
 GptAttentionImpl::GptAttentionImpl(GptAttentionOptions options) : options_(std::move(options)) {
   const int64_t H = options_.d_model();
   const bool shared_qk = options_.pattern().kind == attention::CausalKind::kLsh;  // Reformer: one q/k projection
@@ -76,9 +102,9 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
     auto out = attention::causal_attention_at(q, *k_cache, *v_cache, at, spec());  // (B, K, 1, D)
     return proj(out.transpose(1, 2).reshape({B, N, H}));                       // (B, 1, H)
   }
-  if (k_cache && k_cache->defined()) {
-    k = torch::cat({*k_cache, k}, 2);  // (B, K, C + N, D)
-    v = torch::cat({*v_cache, v}, 2);
+  if (k_cache) {  // the cached keys and values, then these: written into the cache's buffer
+    k = append_rows(*k_cache, k);  // (B, K, C + N, D)
+    v = append_rows(*v_cache, v);
   }
   auto out = attention::causal_attention(q, k, v, spec(), options_.impl());  // (B, K, N, D)
   if (k_cache) {
@@ -307,6 +333,17 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
 
 torch::Tensor GptModelImpl::logits(const torch::Tensor& hidden) {
   return head ? head(hidden) : torch::matmul(hidden, wte->weight.t());  // (B, N, V)
+}
+
+void GptModelImpl::lay_out_for_decoding() {
+  torch::NoGradGuard no_grad;
+  for (const auto& block : block_list_) {
+    for (const auto& w : {block->attn->qkv->weight, block->attn->proj->weight, block->fc1->weight, block->fc2->weight}) {
+      auto weight = w;  // (out, in)
+      if (weight.device().is_cpu() && weight.dim() == 2 && weight.is_contiguous())
+        weight.set_data(weight.t().contiguous().t());  // (out, in) view of (in, out) storage
+    }
+  }
 }
 
 std::string GptModelImpl::fixed_shape_refusal() const {

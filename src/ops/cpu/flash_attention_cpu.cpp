@@ -177,10 +177,11 @@ struct ForwardScratch {
 
 // One query tile [i0, i0 + n) of head x. kT holds the head's K^T in blocks of k_tile keys
 // (transpose_blocks), vrows (C, D) its values, both as operands. Key tiles start at multiples of k_tile.
+// krows: the head's keys (C, D) as they lie, for one query (n = 1, a decoding step), in place of kT.
 // sinks: each head's sink logit (K), or null; softcap: drop.o.softcap (0 = none).
 template <typename scalar_t, typename acc_t, typename op_t>
 void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* sinks, int64_t x, int64_t i0, int64_t n,
-                  const scalar_t* q, const op_t* kT, const op_t* vrows, scalar_t* out, acc_t* lse,
+                  const scalar_t* q, const op_t* kT, const op_t* krows, const op_t* vrows, scalar_t* out, acc_t* lse,
                   ForwardScratch<acc_t, op_t>& w) {
   constexpr bool native = !std::is_same_v<op_t, acc_t>;
   const int64_t D = sh.D;
@@ -196,8 +197,12 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* 
   for (int64_t j0 = lo / sh.k_tile * sh.k_tile; j0 < hi; j0 += sh.k_tile) {
     const int64_t c = std::min(sh.k_tile, hi - j0);
     acc_t* S = w.s.data();                                                         // (n, c), ld k_tile
-    const op_t* kT_u = kT + (j0 / sh.k_tile) * D * sh.k_tile;                      // (D, c), ld k_tile
-    tile_gemm(n, c, D, w.qs.data(), D, kT_u, sh.k_tile, S, sh.k_tile, /*accumulate=*/false);
+    if (krows) {  // one query: S^T = K_u q^T (c, 1), the same memory as S's one row
+      tile_gemm(c, 1, D, krows + j0 * D, D, w.qs.data(), 1, S, 1, /*accumulate=*/false);
+    } else {
+      const op_t* kT_u = kT + (j0 / sh.k_tile) * D * sh.k_tile;                    // (D, c), ld k_tile
+      tile_gemm(n, c, D, w.qs.data(), D, kT_u, sh.k_tile, S, sh.k_tile, /*accumulate=*/false);
+    }
     for (int64_t r = 0; r < n; ++r) {
       acc_t* row = S + r * sh.k_tile;
       const int64_t i = i0 + r;
@@ -232,18 +237,36 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* 
   }
 }
 
+// Keys or values (B, K, C, D) read in place where each head's C rows are contiguous and the heads evenly
+// spaced (a KV cache's view of a longer buffer: head stride >= C D); else a contiguous copy. The tensor
+// to read and its head stride in elements.
+std::pair<at::Tensor, int64_t> heads_of(const at::Tensor& t) {
+  const int64_t B = t.size(0), K = t.size(1), C = t.size(2), D = t.size(3);
+  const bool rows = (t.stride(3) == 1 || D == 1) && (t.stride(2) == D || C == 1);
+  const int64_t hs = K > 1 ? t.stride(1) : B > 1 ? t.stride(0) : C * D;
+  if (rows && hs >= C * D && (B == 1 || t.stride(0) == K * hs)) return {t, hs};
+  return {t.contiguous(), C * D};
+}
+
 template <typename scalar_t, typename op_t>
 Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const FlashOptions& o) {
   using acc_t = acc_type<scalar_t>;
   constexpr bool copy_v = !std::is_same_v<scalar_t, op_t>;  // widened 16-bit values
   const FlashShape sh = flash_shape_of(q_in, k_in, o);
   const int64_t X = sh.X(), N = sh.N, C = sh.C, D = sh.D;
-  const auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const auto q = q_in.contiguous();
+  const auto k_heads = heads_of(k_in), v_heads = heads_of(v_in);
+  const at::Tensor &k = k_heads.first, &v = v_heads.first;
+  const int64_t hk = k_heads.second, hv = v_heads.second;  // head x's keys at k + x hk, values at v + x hv
   const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value, op_dtype = c10::CppTypeToScalarType<op_t>::value;
   auto out = at::empty_like(q);                                                    // (B, K, N, D)
   auto lse = at::empty({sh.B, sh.K, N}, q.options().dtype(acc_dtype));             // (B, K, N)
   // Per head: K^T in blocks of k_tile keys, and the values as operands (a float32 copy when widened).
-  const int64_t kT_size = blocked_size(C, D, sh.k_tile);
+  // One query a head (a decoding step) reads the keys as they lie instead, where they are operands
+  // already: the transpose would read and write the whole cache for one row of scores.
+  constexpr bool keys_are_operands = std::is_same_v<scalar_t, op_t>;
+  const bool keys_in_place = keys_are_operands && N == 1;
+  const int64_t kT_size = keys_in_place ? 0 : blocked_size(C, D, sh.k_tile);
   auto kT = at::empty({X, kT_size}, q.options().dtype(op_dtype));                  // (X, C / k_tile, D, k_tile)
   auto vw = copy_v ? at::empty({X, C, D}, q.options().dtype(op_dtype)) : v;        // (X, C, D)
   const scalar_t* kp = k.template data_ptr<scalar_t>();
@@ -255,8 +278,8 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   for_each_item(X, [&](int64_t x) {
     int64_t q0;
     const FlashShape h = head_shape(sh, ranges, x, q0);
-    transpose_blocks(kp + (x * C + h.pos0) * D, h.C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
-    if (copy_v) widen_rows(vp + (x * C + h.pos0) * D, D, h.C, D, acc_t(1), vw.template data_ptr<op_t>() + x * C * D);
+    if (!keys_in_place) transpose_blocks(kp + x * hk + h.pos0 * D, h.C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
+    if (copy_v) widen_rows(vp + x * hv + h.pos0 * D, D, h.C, D, acc_t(1), vw.template data_ptr<op_t>() + x * C * D);
     // A padded query: output 0, L = -inf.
     for (const auto& [i, n] : {std::pair{int64_t(0), q0}, std::pair{q0 + h.N, N - q0 - h.N}}) {
       std::fill(op + (x * N + i) * D, op + (x * N + i + n) * D, scalar_t(0));
@@ -291,9 +314,12 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
       [&](int64_t j, ForwardScratch<acc_t, op_t>& w) {
         const Item& it = items[static_cast<size_t>(j)];
         const int64_t x = it.x, row0 = x * N + it.q0;  // the head's first real query
-        const op_t* vrows = vwp + (x * C + (copy_v ? 0 : it.sh.pos0)) * D;
+        const op_t* vrows = copy_v ? vwp + x * C * D : vwp + x * hv + it.sh.pos0 * D;
+        const op_t* krows = nullptr;
+        if constexpr (keys_are_operands)
+          if (keys_in_place) krows = kp + x * hk + it.sh.pos0 * D;
         forward_tile<scalar_t, acc_t, op_t>(it.sh, drop, sinks, x, it.i0, std::min(sh.q_tile, it.sh.N - it.i0),
-                                            qp + row0 * D, kTp + x * kT_size, vrows, op + row0 * D, lp + row0, w);
+                                            qp + row0 * D, kTp + x * kT_size, krows, vrows, op + row0 * D, lp + row0, w);
         if constexpr (!std::is_same_v<op_t, acc_t>) release_half_products(op_dtype);
       });
   return {out, lse};

@@ -206,6 +206,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
 
   void sample(const data::Vocab& vocab, const SampleRequest& r) override {
     model_->eval();
+    model_->lay_out_for_decoding();
     models::GptDecoder decoder;
     std::unique_ptr<StepGraph> graph;  // each new token's step captured once, then replayed
     if (r.cuda_graphs) {
@@ -276,6 +277,7 @@ void GptFamily::bench(const BenchRequest& r) {
   if (r.mode == BenchMode::kGenerate) {  // one token at a time after a prompt (T / 2 or T - tokens), to a full context, cache against none
     if (tokens >= T) fail("bench --tokens {}: must be below the context {}", tokens, T);
     model_->eval();
+    model_->lay_out_for_decoding();
     torch::NoGradGuard no_grad;
     const int64_t prompt = tokens > 0 ? T - tokens : std::max<int64_t>(1, T / 2), steps = T - prompt;
     // train.cuda_graphs: a third row, each token's step at fixed shapes replayed as a CUDA graph (one
