@@ -14,6 +14,7 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
     std::string checkpoint;
     train::SampleRequest request;
     uint64_t seed = 1;
+    std::string dtype = "float32";
   };
   auto o = std::make_shared<Options>();
   o->request.prompt = "\n";
@@ -30,13 +31,21 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--top-p", o->request.top_p, "nucleus sampling: the most likely tokens up to this mass (1 = all)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "float32, or bfloat16: the weights cast once and every step in bfloat16 "
+                                       "(half the bytes a token reads; gpt family)")
+      ->capture_default_str();
   cmd->add_flag("--cuda-graphs", o->request.cuda_graphs,
                 "each new token's step as one CUDA graph, captured once and replayed (gpt family, --device cuda)");
   cmd->callback([o, g, &run] {
     run = [o, g] {
       set_threads(g->threads);
+      if (o->dtype != "float32" && o->dtype != "bfloat16")
+        fail("generate --dtype must be float32 or bfloat16 (got '{}')", o->dtype);
+      o->request.bfloat16 = o->dtype == "bfloat16";
       train::Checkpoint ck(o->checkpoint);
       auto family = train::family_from_checkpoint(ck, execution_overrides(*g));
+      if (o->request.bfloat16 && std::string(family->name()) != "gpt")
+        fail("generate --dtype bfloat16 is for the gpt family ({} is of the {} family)", ck.path(), family->name());
       const auto device = train::parse_device(g->device.empty() ? "cpu" : g->device);
       if (o->request.cuda_graphs) {  // refused before any output
         const auto why = family->need<train::GraphedSampling>().sampling_graph_refusal();

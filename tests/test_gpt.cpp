@@ -353,6 +353,39 @@ TEST(GptModel, DecodingLayoutKeepsEveryValue) {
               1e-12) << "token " << i;
 }
 
+// bfloat16 decoding (`generate --dtype bfloat16`: the model cast once after the decoding layout): the
+// prompt's and each cached step's logits within bfloat16's error of the float32 model's, for every
+// pattern with a KV cache and for LSH (which recomputes). Bound: 8 ulps of bfloat16 (2^-8 relative) of
+// the largest logit: each product and sum rounds to 8 bits of mantissa, over 2 layers.
+TEST(GptModel, BFloat16DecodingFollowsFloat32) {
+  for (auto kind : kAllKinds) {
+    SCOPED_TRACE(attention::causal_kind_name(kind));
+    auto config = tiny_gpt(kind, 24);
+    torch::manual_seed(3);
+    models::GptModel f32(config.model), bf16(config.model);
+    for (auto model : {f32, bf16}) model->eval();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < f32->parameters().size(); ++i) bf16->parameters()[i].copy_(f32->parameters()[i]);
+    f32->clamp_spans();
+    bf16->clamp_spans();
+    bf16->lay_out_for_decoding();
+    bf16->to(torch::kBFloat16);
+    models::GptDecoder a, b;
+    torch::manual_seed(4);
+    auto tokens = torch::randint(11, {1, 30}, torch::kLong);
+    for (int64_t i = 0; i < 20; ++i) {
+      auto x = i == 0 ? tokens.narrow(1, 0, 10) : tokens.narrow(1, 9 + i, 1);
+      torch::manual_seed(100 + i);  // lsh's rotations
+      auto want = f32->logits(f32->extend(x, a));
+      torch::manual_seed(100 + i);
+      auto got = bf16->logits(bf16->extend(x, b));
+      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+      EXPECT_LT((got.to(torch::kFloat) - want).abs().max().item<double>(), 8 * std::pow(2.0, -8) * want.abs().max().item<double>())
+          << "step " << i;
+    }
+  }
+}
+
 // Generation at fixed shapes (what `generate --cuda-graphs` captures: GptDecoder::fixed_shapes) gives
 // the hidden states of recomputing the whole context, for every pattern with a KV cache, plain and
 // reversible layers, through context slides; each single token runs through the runner (the graph's

@@ -67,16 +67,21 @@ drift falls on all of them alike; a row prints the median of each over the round
             scaled_dot_product_attention with the padded causal mask (what transformers' sdpa passes)
           checked: ours and sdpa give the same logits at every real token (1e-3 in float32 relative to
           the largest, 0.1 in bfloat16), else a MISMATCH line and a non-zero exit
-  generate greedy decoding, batch 1, a prompt of 128 bytes then 256 new tokens, float32, of a byte-level
+  generate greedy decoding, batch 1, a prompt of 128 bytes then 256 new tokens, float32 and bfloat16
+          (--generate-dtypes: ours `--dtype bfloat16`, transformers' model.to(bfloat16)), of a byte-level
           GPT-2 of 4 x 256 (4 heads) and of 12 x 768 (12 heads), V 256, weights of one training step
           (configs/gpt/bench_attention.json's model), exported with `export gpt2` (--generate-shapes):
-            ours          `spanformer bench --mode generate --context 384 --tokens 256`: tokens/s of the
+            ours          `spanformer bench --mode generate --context 384 --tokens 256 --recompute 0`: tokens/s of the
                           256 steps with the KV cache (the prompt not counted)
             transformers  GPT2LMHeadModel.from_pretrained of the export, eager attention, its dynamic
-                          cache: generate(max_new_tokens=256) minus the prompt's forward, as tokens/s
+                          cache: generate(max_new_tokens=256) less generate(max_new_tokens=1), as 255 tokens
           checked: `spanformer generate --top-k 1` and transformers' greedy generate give the same 64
-          tokens after the same prompt, else a MISMATCH line and a non-zero exit; these rows print
+          tokens after the same prompt in float32, else a MISMATCH line and a non-zero exit (in bfloat16
+          each rounds its own way: how many agree is printed); these rows print
           tokens/s, and their ratio is ours / transformers (> 1: ours faster, as elsewhere)
+            the bound     the memory bandwidth (torch summing 512 MB: bytes read a second) over the bytes
+                          of weights a step reads (all but the position table): the
+                          tokens/s of a step that did nothing but read its weights once; ratio ours / bound
   example the Python example's training step (examples/python/nanogpt_adaptive_span.py: 4 blocks of H 256,
           4 heads, L 512, M 128, batch 16, the caches carried, Adam, clipping at 1; each layer's spans
           fixed at 26, 77, 154 and 230 tokens, so that no step changes a cache size):
@@ -421,8 +426,9 @@ def hf_row(T, rounds, dtype):
 
 # ---- greedy decoding beside transformers --------------------------------------------------------------
 
-def generate_row(layers, width, rounds, cli, threads, work):
-    """{name: median tokens/s} for the generate rows (the module docstring) and whether the tokens agree."""
+def generate_row(layers, width, rounds, cli, threads, work, dtype="float32"):
+    """{name: median tokens/s} for the generate rows (the module docstring) in `dtype`, and how many of the
+    64 greedy tokens of ours and transformers agree (all, to pass, in float32)."""
     import transformers
     transformers.logging.set_verbosity_error()
     data = os.path.join(work, "data")
@@ -434,12 +440,16 @@ def generate_row(layers, width, rounds, cli, threads, work):
     config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
     shape = [f"--n_layer={layers}", f"--d_model={width}", f"--n_head={width // 64}", "--context=384"]
     run = os.path.join(work, f"run{layers}x{width}")
-    subprocess.run([cli, "--threads", str(threads), "train", "-c", config, "--data", data, "--out", run, *shape,
-                    "--nb_steps=1", "--batch_size=1", "--eval_interval=1", "--eval_blocks=1", "--lr_warmup=0",
-                    "--eval_batch_size=1", "--quiet"], check=True, capture_output=True)
+    if not os.path.isdir(run):
+        subprocess.run([cli, "--threads", str(threads), "train", "-c", config, "--data", data, "--out", run, *shape,
+                        "--nb_steps=1", "--batch_size=1", "--eval_interval=1", "--eval_blocks=1", "--lr_warmup=0",
+                        "--eval_batch_size=1", "--quiet"], check=True, capture_output=True)
     hf_dir = os.path.join(work, f"hf{layers}x{width}")
-    subprocess.run([cli, "export", "gpt2", run, "-o", hf_dir], check=True, capture_output=True)
+    if not os.path.isdir(hf_dir):
+        subprocess.run([cli, "export", "gpt2", run, "-o", hf_dir], check=True, capture_output=True)
     model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
+    model = model.to(getattr(torch, dtype))
+    model.generation_config.eos_token_id = None  # every row decodes all its tokens (<eos> is a newline here)
     tokens = [line.rstrip("\n") for line in open(os.path.join(hf_dir, "vocab.txt"))]
     prompt_text = open(os.path.join(work, "text.txt"), "rb").read()[1000:1128].decode("latin-1")
     ids = [tokens.index("<eos>") if ch == "\n" else tokens.index(str(ord(ch))) for ch in prompt_text]
@@ -447,22 +457,25 @@ def generate_row(layers, width, rounds, cli, threads, work):
         want = model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)[0, len(ids):]
     decode = lambda i: "\n" if tokens[i] == "<eos>" else chr(int(tokens[i]))  # noqa: E731
     ours_text = subprocess.run([cli, "--threads", str(threads), "generate", run, "--prompt", prompt_text, "--tokens", "64",
-                                "--top-k", "1"], check=True, capture_output=True).stdout.decode("latin-1")
-    same = ours_text == prompt_text + "".join(decode(int(i)) for i in want) + "\n"
+                                "--top-k", "1", "--dtype", dtype], check=True, capture_output=True).stdout.decode("latin-1")
+    theirs_text = prompt_text + "".join(decode(int(i)) for i in want) + "\n"
+    same = next((i for i, (a, b) in enumerate(zip(ours_text, theirs_text)) if a != b), min(len(ours_text), len(theirs_text)))
+    same = 64 if ours_text == theirs_text else same - len(prompt_text)  # tokens are bytes here
     prompt = torch.tensor([ids])
 
-    def theirs():
+    def theirs():  # 256 tokens less the prompt and the first: 255 steps with the cache
         with torch.no_grad():
             start = time.perf_counter()
-            model(prompt)
-            prefill = time.perf_counter() - start
+            model.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
+            first = time.perf_counter() - start
             start = time.perf_counter()
             model.generate(prompt, max_new_tokens=256, do_sample=False, pad_token_id=0)
-            return 256 / (time.perf_counter() - start - prefill)
+            return 255 / (time.perf_counter() - start - first)
 
     def ours():
         out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, *shape, "--mode", "generate",
-                              "--tokens", "256", "--steps", "1", "--warmup", "1", "--json"],
+                              "--tokens", "256", "--steps", "1", "--warmup", "1", "--dtype", dtype, "--recompute", "0",
+                              "--json"],
                              check=True, capture_output=True, text=True)
         return json.loads(out.stdout.strip().splitlines()[-1])["cached_tokens_per_s"]
     theirs()
@@ -470,7 +483,24 @@ def generate_row(layers, width, rounds, cli, threads, work):
     for _ in range(rounds):
         rates["ours"].append(ours())
         rates["transformers"].append(theirs())
-    return {name: statistics.median(r) for name, r in rates.items()}, same
+    med = {name: statistics.median(r) for name, r in rates.items()}
+    # What a decoding step must read: every weight once (the position table: one row).
+    med["weight bytes"] = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "wpe" not in name)
+    return med, same
+
+
+def stream_bandwidth(rounds=9, size=1 << 27):
+    """The machine's memory bandwidth for reading, as torch sums a 512 MB float32 tensor on the threads set
+    (bytes read a second, median of `rounds`): what a decoding step that reads its weights once can at
+    best have."""
+    src = torch.ones(size)
+    src.sum()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        src.sum()
+        times.append(time.perf_counter() - start)
+    return size * 4 / statistics.median(times)
 
 
 def cpu_line():
@@ -811,6 +841,7 @@ def main():
     parser.add_argument("--gpt-attentions", default="dense,window,adaptive_span")
     parser.add_argument("--hf-lengths", default="128,512,1024", help="the hf rows' lengths T")
     parser.add_argument("--generate-shapes", default="4x256,12x768", help="the generate rows' layers x width")
+    parser.add_argument("--generate-dtypes", default="float32,bfloat16", help="the generate rows' weights and steps")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="the hf rows' model dtypes")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
     parser.add_argument("--amp", default="off", choices=["off", "bf16"],
@@ -902,17 +933,27 @@ def main():
     if "generate" in rows:
         import tempfile
         with tempfile.TemporaryDirectory() as work:
-            for spec in args.generate_shapes.split(","):
+            for spec, dtype in ((s, d) for s in args.generate_shapes.split(",") for d in args.generate_dtypes.split(",")):
                 layers, width = (int(x) for x in spec.split("x"))
-                med, same = generate_row(layers, width, args.rounds, cli, args.threads, work)
-                print(f"# twin check, generate {spec}: 64 greedy tokens of ours and transformers "
-                      f"{'agree: ok' if same else 'differ: MISMATCH'}", flush=True)
-                if not same:
-                    MISMATCHES.append(f"generate {spec}")
-                what = f"greedy decoding, GPT-2 {layers} x {width}, V 256, batch 1, 256 tokens after 128, fp32 (tokens/s)"
+                med, same = generate_row(layers, width, args.rounds, cli, args.threads, work, dtype)
+                if dtype == "float32":
+                    print(f"# twin check, generate {spec}: 64 greedy tokens of ours and transformers "
+                          f"{'agree: ok' if same == 64 else f'differ from token {same}: MISMATCH'}", flush=True)
+                    if same != 64:
+                        MISMATCHES.append(f"generate {spec}")
+                else:  # each rounds its own way: reported, not required
+                    print(f"# generate {spec} {dtype}: the first {same} of 64 greedy tokens of ours and transformers "
+                          f"agree", flush=True)
+                short = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
+                what = f"greedy decoding, GPT-2 {layers} x {width}, V 256, batch 1, 256 tokens after 128, {short} (tokens/s)"
                 # rates: the ratio is ours / peer, so that > 1 still means ours is faster
                 print(f"| {what} | {med['ours']:.0f} | transformers eager, dynamic cache | {med['transformers']:.0f} | "
                       f"{med['ours'] / med['transformers']:.2f} |", flush=True)
+                bandwidth = stream_bandwidth()
+                bound = bandwidth / med["weight bytes"]
+                print(f"| {what} | {med['ours']:.0f} | the bandwidth bound: {med['weight bytes'] / 1e6:.1f} MB of weights "
+                      f"a token at {bandwidth / 1e9:.1f} GB/s (a torch sum) | {bound:.0f} | {med['ours'] / bound:.2f} |",
+                      flush=True)
     if "example" in rows:
         med, diff = example_row(args.rounds)
         close = diff <= 1e-5  # float32 rounding of two orders of the same sums (and the 1e-8 Z term)

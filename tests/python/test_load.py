@@ -478,3 +478,18 @@ def test_python_arguments_of_load_and_train_take_python_types(shared, tmp_path):
     with pytest.raises(ValueError, match=r"^train: threads must be >= 0"):
         spanformer.train(config, tmp_path / "run2", data=data, threads=-2, quiet=True, nb_steps=2)
     assert not (tmp_path / "run2").exists()
+
+
+def test_generate_in_bfloat16(cli, gpt_run, adaptive_span_run):
+    """`generate --dtype bfloat16` (the gpt family): greedy decoding starts with the float32 model's first 5
+    tokens (where their margins exceed bfloat16's rounding), sampling runs; another family and another dtype
+    are one-line errors."""
+    import subprocess
+    greedy = [cli("generate", gpt_run, "--prompt", "It was", "--tokens", "20", "--top-k", "1", "--dtype", d)
+              for d in ("float32", "bfloat16")]
+    assert len(greedy[0]) == len("It was") + 20 + 1 and greedy[1][:len("It was") + 5] == greedy[0][:len("It was") + 5], greedy
+    assert cli("generate", gpt_run, "--tokens", "30", "--dtype", "bfloat16", "--seed", "2").endswith("\n")
+    for args, message in (((gpt_run, "--dtype", "float16"), "generate --dtype must be float32 or bfloat16 (got 'float16')"),
+                          ((adaptive_span_run, "--dtype", "bfloat16"), "generate --dtype bfloat16 is for the gpt family")):
+        done = subprocess.run([cli.path, "generate", *args, "--tokens", "5"], capture_output=True, text=True)
+        assert done.returncode != 0 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr

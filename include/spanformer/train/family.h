@@ -103,6 +103,7 @@ struct SampleRequest {
   int64_t top_k = 0;
   double top_p = 1.0;
   bool cuda_graphs = false;  // each new token's step as a CUDA graph (GraphedSampling)
+  bool bfloat16 = false;     // the weights cast to bfloat16 once, every step in bfloat16 (gpt family)
   std::function<void(const std::string&)> on_text;
 };
 

@@ -207,6 +207,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
   void sample(const data::Vocab& vocab, const SampleRequest& r) override {
     model_->eval();
     model_->lay_out_for_decoding();
+    if (r.bfloat16) model_->to(torch::kBFloat16);
     models::GptDecoder decoder;
     std::unique_ptr<StepGraph> graph;  // each new token's step captured once, then replayed
     if (r.cuda_graphs) {
@@ -254,6 +255,8 @@ void GptFamily::bench(const BenchRequest& r) {
   const std::string span_dist = bench_span_dist(r);
   const int64_t tokens = r.integer("tokens", 0);  // generate mode: 0 = the second half of the context
   if (r.has("tokens") && r.mode != BenchMode::kGenerate) fail("bench: --tokens is for --mode generate");
+  if (r.has("dtype") && r.mode != BenchMode::kGenerate) fail("bench: --dtype is for --mode generate (training: train.amp)");
+  if (r.has("recompute") && r.mode != BenchMode::kGenerate) fail("bench: --recompute is for --mode generate");
   if (r.has("tokens") && tokens < 1) fail("bench: --tokens must be >= 1 (got {})", tokens);
   auto& c = config_.model;
   if (c.vocab_size == 0) c.vocab_size = 256;
@@ -278,6 +281,11 @@ void GptFamily::bench(const BenchRequest& r) {
     if (tokens >= T) fail("bench --tokens {}: must be below the context {}", tokens, T);
     model_->eval();
     model_->lay_out_for_decoding();
+    const std::string dtype = r.has("dtype") ? r.text("dtype") : "float32";
+    if (dtype != "float32" && dtype != "bfloat16") fail("bench: --dtype must be float32 or bfloat16 (got '{}')", dtype);
+    if (dtype == "bfloat16") model_->to(torch::kBFloat16);
+    const int64_t recompute = r.integer("recompute", 1);
+    if (recompute != 0 && recompute != 1) fail("bench: --recompute must be 0 or 1 (got {})", recompute);
     torch::NoGradGuard no_grad;
     const int64_t prompt = tokens > 0 ? T - tokens : std::max<int64_t>(1, T / 2), steps = T - prompt;
     // train.cuda_graphs: a third row, each token's step at fixed shapes replayed as a CUDA graph (one
@@ -303,7 +311,7 @@ void GptFamily::bench(const BenchRequest& r) {
     for (int64_t i = 0; i < r.warmup + r.steps; ++i) {
       models::GptDecoder with_cache, without;
       without.use_cache = false;
-      const double a = run(with_cache), b = run(without), g = graph ? run(graphed) : 0.0;
+      const double a = run(with_cache), b = recompute ? run(without) : 0.0, g = graph ? run(graphed) : 0.0;
       fmt::print(stderr, "  round {}/{}: {:.0f} tokens/s with the cache, {:.0f} without{}{}\n", i + 1, r.warmup + r.steps,
                  a, b, graph ? fmt::format(", {:.0f} as a CUDA graph", g) : "", i < r.warmup ? " (warmup)" : "");
       if (i >= r.warmup) {
@@ -311,7 +319,8 @@ void GptFamily::bench(const BenchRequest& r) {
         cached += a * w, recomputed += b * w, replayed += g * w;
       }
     }
-    nlohmann::json fields{{"mode", "generate"}, {"cached_tokens_per_s", cached}, {"recomputed_tokens_per_s", recomputed},
+    nlohmann::json fields{{"mode", "generate"}, {"dtype", dtype}, {"cached_tokens_per_s", cached},
+                          {"recomputed_tokens_per_s", recompute ? nlohmann::json(recomputed) : nlohmann::json()},
                           {"attention", attention::causal_kind_name(c.attention)}};
     std::string graphed_text;
     if (graph) {
@@ -319,11 +328,14 @@ void GptFamily::bench(const BenchRequest& r) {
       graphed_text = fmt::format(", {:.1f} tokens/s as a CUDA graph ({:.2f}x the cache)", replayed, replayed / cached);
     }
     report_bench(r, name(), "bench",
-                 fmt::format("generate, {} layers, H {}, K {}, T {}, attention {}, tokens {} .. {} after a prompt of {}",
-                             c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), prompt + 1, T,
-                             prompt),
-                 fmt::format("{:.1f} tokens/s with the KV cache, {:.1f} tokens/s recomputing the context ({:.2f}x){}",
-                             cached, recomputed, cached / recomputed, graphed_text),
+                 fmt::format("generate, {} layers, H {}, K {}, T {}, attention {}, {}, tokens {} .. {} after a prompt of {}",
+                             c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), dtype,
+                             prompt + 1, T, prompt),
+                 fmt::format("{:.1f} tokens/s with the KV cache{}{}", cached,
+                             recompute ? fmt::format(", {:.1f} tokens/s recomputing the context ({:.2f}x)", recomputed,
+                                                     cached / recomputed)
+                                       : std::string(),
+                             graphed_text),
                  fields);
     return;
   }
@@ -370,6 +382,8 @@ void GptFamily::bench(const BenchRequest& r) {
 std::vector<BenchSetting> gpt_bench_settings() {
   auto settings = span_bench_settings();
   settings.push_back({"tokens", "generate mode: generate this many tokens, the last at a full context (default: the second half of the context)"});
+  settings.push_back({"dtype", "generate mode: float32, or bfloat16 (the weights cast once, every step in bfloat16)"});
+  settings.push_back({"recompute", "generate mode: 1 also times recomputing the whole context for each token, 0 not"});
   return settings;
 }
 
