@@ -130,9 +130,12 @@ expect_error "--span and --span-dist need model.attention = adaptive_span" "$bin
 expect_error "the xl family has no bench --mode generate" "$bin" bench -c "$src/configs/xl/wt2_demo.json" --mode generate --steps 1
 expect_error "bench --tokens 64: must be below the context 64" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 64
 expect_error "bench: --tokens is for --mode generate" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --tokens 5
+expect_error "bench: --dtype is for --mode generate (training: train.amp)" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --dtype bfloat16
+expect_error "bench: --dtype must be float32 or bfloat16 (got 'float16')" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --dtype float16
+expect_error "bench: --recompute must be 0 or 1 (got 2)" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --recompute 2
 # Each family's bench settings come from the family table: another family's setting is one line naming
 # the settings this family has; values are checked before anything is built.
-expect_error "bench: --mem-len is not a setting of the gpt family (its settings: --span, --span-dist, --tokens)" \
+expect_error "bench: --mem-len is not a setting of the gpt family (its settings: --span, --span-dist, --tokens, --dtype, --recompute)" \
   "$bin" bench -c "$src/configs/gpt/demo.json" --mem-len 16 --steps 1
 expect_error "bench: --span is not a setting of the vit family (it has none beyond --mode, --steps, --warmup and --json)" \
   "$bin" bench -c "$src/configs/vit/fashion_mnist.json" --span 16 --steps 1

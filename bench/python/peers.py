@@ -75,6 +75,10 @@ drift falls on all of them alike; a row prints the median of each over the round
                           256 steps with the KV cache (the prompt not counted)
             transformers  GPT2LMHeadModel.from_pretrained of the export, eager attention, its dynamic
                           cache: generate(max_new_tokens=256) less generate(max_new_tokens=1), as 255 tokens
+            compiled      the same with sdpa attention, its static cache (sized once for the longest call)
+                          and generate's torch.compile of the decoding step (CompileConfig(mode="default"),
+                          asked for on the CPU; the compilation not timed); in float32 its 64 greedy tokens
+                          must be the eager run's (else MISMATCH)
           checked: `spanformer generate --top-k 1` and transformers' greedy generate give the same 64
           tokens after the same prompt in float32, else a MISMATCH line and a non-zero exit (in bfloat16
           each rounds its own way: how many agree is printed); these rows print
@@ -462,14 +466,27 @@ def generate_row(layers, width, rounds, cli, threads, work, dtype="float32"):
     same = next((i for i, (a, b) in enumerate(zip(ours_text, theirs_text)) if a != b), min(len(ours_text), len(theirs_text)))
     same = 64 if ours_text == theirs_text else same - len(prompt_text)  # tokens are bytes here
     prompt = torch.tensor([ids])
+    # transformers' fastest decoding: its static cache (one size for every call: no recompilation) and each
+    # decoding step's forward under torch.compile (generate compiles it; on the CPU when asked to).
+    compiled = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="sdpa").eval()
+    compiled = compiled.to(getattr(torch, dtype))
+    compiled.generation_config.eos_token_id = None
+    compiled.generation_config.cache_implementation = "static"
+    compiled.generation_config.max_cache_len = len(ids) + 256
+    compile_config = transformers.CompileConfig(mode="default")
+    compile_config._compile_all_devices = True
+    compiled.generation_config.compile_config = compile_config
+    with torch.no_grad():  # compiles (minutes on 2 cores), then the check
+        want_compiled = compiled.generate(prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)[0, len(ids):]
+    same_compiled = next((i for i, (a, b) in enumerate(zip(want_compiled.tolist(), want.tolist())) if a != b), 64)
 
-    def theirs():  # 256 tokens less the prompt and the first: 255 steps with the cache
+    def theirs(m=model):  # 256 tokens less the prompt and the first: 255 steps with the cache
         with torch.no_grad():
             start = time.perf_counter()
-            model.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
+            m.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
             first = time.perf_counter() - start
             start = time.perf_counter()
-            model.generate(prompt, max_new_tokens=256, do_sample=False, pad_token_id=0)
+            m.generate(prompt, max_new_tokens=256, do_sample=False, pad_token_id=0)
             return 255 / (time.perf_counter() - start - first)
 
     def ours():
@@ -479,11 +496,14 @@ def generate_row(layers, width, rounds, cli, threads, work, dtype="float32"):
                              check=True, capture_output=True, text=True)
         return json.loads(out.stdout.strip().splitlines()[-1])["cached_tokens_per_s"]
     theirs()
-    rates = {"ours": [], "transformers": []}
+    theirs(compiled)
+    rates = {"ours": [], "transformers": [], "compiled": []}
     for _ in range(rounds):
         rates["ours"].append(ours())
         rates["transformers"].append(theirs())
+        rates["compiled"].append(theirs(compiled))
     med = {name: statistics.median(r) for name, r in rates.items()}
+    med["compiled agree"] = same_compiled
     # What a decoding step must read: every weight once (the position table: one row).
     med["weight bytes"] = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "wpe" not in name)
     return med, same
@@ -949,6 +969,12 @@ def main():
                 # rates: the ratio is ours / peer, so that > 1 still means ours is faster
                 print(f"| {what} | {med['ours']:.0f} | transformers eager, dynamic cache | {med['transformers']:.0f} | "
                       f"{med['ours'] / med['transformers']:.2f} |", flush=True)
+                print(f"# generate {spec} {dtype}: transformers compiled gives the first {med['compiled agree']} of its "
+                      f"eager run's 64 greedy tokens", flush=True)
+                if dtype == "float32" and med["compiled agree"] != 64:
+                    MISMATCHES.append(f"generate {spec} compiled")
+                print(f"| {what} | {med['ours']:.0f} | transformers static cache, torch.compile | {med['compiled']:.0f} | "
+                      f"{med['ours'] / med['compiled']:.2f} |", flush=True)
                 bandwidth = stream_bandwidth()
                 bound = bandwidth / med["weight bytes"]
                 print(f"| {what} | {med['ours']:.0f} | the bandwidth bound: {med['weight bytes'] / 1e6:.1f} MB of weights "
