@@ -355,10 +355,13 @@ TEST(GptModel, DecodingLayoutKeepsEveryValue) {
 
 // bfloat16 decoding (`generate --dtype bfloat16`: the model cast once after the decoding layout): the
 // prompt's and each cached step's logits within bfloat16's error of the float32 model's, for every
-// pattern with a KV cache and for LSH (which recomputes). Bound: 8 ulps of bfloat16 (2^-8 relative) of
-// the largest logit: each product and sum rounds to 8 bits of mantissa, over 2 layers.
+// pattern with a KV cache (LSH, which has none, hashes by the argmax of rotated bfloat16 vectors: a tie
+// broken the other way puts a key in another bucket, a discrete change no bound on rounding covers).
+// Bound: 8 ulps of bfloat16 (2^-8 relative) of the largest logit: each product and sum rounds to 8 bits
+// of mantissa, over 2 layers.
 TEST(GptModel, BFloat16DecodingFollowsFloat32) {
   for (auto kind : kAllKinds) {
+    if (kind == CausalKind::kLsh) continue;
     SCOPED_TRACE(attention::causal_kind_name(kind));
     auto config = tiny_gpt(kind, 24);
     torch::manual_seed(3);
