@@ -59,13 +59,6 @@ void add_bench(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
         fail("bench: --profile profiles training steps or evaluation (--mode train or eval), not generation");
       if (!g->device.empty()) family->train().device = g->device;
       if (request.mode == train::BenchMode::kTrain) family->check_training_step();
-      // train.cuda_graphs is a CUDA capture of one family's step (GPT): anywhere else it is refused, not ignored.
-      if (family->train().cuda_graphs) {
-        if (!train::parse_device(g->device.empty() ? family->train().device : g->device).is_cuda())
-          fail("train.cuda_graphs needs a CUDA device (the model is on {})", g->device.empty() ? family->train().device : g->device);
-        if (family->as<train::GraphedSteps>() == nullptr)
-          fail("train.cuda_graphs: the {} family has no graphed step to time", family->name());
-      }
       request.threads = set_threads(static_cast<int>(family->train().threads));
       request.device = train::parse_device(g->device.empty() ? "cpu" : g->device);
       family->bench(request);

@@ -1,5 +1,5 @@
 // spanformer generate: sampling from any family's checkpoint (temperature, top-k, top-p, seed; the gpt
-// family's per-token step as a CUDA graph with --cuda-graphs).
+// family in bfloat16 with --dtype).
 #include <iostream>
 
 #include "command.h"
@@ -34,8 +34,6 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
   cmd->add_option("--dtype", o->dtype, "float32, or bfloat16: the weights cast once and every step in bfloat16 "
                                        "(half the bytes a token reads; gpt family)")
       ->capture_default_str();
-  cmd->add_flag("--cuda-graphs", o->request.cuda_graphs,
-                "each new token's step as one CUDA graph, captured once and replayed (gpt family, --device cuda)");
   cmd->callback([o, g, &run] {
     run = [o, g] {
       set_threads(g->threads);
@@ -47,11 +45,6 @@ void add_generate(CLI::App& app, const std::shared_ptr<Globals>& g, Run& run) {
       if (o->request.bfloat16 && std::string(family->name()) != "gpt")
         fail("generate --dtype bfloat16 is for the gpt family ({} is of the {} family)", ck.path(), family->name());
       const auto device = train::parse_device(g->device.empty() ? "cpu" : g->device);
-      if (o->request.cuda_graphs) {  // refused before any output
-        const auto why = family->need<train::GraphedSampling>().sampling_graph_refusal();
-        if (!why.empty()) fail("generate --cuda-graphs: {}", why);
-        if (!device.is_cuda()) fail("generate --cuda-graphs needs a CUDA device (--device cuda; this run's is {})", device.str());
-      }
       family->module().to(device);
       torch::manual_seed(o->seed);
       auto request = o->request;

@@ -73,7 +73,7 @@ EOF
     pictures=OFF; pkg-config --exists cairo && pictures=ON
     zip=OFF; pkg-config --exists libzip && zip=ON
     sp=OFF; pkg-config --exists sentencepiece && sp=ON
-    step configure 180 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=ON \
+    step configure 180 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPANFORMER_CUDA=ON -DSPANFORMER_LAB=ON \
       -DCMAKE_PREFIX_PATH="$prefix" -DTORCH_CUDA_ARCH_LIST=9.0 -DSPANFORMER_BENCH=OFF \
       -DSPANFORMER_PICTURES=$pictures -DSPANFORMER_ZIP=$zip -DSPANFORMER_SENTENCEPIECE=$sp -DSPANFORMER_SHARED_DIR="$SHARED" || break
     step build 480 ninja -C "$BUILD" -j "$JOBS" -k 0 spanformer_launcher spanformer_tests spanformer_torch_ops || {
@@ -155,21 +155,22 @@ EOF
           printf '%s\t%s\t%s\t%s\n' "$name $extra" "$impl" "$round" "$ms" >> "$AB"
         done
       done
-      # The fused step kernels (include/spanformer/ops/step_ops.h) in the GPT step, against the composition,
-      # each without and with train.cuda_graphs (the step captured once and replayed).
-      for mode in composition kernels composition+graphs kernels+graphs; do
-        graphs=false; [[ $mode == *+graphs ]] && graphs=true
-        step "ab $round gpt step ops $mode" 60 env SPANFORMER_STEP_KERNELS=${mode%+graphs} "$BUILD/spanformer" --device cuda \
-          bench -c configs/gpt/bench_attention.json --steps 10 --warmup 3 --amp=bf16 --cuda_graphs=$graphs || continue
+      # The lab's fused step kernels (include/spanformer/ops/step_ops.h) in the GPT step, against the
+      # composition (this build carries the lab: -DSPANFORMER_LAB=ON).
+      for mode in composition kernels; do
+        step "ab $round gpt step ops $mode" 60 env SPANFORMER_STEP_KERNELS=$mode "$BUILD/spanformer" --device cuda \
+          bench -c configs/gpt/bench_attention.json --steps 10 --warmup 3 --amp=bf16 || continue
         ms=$(grep -E "^bench: [0-9.]+ ms/step" "$LOG" | tail -1 | awk '{print $2}')
         printf '%s\t%s\t%s\t%s\n' "gpt/bench_attention" "step ops $mode" "$round" "$ms" >> "$AB"
       done
     done
-    # Generation's per-token step (the last 256 tokens of the context): the growing KV cache, recomputing
-    # the context, and the fixed-shape step as a CUDA graph (generate --cuda-graphs), rounds interleaved.
-    step "gpt generate, cache vs graph" 60 "$BUILD/spanformer" --device cuda bench -c configs/gpt/bench_attention.json \
-      --mode generate --tokens 256 --steps 3 --warmup 1 --cuda_graphs=true &&
-      grep -E "^bench: .*tokens/s" "$LOG" | tail -1 | sed "s|^|gpt generate: |" | tee -a "$FIG"
+    # The lab's CUDA graphs (lab/step_graph.h): the GPT step and generation's fixed-shape per-token step,
+    # eager and replayed, rounds interleaved, with the composition and with the step kernels.
+    for mode in composition kernels; do
+      step "graph perf $mode" 90 env SPANFORMER_STEP_KERNELS=$mode "$BUILD/tests/spanformer_tests" --graph-perf \
+        --config configs/gpt/bench_attention.json --amp bf16 --rounds 5 --steps 10 &&
+        grep -E "^  (train step|generation)" "$LOG" | tail -2 | sed "s|^|graph perf ($mode):|" | tee -a "$FIG"
+    done
     $PY - "$AB" <<'EOF' 2>&1 | tee -a "$FIG"
 import statistics, sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]

@@ -97,6 +97,15 @@ stage_cuda() {
   PATH="$PATH:/usr/local/cuda/bin" bash scripts/build.sh --cuda --target spanformer_launcher --target spanformer_torch_ops \
     --target spanformer_tests
   run_ctest build-cuda -L cuda "${ctest_args[@]}"
+  # The lab apart (lab/lab.h): the library and the tool link none of its objects, the test binary does.
+  local lab_symbols='flash_lab_forward|span_lab_forward|spanformer::lab::register_rows|cuda_glue::bias_gelu_forward' in_main in_tests
+  in_main=$(nm -C build-cuda/libspanformer.a build-cuda/spanformer-bin 2> /dev/null | grep -cE "$lab_symbols" || true)
+  in_tests=$(nm -C build-cuda/tests/spanformer_tests | grep -cE "$lab_symbols" || true)
+  if [ "$in_main" != 0 ] || [ "$in_tests" = 0 ]; then
+    echo "test: the lab's symbols: $in_main in libspanformer.a and spanformer-bin (want 0), $in_tests in the test binary" >&2
+    return 1
+  fi
+  echo "test: the lab is apart (nm: 0 of its symbols in libspanformer.a and spanformer-bin, $in_tests in the test binary)"
   # Both load without a GPU and know what they were built with.
   local version
   version=$(build-cuda/spanformer --version)

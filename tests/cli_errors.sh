@@ -338,36 +338,6 @@ gpt_small=(--n_layer=1 --d_model=16 --n_head=2 --context=16 --batch_size=2 --nb_
 "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/gpt" "${gpt_small[@]}" > /dev/null 2>&1 &&
 "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/gptw" "${gpt_small[@]}" --attention=window \
   --window=4 > /dev/null 2>&1 && "$bin" export gpt2 "$tmp/gpt" --out "$tmp/hf" > /dev/null || { echo "FAIL: gpt runs"; exit 1; }
-# train.cuda_graphs: refused before the run directory where the step cannot be captured, in one line.
-expect_error "family has no training step captured as a CUDA graph (train.cuda_graphs)" \
-  "$bin" train -c "$tmp/tiny.json" --data "$tmp/data" --out "$tmp/cg1" --train.cuda_graphs=true
-expect_error "train.cuda_graphs cannot capture this gpt step: its window attention is not captured (dense and flash are)" \
-  "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/cg2" "${gpt_small[@]}" --attention=window \
-  --train.cuda_graphs=true
-expect_error "train.cuda_graphs cannot capture this gpt step: train.optim is adagrad; the captured update is Adam's or AdamW's" \
-  "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/cg3" "${gpt_small[@]}" --optim=adagrad --weight_decay=0 \
-  --train.cuda_graphs=true
-expect_error "train.cuda_graphs needs a CUDA device (train.device is cpu)" \
-  "$bin" train -c "$src/configs/gpt/demo.json" --data "$tmp/data" --out "$tmp/cg4" "${gpt_small[@]}" --train.cuda_graphs=true
-expect_error "train.cuda_graphs needs a CUDA device (the model is on cpu)" \
-  "$bin" bench -c "$src/configs/gpt/demo.json" --n_layer=1 --d_model=16 --n_head=2 --context=16 --batch_size=2 --steps 1 \
-  --warmup 0 --cuda_graphs=true
-for d in cg1 cg2 cg3 cg4; do
-  [ ! -e "$tmp/$d" ] || { echo "FAIL: a refused train.cuda_graphs run wrote $d"; failures=$((failures + 1)); }
-done
-# generate --cuda-graphs: refused before the prompt is printed.
-expect_error "the adaptive-span family has no generation step captured as a CUDA graph (generate --cuda-graphs)" \
-  "$bin" generate "$tmp/run" --tokens 5 --cuda-graphs
-[ ! -s "$tmp/out" ] || { echo "FAIL: a refused generate --cuda-graphs printed: $(cat "$tmp/out")"; failures=$((failures + 1)); }
-expect_error "generate --cuda-graphs needs a CUDA device (--device cuda; this run's is cpu)" \
-  "$bin" generate "$tmp/gpt" --tokens 5 --cuda-graphs
-[ ! -s "$tmp/out" ] || { echo "FAIL: a refused generate --cuda-graphs printed: $(cat "$tmp/out")"; failures=$((failures + 1)); }
-expect_error "train.cuda_graphs needs a CUDA device (the model is on cpu)" \
-  "$bin" bench -c "$src/configs/gpt/demo.json" --n_layer=1 --d_model=16 --n_head=2 --context=16 --batch_size=2 --steps 1 \
-  --warmup 0 --mode generate --cuda_graphs=true
-# A family whose bench has no graphed step refuses the key there too (it used to time the eager step).
-expect_error "train.cuda_graphs needs a CUDA device (the model is on cpu)" \
-  "$bin" bench -c "$tmp/tiny.json" --steps 1 --warmup 0 --cuda_graphs=true
 expect_error "export gpt2: .*/run/checkpoint.pt is of the adaptive-span family; the GPT-2 layout is for the gpt family" \
   "$bin" export gpt2 "$tmp/run" --out "$tmp/hf1"
 expect_error "export gpt2: GPT-2 has dense attention only, and this model's attention is window" \

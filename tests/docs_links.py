@@ -6,7 +6,9 @@
   - no file of the project cites a work tracker ("issue 12", "per issue", "the issue sets"): the docs and
     comments are references, their history is git's;
   - no source under src/ or include/ says its code waits for a GPU in words of its own ("not yet measured
-    on a GPU"): such code points to the one table of it, docs/platform.md's "Awaiting a GPU".
+    on a GPU"): such code points to the one table of it, docs/platform.md's "Awaiting a GPU";
+  - no source under src/, include/ or cli/ includes a file of the lab (lab/lab.h: the kernels awaiting a
+    GPU live in a target the library never links; the programs that carry it add lab/with_lab.cpp).
 
     python3 tests/docs_links.py SOURCE_DIR      (exit 1 with one line per fault)
 """
@@ -18,6 +20,7 @@ import sys
 LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 WAITING = re.compile(r"(?i)\bnot (yet )?(been )?(run|measured|timed)( yet)? on a GPU|\buntil a GPU\b")
+LAB_INCLUDE = re.compile(r'^\s*#\s*include\s*"[^"]*\blab/')
 TRACKER = re.compile(r"(?i)(\b(issue|task|ticket)s?[- #]*\d+\b|\bper issue\b|\bthe issue (sets|asks|says|requires|wants)\b"
                      r"|\btracker\b)")
 
@@ -98,6 +101,8 @@ def check_trackers(source):
             w = WAITING.search(line) if f.startswith(("src/", "include/")) else None
             if w:
                 faults.append(f"{f}:{number}: says '{w.group(0)}': point to docs/platform.md's \"Awaiting a GPU\" instead")
+            if f.startswith(("src/", "include/", "cli/")) and LAB_INCLUDE.search(line):
+                faults.append(f"{f}:{number}: includes the lab ({line.strip()}): the library never names lab/")
     return faults
 
 

@@ -105,6 +105,16 @@ TEST(Config, FilesReportMissingCorruptAndUnknownKeys) {
             std::string::npos);
 }
 
+// train.cuda_graphs left for the lab: a checkpoint of an earlier version, whose config carries it false,
+// still loads; true is one line saying where the graphs wait.
+TEST(Config, RetiredGraphKeyReadsFalseAndRefusesTrue) {
+  tu::TempDir tmp;
+  tu::write_text(tmp.file("old.json"), R"({"train": {"cuda_graphs": false, "batch_size": 3}})");
+  EXPECT_EQ(load_config(tmp.file("old.json")).train.batch_size, 3);
+  tu::write_text(tmp.file("on.json"), R"({"train": {"cuda_graphs": true}})");
+  EXPECT_NE(error_of([&] { load_config(tmp.file("on.json")); }).find("train.cuda_graphs waits in the lab"), std::string::npos);
+}
+
 TEST(Config, ShippedConfigsCarryTheReferenceValues) {
   const std::string dir = std::string(SPANFORMER_SOURCE_DIR) + "/configs/";
   struct Expect {

@@ -26,7 +26,7 @@
 #include "op_cases.h"
 #include "spanformer/ops/step_ops.h"
 #include "spanformer/train/optim.h"
-#include "train/step_graph.h"
+#include "lab/step_graph.h"
 #include "util.h"
 #include "xl_util.h"
 
@@ -276,7 +276,7 @@ TEST(GptCuda, TrainingStepsMatchTheCpu) {
   }
 }
 
-// train.cuda_graphs (src/train/step_graph.h): a GPT's training steps (dense attention, dropout, AdamW
+// The lab's CUDA graphs (lab/step_graph.h): a GPT's training steps (dense attention, dropout, AdamW
 // with a rate that changes every step, clipping) replayed from the captured graph equal the same steps
 // run eagerly through the same code, bit for bit: every loss and every parameter after 8 steps.
 TEST(GraphCuda, ReplayEqualsEagerBitForBit) {
@@ -295,7 +295,7 @@ TEST(GraphCuda, ReplayEqualsEagerBitForBit) {
     for (const auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
     train::Optimizer optimizer(named, {OptimKind::kAdamW, 0.0, /*grad_clip=*/0.5, /*weight_decay=*/0.1, 0.99});
     EXPECT_EQ(optimizer.graph_refusal(), "");
-    train::StepGraph graph(device, warmup);
+    lab::StepGraph graph(device, warmup);
     std::vector<double> losses;
     for (int64_t s = 0; s < steps; ++s) {
       auto x = tokens[s].narrow(1, 0, T).to(device), y = tokens[s].narrow(1, 1, T).to(device);  // (B, T)
@@ -315,13 +315,35 @@ TEST(GraphCuda, ReplayEqualsEagerBitForBit) {
     for (const auto& p : model->parameters()) params.push_back(p.detach().cpu());
     return std::pair{losses, params};
   };
-  const auto eager = run(1000), replayed = run(train::StepGraph::kWarmup);
+  const auto eager = run(1000), replayed = run(lab::StepGraph::kWarmup);
   for (int64_t s = 0; s < steps; ++s) EXPECT_EQ(eager.first[s], replayed.first[s]) << "step " << s + 1;
   for (size_t i = 0; i < eager.second.size(); ++i)
     EXPECT_TRUE(torch::equal(eager.second[i], replayed.second[i])) << "parameter " << i;
 }
 
-// generate --cuda-graphs: each new token's fixed-shape step (models/gpt.h) replayed as a CUDA graph
+// The lab's graph timings (spanformer_tests --graph-perf): what a graph cannot capture, and a machine
+// without a GPU, are one line each, before any model is built.
+TEST(GraphPerf, RefusesWhatCannotBeCapturedInOneLine) {
+  tu::TempDir tmp;
+  auto config = [&](const std::string& name, const std::string& text) {
+    tu::write_text(tmp.file(name), text);
+    return tmp.file(name);
+  };
+  const std::string model = R"("arch": "gpt", "model": {"n_layer": 1, "d_model": 16, "n_head": 2, "context": 16, "vocab_size": 11)";
+  EXPECT_EQ(tu::error_of([&] {
+              lab::graph_perf_main({"--config", config("w.json", "{" + model + R"(, "attention": "window", "window": 4}, "train": {"optim": "adamw"}})")});
+            }),
+            "--graph-perf: cannot capture this gpt step: its window attention is not captured (dense and flash are)");
+  EXPECT_EQ(tu::error_of([&] { lab::graph_perf_main({"--config", config("a.json", "{" + model + R"(}, "train": {"optim": "adagrad"}})")}); }),
+            "--graph-perf: cannot capture this gpt step: train.optim is adagrad; the captured update is Adam's or AdamW's");
+  EXPECT_EQ(tu::error_of([&] { lab::graph_perf_main({"--rounds"}); }),
+            "--graph-perf: --rounds needs a value (--config FILE, --amp bf16|off, --rounds N, --steps N)");
+  if (!torch::cuda::is_available())
+    EXPECT_EQ(tu::error_of([&] { lab::graph_perf_main({"--config", config("d.json", "{" + model + R"(}, "train": {"optim": "adamw"}})")}); }),
+              "--graph-perf needs a CUDA device (none is visible)");
+}
+
+// The lab's CUDA graphs: each new token's fixed-shape step (models/gpt.h) replayed as a CUDA graph
 // gives the hidden states of the same step run eagerly, bit for bit, through two context slides (the
 // prompt and each slide refill the buffers the graph reads); both within float rounding of the
 // growing KV cache. Dense and window attention (a band the mask must honour).
@@ -339,7 +361,7 @@ TEST(GraphCuda, GenerationReplayEqualsEagerBitForBit) {
     torch::manual_seed(4);
     const auto tokens = torch::randint(11, {1, 60}, torch::kLong).to(device);
     auto run = [&](int64_t warmup, bool fixed_shapes) {
-      train::StepGraph graph(device, warmup, "generate --cuda-graphs");
+      lab::StepGraph graph(device, warmup, "generation as a CUDA graph");
       models::GptDecoder d;
       d.fixed_shapes = fixed_shapes;
       if (fixed_shapes)
@@ -351,7 +373,7 @@ TEST(GraphCuda, GenerationReplayEqualsEagerBitForBit) {
       if (fixed_shapes) EXPECT_EQ(graph.captured(), warmup < 50);
       return hidden;
     };
-    const auto growing = run(1000, false), eager = run(1000, true), replayed = run(train::StepGraph::kWarmup, true);
+    const auto growing = run(1000, false), eager = run(1000, true), replayed = run(lab::StepGraph::kWarmup, true);
     for (size_t i = 0; i < eager.size(); ++i) {
       EXPECT_TRUE(torch::equal(eager[i], replayed[i])) << "call " << i;
       EXPECT_LT((eager[i] - growing[i]).abs().max().item<double>(), 1e-5) << "call " << i;
@@ -359,7 +381,7 @@ TEST(GraphCuda, GenerationReplayEqualsEagerBitForBit) {
   }
 }
 
-// The fused step kernels (src/ops/cuda/step_kernels.cu) through the public ops, SPANFORMER_STEP_KERNELS
+// The lab's fused step kernels (lab/cuda/step_kernels.cu) through the public ops, SPANFORMER_STEP_KERNELS
 // = kernels against the composition, every step case of tests/op_cases.h.
 TEST(StepKernelsCuda, WithinTheReferenceError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";

@@ -22,7 +22,7 @@
 #include "op_cases.h"
 #include "ops/autograd_function.h"
 #include "ops/backends.h"
-#include "ops/step_autograd.h"
+#include "lab/step_autograd.h"
 #include "spanformer/ops/step_ops.h"
 #include "spanformer/util/torch_compat.h"
 #include "spanformer/ops/adaptive_span_attention.h"
@@ -39,7 +39,7 @@ struct EmulatedSpanRow {
   static ops::Triple forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
                              const at::Tensor& span_ratio, const ops::SpanCall& c) {
     auto o = options(span_ratio, k.size(2) - q.size(2), c, c.seed);
-    auto f = ops::cuda_glue::span_attention_forward(q, k, v, key_pe, span_ratio, o);
+    auto f = ops::cuda_glue::span_attention_forward(q, k, v, key_pe, span_ratio, o, true);
     return {f.out, f.saved, ops::seed_tensor(c.seed, q)};
   }
   static std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -351,7 +351,7 @@ TEST(FlashEmulated, BFloat16Version0WithinTheBFloat16ReferenceError) {
     tu::expect_flash_within_reference_error(c, at::kBFloat16, 2.0, at::kCPU, emulated_flash);
 }
 
-// The fused step kernels (src/ops/cuda/step_kernels.cu) through their autograd functions on the CPU
+// The lab's fused step kernels (lab/cuda/step_kernels.cu) through their autograd functions on the CPU
 // model of CUDA, against the composition in double (tests/op_cases.h, every step case).
 TEST(StepKernelsEmulated, AddLayerNormWithinTheReferenceError) {
   tu::expect_add_layer_norm_within_reference_error(

@@ -389,7 +389,7 @@ TEST(GptModel, BFloat16DecodingFollowsFloat32) {
   }
 }
 
-// Generation at fixed shapes (what `generate --cuda-graphs` captures: GptDecoder::fixed_shapes) gives
+// Generation at fixed shapes (what the lab's CUDA graph captures: GptDecoder::fixed_shapes) gives
 // the hidden states of recomputing the whole context, for every pattern with a KV cache, plain and
 // reversible layers, through context slides; each single token runs through the runner (the graph's
 // place) and the buffers keep their storage across slides (a captured graph reads them).

@@ -16,6 +16,7 @@
 
 #include "spanformer/util/build_info.h"
 #include "spanformer/util/runtime.h"
+#include "lab/step_graph.h"
 
 namespace spanformer::tu {
 int op_perf_main(const std::vector<std::string>& args);  // tests/op_perf.cpp
@@ -59,6 +60,14 @@ int main(int argc, char** argv) {
   sigaction(SIGBUS, &action, nullptr);
   if (argc >= 2 && std::strcmp(argv[1], "--op-perf") == 0) {  // perf mode of the ops' case lists
     return spanformer::tu::op_perf_main(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (argc >= 2 && std::strcmp(argv[1], "--graph-perf") == 0) {  // the lab's CUDA graphs timed (lab/step_graph.h)
+    try {
+      return spanformer::lab::graph_perf_main(std::vector<std::string>(argv + 2, argv + argc));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
   }
   bool listing = false;
   for (int i = 1; i < argc; ++i) listing = listing || std::strncmp(argv[i], "--gtest_list_tests", 18) == 0;

@@ -177,7 +177,7 @@ TEST(OptimCuda, FusedKernelsEqualThePlainCompositionOnCuda) {
   expect_fused_equals_plain({OptimKind::kAdam, OptimKind::kAdamW}, at::Device(at::kCUDA));
 }
 
-// train.cuda_graphs' optimizer step (src/train/step_graph.h): the host's share (begin_graph_step: the
+// The graphed optimizer step (the lab's CUDA graphs, lab/step_graph.h): the host's share (begin_graph_step: the
 // count, the rate written into a device tensor) and the device's (graph_step: the count there, then
 // ATen's fused Adam / AdamW reading both tensors) held to step() on CPU parameters, where the same code
 // runs eagerly: the same kernels on the same numbers, so the same bits, over steps of changing rates,

@@ -108,8 +108,6 @@ const std::vector<Field<TrainConfig>>& train_fields() {
       enum_field("dist_backend", &C::dist_backend, dist::parse_backend, dist::backend_name,
                  "auto = gloo on CPU, nccl on CUDA"),
       field("dist_bucket_kb", &C::dist_bucket_kb, "gradient buckets all-reduced during backward (0 = one bucket after it)"),
-      field("cuda_graphs", &C::cuda_graphs,
-            "capture the training step as one CUDA graph after 3 eager steps and replay it (GPT on one GPU)"),
   };
   return fields;
 }
@@ -129,6 +127,10 @@ void read_train_section(TrainConfig& t, const json& j, const std::string& origin
     std::string key = key_in;
     for (const auto& [old_name, name] : train_key_aliases())
       if (key == old_name) key = name;
+    if (key == "cuda_graphs") {  // retired: checkpoints of earlier versions carry it, false
+      if (value.is_boolean() && !value.get<bool>()) continue;
+      fail("{}: train.cuda_graphs waits in the lab (docs/platform.md, \"Awaiting a GPU\")", origin);
+    }
     if (const auto* f = find_field(train_fields(), key)) {
       f->set(t, value);
     } else if (!other || !other(key, value)) {

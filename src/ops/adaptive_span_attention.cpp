@@ -112,33 +112,9 @@ struct SpanBackend {
 
 const SpanBackend kSpanBackends[] = {
 #ifdef SPANFORMER_WITH_CUDA
-    {"cuda", [](const at::Tensor& q) { return q.is_cuda() && cuda_glue::span_attention_supported(q); },
-     [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
-        const at::Tensor& span_ratio, const SpanAttentionOptions& o, bool /*keep*/) {
-       return cuda_glue::span_attention_forward(q, k, v, key_pe, span_ratio, o);
-     },
-     &cuda_glue::span_attention_backward,
-     [](const at::Tensor& q, const at::Tensor&, bool) {  // the rows' (max, Z, N): (3, B, K, M) float32
-       return at::empty({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-     }},
+    {"cuda", &cuda_glue::span_takes, &cuda_glue::span_attention_forward, &cuda_glue::span_attention_backward, &cuda_glue::span_saved_like},
 #endif
-    {"cpu", [](const at::Tensor& q) { return q.device().is_cpu(); },
-     [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_pe,
-        const at::Tensor& span_ratio, const SpanAttentionOptions& o, bool keep) {
-       return cpu::span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
-                                          span_ratio.contiguous(), o, keep);
-     },
-     [](const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-        const at::Tensor& key_pe, const at::Tensor& span_ratio, const at::Tensor& /*out*/, const at::Tensor& p,
-        const SpanAttentionOptions& o) {
-       return cpu::span_attention_backward(grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
-                                           key_pe.contiguous(), span_ratio.contiguous(), o, p);
-     },
-     [](const at::Tensor& q, const at::Tensor& k, bool keep) {  // p (K, B, M, W) when training, else nothing
-       const auto options = q.options().dtype(cpu::span_compute_dtype(q.scalar_type()));
-       return keep ? at::empty({q.size(1), q.size(0), q.size(2), k.size(2) - q.size(2)}, options)
-                   : at::empty({0}, options);
-     }},
+    {"cpu", &cpu::span_takes, &cpu::span_attention_forward, &cpu::span_attention_backward, &cpu::span_saved_like},
     {"reference", [](const at::Tensor&) { return true; }, nullptr, nullptr, nullptr},
 };
 

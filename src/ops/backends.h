@@ -92,15 +92,22 @@ namespace cpu {
 inline at::ScalarType span_compute_dtype(at::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t;
 }
-// options.visited resolved; saved = p (in span_compute_dtype) when keep_p, else an empty tensor (no
-// backward possible).
+// The span op's cpu row: CPU tensors, any floating dtype, any layout. options.visited resolved; saved = p
+// (in span_compute_dtype) when keep_p, else an empty tensor (no backward possible). The backward reads
+// p_kept, not out.
+inline bool span_takes(const at::Tensor& q) { return q.device().is_cpu(); }
 Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                const SpanAttentionOptions& options, bool keep_p);
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& key_pe,
-                                           const at::Tensor& span_ratio, const SpanAttentionOptions& options,
-                                           const at::Tensor& p_kept);
+                                           const at::Tensor& span_ratio, const at::Tensor& out,
+                                           const at::Tensor& p_kept, const SpanAttentionOptions& options);
+// What the forward keeps, without values (the Meta kernel's): p (K, B, M, W) when keep_p, else nothing.
+inline at::Tensor span_saved_like(const at::Tensor& q, const at::Tensor& k, bool keep_p) {
+  const auto options = q.options().dtype(span_compute_dtype(q.scalar_type()));
+  return keep_p ? at::empty({q.size(1), q.size(0), q.size(2), k.size(2) - q.size(2)}, options) : at::empty({0}, options);
+}
 // The fused flash kernel: CPU tensors of float32, float64, bfloat16 or float16 (16-bit computed in
 // float32). saved = logsumexp (B, K, N) in float32 (float64 for float64 inputs); options.band 1 .. C.
 bool flash_supported(const at::Tensor& q);
@@ -133,11 +140,16 @@ FlashGrads flash_backward_by_rows(FlashBackwardFn row, const at::Tensor& grad_ou
 // The CUDA kernels' glue (src/ops/cuda/*_cuda.cpp): compiled into -DSPANFORMER_CUDA=ON builds, and into
 // the tests' CPU model of CUDA (tests/cuda_emulated), where the same code runs on CPU tensors.
 namespace cuda_glue {
-// float32 / bfloat16 / float16 with D a multiple of 32 up to 256.
+// The span op's cuda row: CUDA tensors of float32 / bfloat16 / float16 with D a multiple of 32 up to 256.
+// saved = the rows' (max, Z, N), (3, B, K, M) float32, whether or not a backward follows (keep unused).
 bool span_attention_supported(const at::Tensor& q);
+inline bool span_takes(const at::Tensor& q) { return q.is_cuda() && span_attention_supported(q); }
 Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& key_pe, const at::Tensor& span_ratio,
-                               const SpanAttentionOptions& options);
+                               const SpanAttentionOptions& options, bool keep);
+inline at::Tensor span_saved_like(const at::Tensor& q, const at::Tensor&, bool) {
+  return at::empty({3, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+}
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& key_pe,
                                            const at::Tensor& span_ratio, const at::Tensor& out,
@@ -147,19 +159,6 @@ bool flash_supported(const at::Tensor& q);
 Forward flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashOptions& options);
 FlashGrads flash_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& out, const at::Tensor& lse, const FlashOptions& options);
-// The fused step kernels (step_kernels.cu): activations float32 / bfloat16 / float16 of one dtype, rows
-// of H = weight.numel() contiguous elements; parameters float32 or the activations' dtype.
-struct AddLayerNormForward {
-  at::Tensor sum, out, mean, rstd;  // (..., H) twice, then (rows) float32 twice
-};
-AddLayerNormForward add_layer_norm_forward(const at::Tensor& x, const at::Tensor& r, const at::Tensor& weight,
-                                           const at::Tensor& bias, double eps);
-// (ds, dweight, dbias); grad_sum may be undefined (nothing reaches s but through the norm).
-std::vector<at::Tensor> add_layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_sum,
-                                                const AddLayerNormForward& saved, const at::Tensor& weight);
-at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, bool tanh);
-std::vector<at::Tensor> bias_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& bias,
-                                           bool tanh);  // (dx, dbias)
 }  // namespace cuda_glue
 
 }  // namespace spanformer::ops

@@ -56,7 +56,7 @@ bool Optimizer::fusable() const {
   }
   if (!device || device->is_cpu()) return true;
   // On CUDA: ATen's multi-tensor Adam / AdamW, one launch for all parameters, with the other fused step
-  // kernels (SPANFORMER_STEP_KERNELS=kernels, include/spanformer/ops/step_ops.h) awaiting a GPU (docs/platform.md).
+  // kernels' row (SPANFORMER_STEP_KERNELS=kernels, include/spanformer/ops/step_ops.h; the lab's: lab/lab.h).
   return device->is_cuda() && options_.kind != OptimKind::kAdagrad && ops::step_kernels_take(slots_.front().param);
 }
 

@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include "run_parts.h"
-#include "step_graph.h"
 #include "spanformer/dist/group.h"
 #include "spanformer/dist/reducer.h"
 #include "spanformer/util/error.h"
@@ -105,24 +104,6 @@ Position start_or_resume(Family& family, run::Batches& batches, run::RunDirector
   return {};
 }
 
-// train.cuda_graphs, refused before the run directory where a step cannot be captured (step_graph.h).
-void check_cuda_graphs(Family& family, const TrainConfig& tc, const dist::Group* group) {
-  if (!tc.cuda_graphs) return;
-  const std::string why = family.need<GraphedSteps>().graph_refusal();
-  if (!why.empty()) fail("train.cuda_graphs cannot capture this {} step: {}", family.name(), why);
-  if (group) fail("train.cuda_graphs runs in one process (this run has {})", group->world());
-  if (!parse_device(tc.device).is_cuda()) fail("train.cuda_graphs needs a CUDA device (train.device is {})", tc.device);
-  if (!SPANFORMER_HAS_FUSED_OPTIMIZERS) fail("train.cuda_graphs needs ATen's fused optimizers (LibTorch 2.4 or later)");
-}
-
-// One step through the graph: the host's share, then the device's captured or replayed.
-torch::Tensor graphed_step(Family& family, StepGraph& graph, const torch::Tensor& x, const torch::Tensor& y,
-                           const StepContext& ctx) {
-  auto& steps = family.need<GraphedSteps>();
-  steps.begin_graph_step(ctx);
-  return graph.run(x, y, [&](const torch::Tensor& gx, const torch::Tensor& gy) { return steps.graph_step(gx, gy, ctx); });
-}
-
 // What the family's step needs besides the batch.
 StepContext step_context(const TrainConfig& tc, int64_t step, dist::Group* group, dist::GradientReducer* reducer,
                          torch::Device device) {
@@ -168,7 +149,6 @@ RunResult run_training(Family& family, const RunOptions& options) {
   family.check_training_step();
   set_threads(static_cast<int>(tc.threads));
   dist::Group* group = options.group.get();
-  check_cuda_graphs(family, tc, group);
   const run::Shard shard = make_shard(group, tc);
   if (group) check_ranks_agree(family, *group);
   if (options.out_dir.empty()) fail("no run directory: --out must name a directory");
@@ -193,8 +173,6 @@ RunResult run_training(Family& family, const RunOptions& options) {
   dir.begin_session(family.config_json(), options.command_line, pos.step, shard.world);
 
   install_interrupt_handler();
-  // train.cuda_graphs: from here on every step, copy and read runs on the graph's stream.
-  std::unique_ptr<StepGraph> graph = tc.cuda_graphs ? std::make_unique<StepGraph>(device) : nullptr;
   const bool main_rank = shard.rank == 0;
   const bool tty = main_rank && options.progress && isatty(STDERR_FILENO);
   const int64_t first_step = pos.step;
@@ -224,7 +202,7 @@ RunResult run_training(Family& family, const RunOptions& options) {
     const StepContext ctx = step_context(tc, pos.step + 1, group, reducer.get(), device);
     auto [x, y] = batches->next(pos, ctx.step, device);
     // The one host read of the step.
-    double loss = (graph ? graphed_step(family, *graph, x, y, ctx) : family.train_step(x, y, ctx)).item<double>();
+    double loss = family.train_step(x, y, ctx).item<double>();
     if (group) loss = group->all_reduce_sum(loss) / static_cast<double>(shard.world);
     if (!std::isfinite(loss))
       fail("training diverged at step {}: the loss is {} (lower lr or grad_clip; the last checkpoint is kept)", ctx.step, loss);

@@ -1,2 +1,2 @@
 // The flash kernels' lab variants compiled unchanged for the CPU model of CUDA (tests/cuda_emulated/emulator.h).
-#include "../../src/ops/cuda/lab/flash_attention_lab.cu"
+#include "../../lab/cuda/flash_attention_lab.cu"

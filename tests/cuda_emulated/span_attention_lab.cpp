@@ -1,2 +1,2 @@
 // The adaptive-span forward's lab variants compiled unchanged for the CPU model of CUDA (tests/cuda_emulated/emulator.h).
-#include "../../src/ops/cuda/lab/span_attention_lab.cu"
+#include "../../lab/cuda/span_attention_lab.cu"

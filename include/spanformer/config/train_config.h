@@ -61,7 +61,6 @@ struct TrainConfig {
   double dist_timeout = 300;
   dist::Backend dist_backend = dist::Backend::kAuto;  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
   int64_t dist_bucket_kb = 1024;
-  bool cuda_graphs = false;        // the training step as one CUDA graph, replayed (train/step_graph.h)
 };
 
 // One config key, for `spanformer config keys` (each family lists its own: train/registry.h).

@@ -22,7 +22,7 @@
 // adaptive span: its largest visited distance - 1 (the spans are fixed at inference). Results are then
 // identical to running the model on the whole context (tests/test_gpt.cpp).
 //
-// Fixed shapes (GptDecoder::fixed_shapes; `generate --cuda-graphs`): a GPU spends a one-token step of a
+// Fixed shapes (GptDecoder::fixed_shapes; the lab's CUDA graphs, lab/step_graph.h): a GPU spends a one-token step of a
 // small model launching a few hundred short kernels, which a CUDA graph replays at once, but a graph
 // needs the same shapes and buffers at every replay. So after the context is encoded the cache moves
 // into buffers of the whole context, (1, K, T, D) per layer, and each new token is written at row `at`

@@ -102,7 +102,6 @@ struct SampleRequest {
   double temperature = 1.0;
   int64_t top_k = 0;
   double top_p = 1.0;
-  bool cuda_graphs = false;  // each new token's step as a CUDA graph (GraphedSampling)
   bool bfloat16 = false;     // the weights cast to bfloat16 once, every step in bfloat16 (gpt family)
   std::function<void(const std::string&)> on_text;
 };
@@ -288,30 +287,6 @@ class Spans {
   virtual std::vector<std::vector<double>> spans() const = 0;
   virtual int64_t span_limit() const = 0;  // L, the largest span
   virtual int64_t span_ramp() const = 0;   // R, the mask's ramp
-};
-
-// train.cuda_graphs (src/train/step_graph.h): a training step whose device work can be captured once
-// as a CUDA graph and replayed, its host work (the learning rate, the step count) kept apart.
-class GraphedSteps {
- public:
-  static constexpr const char* kWhat = "training step captured as a CUDA graph (train.cuda_graphs)";
-  virtual ~GraphedSteps() = default;
-  // Why this model's step cannot be captured, in one clause; empty when it can.
-  virtual std::string graph_refusal() const = 0;
-  // Before each step, outside the graph: what the step reads from the host.
-  virtual void begin_graph_step(const StepContext& ctx) = 0;
-  // The step's device work on (x, y), the loss as a 0-dim device tensor: captured once, replayed after.
-  virtual torch::Tensor graph_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) = 0;
-};
-
-// `generate --cuda-graphs`: each new token's step at fixed shapes, captured as a CUDA graph once and
-// replayed (SampleRequest::cuda_graphs).
-class GraphedSampling {
- public:
-  static constexpr const char* kWhat = "generation step captured as a CUDA graph (generate --cuda-graphs)";
-  virtual ~GraphedSampling() = default;
-  // Why this model's generation step cannot be captured, in one clause; empty when it can.
-  virtual std::string sampling_graph_refusal() const = 0;
 };
 
 // `spanformer translate`, Python's translate().

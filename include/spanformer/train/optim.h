@@ -16,8 +16,8 @@
 // passed as their gradient scale): one vectorised pass over parameter, gradient and state, where the plain
 // composition (`fused = false`, the reference the tests hold the fused path to) makes five to eight. On CUDA
 // Adam and AdamW take ATen's multi-tensor kernels (one launch for all parameters) with the other fused
-// step kernels, SPANFORMER_STEP_KERNELS=kernels (include/spanformer/ops/step_ops.h; awaiting a GPU:
-// docs/platform.md). Elsewhere, and for sgd, the plain composition runs, with every scale factor on the device: no host
+// step kernels' row, SPANFORMER_STEP_KERNELS=kernels (include/spanformer/ops/step_ops.h; the lab's:
+// lab/lab.h). Elsewhere, and for sgd, the plain composition runs, with every scale factor on the device: no host
 // synchronisation per tensor. The fused Adagrad reads each tensor's norm on the host, as the reference does.
 #pragma once
 #include <torch/serialize/archive.h>
@@ -50,7 +50,7 @@ class Optimizer {
   // Whether the next step takes ATen's fused kernels (the gradients as they are now).
   bool runs_fused() const { return options_.fused && options_.kind != OptimKind::kSgd && fusable(); }
 
-  // train.cuda_graphs (src/train/step_graph.h): the host's share of a step, outside the graph (the count;
+  // A step captured as a CUDA graph (the lab's lab/step_graph.h): the host's share of a step, outside the graph (the count;
   // the rate copied into a device tensor), and the device's, captured once and replayed (the count on the
   // device, then ATen's fused Adam / AdamW over every parameter reading the rate there). graph_refusal():
   // why these cannot run (empty: they can): Adam or AdamW, LibTorch 2.4 or later, parameters on one CUDA
@@ -72,7 +72,7 @@ class Optimizer {
   void step_fused(double lr);
   template <typename Lr>
   void adam_fused(const Lr& lr, const at::Tensor& step);  // Adam / AdamW over every slot, lr a double or a tensor
-  torch::Tensor graph_lr_, graph_steps_;  // train.cuda_graphs: 0-dim float32 on the parameters' device
+  torch::Tensor graph_lr_, graph_steps_;  // a graphed step's: 0-dim float32 on the parameters' device
   std::vector<Slot> slots_;
   OptimizerOptions options_;
   int64_t steps_ = 0;

@@ -380,6 +380,9 @@ void backward_kernel_native(const at::Tensor& grad_out, const at::Tensor& q, con
 Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& key_pe, const at::Tensor& span_ratio,
                                const SpanAttentionOptions& o, bool keep_p) {
+  if (!q.is_contiguous() || !k.is_contiguous() || !v.is_contiguous() || !key_pe.is_contiguous() || !span_ratio.is_contiguous())
+    return span_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), key_pe.contiguous(),
+                                  span_ratio.contiguous(), o, keep_p);
   const auto ct = span_compute_dtype(q.scalar_type());
   if (ct != q.scalar_type() && half_products_native(q.scalar_type())) {  // 16-bit operands, float32 rest
     const Shape s = shape_of(q, k, o);
@@ -410,8 +413,12 @@ Forward span_attention_forward(const at::Tensor& q, const at::Tensor& k, const a
 
 SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& key_pe,
-                                           const at::Tensor& span_ratio, const SpanAttentionOptions& o,
-                                           const at::Tensor& p_kept) {
+                                           const at::Tensor& span_ratio, const at::Tensor& out,
+                                           const at::Tensor& p_kept, const SpanAttentionOptions& o) {
+  if (!grad_out.is_contiguous() || !q.is_contiguous() || !k.is_contiguous() || !v.is_contiguous() ||
+      !key_pe.is_contiguous() || !span_ratio.is_contiguous())
+    return span_attention_backward(grad_out.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(),
+                                   key_pe.contiguous(), span_ratio.contiguous(), out, p_kept, o);
   TORCH_CHECK(p_kept.dim() == 4, "span_attention_backward: the forward kept no probabilities");
   const auto ct = span_compute_dtype(q.scalar_type());
   if (ct != q.scalar_type() && half_products_native(q.scalar_type())) {  // 16-bit operands, float32 rest
@@ -442,8 +449,8 @@ SpanAttentionGrads span_attention_backward(const at::Tensor& grad_out, const at:
     return g;
   }
   if (ct != q.scalar_type()) {  // 16-bit inputs: computed in float32, each gradient rounded once
-    auto g = span_attention_backward(grad_out.to(ct), q.to(ct), k.to(ct), v.to(ct), key_pe.to(ct), span_ratio, o,
-                                     p_kept);
+    auto g = span_attention_backward(grad_out.to(ct), q.to(ct), k.to(ct), v.to(ct), key_pe.to(ct), span_ratio, out,
+                                     p_kept, o);
     g.q = g.q.to(q.scalar_type());
     g.k = g.k.to(k.scalar_type());
     g.v = g.v.to(v.scalar_type());

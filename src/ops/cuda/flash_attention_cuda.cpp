@@ -28,7 +28,7 @@ cuda::FlashParams make_params(const at::Tensor& q, const at::Tensor& k, const at
   p.dtype = cuda::dtype_of(q, "flash_attention");
   // Version 1 (tensor cores) wherever it applies (FlashCuda on the H100 and the CPU model of CUDA hold
   // it to the reference; 20-50x version 0's speed, docs/kernels.md); SPANFORMER_FLASH_KERNEL names another
-  // row of variants.h's table: v0 for A/B runs, or a lab variant awaiting a GPU (docs/platform.md).
+  // row of variants.h's table: v0 for A/B runs, or a lab variant (lab/lab.h).
   p.variant = cuda::variant_named(cuda::kFlashVariants, "SPANFORMER_FLASH_KERNEL");
   return p;
 }

@@ -22,7 +22,6 @@
 // flash_attention_mma_kernels.cu; these kernels serve fp32 and the other widths.
 #include "../dropout_hash.h"
 #include "device.cuh"
-#include "lab/lab.h"
 #include "params.h"
 
 namespace spanformer::ops::cuda {
@@ -282,7 +281,8 @@ cudaError_t flash_attention_forward(const FlashParams& p, cudaStream_t stream) {
 }
 
 bool flash_backward_accumulates(const FlashParams& p) {
-  return p.variant != FlashVariant::v0 && flash_mma_backward_supported(p) && !flash_lab_backward_applies(p);
+  return p.variant != FlashVariant::v0 && flash_mma_backward_supported(p) &&
+         !(lab_kernels().flash_backward && lab_kernels().flash_backward_applies(p));
 }
 
 cudaError_t flash_attention_backward(const FlashParams& p, cudaStream_t stream) {

@@ -1,8 +1,7 @@
 // Flash attention on the tensor cores, version 1: the mainline's launchers (the kernels, their formulas
-// and tiling: flash_attention_mma.cuh). A variant named by SPANFORMER_FLASH_KERNEL from the lab's table
-// (lab/variants.h) runs instead where it applies; `auto` never names one.
+// and tiling: flash_attention_mma.cuh). A lab variant named by SPANFORMER_FLASH_KERNEL (variants.h)
+// runs instead where a lab build has added it and it applies (LabKernels, params.h); `auto` never names one.
 #include "flash_attention_mma.cuh"
-#include "lab/lab.h"
 
 namespace spanformer::ops::cuda {
 namespace {
@@ -36,13 +35,15 @@ bool flash_mma_backward_supported(const FlashParams& p) {
 
 cudaError_t flash_attention_forward_mma(const FlashParams& p, cudaStream_t stream) {
   if (!flash_mma_forward_supported(p)) return cudaErrorInvalidValue;
-  if (flash_lab_forward_applies(p)) return flash_lab_forward(p, stream);
+  const auto& lab = lab_kernels();
+  if (lab.flash_forward && lab.flash_forward_applies(p)) return lab.flash_forward(p, stream);
   return p.dtype == DType::kBFloat16 ? forward_for_width<__nv_bfloat16>(p, stream) : forward_for_width<__half>(p, stream);
 }
 
 cudaError_t flash_attention_backward_mma(const FlashParams& p, cudaStream_t stream) {
   if (!flash_mma_backward_supported(p)) return cudaErrorInvalidValue;
-  if (flash_lab_backward_applies(p)) return flash_lab_backward(p, stream);
+  const auto& lab = lab_kernels();
+  if (lab.flash_backward && lab.flash_backward_applies(p)) return lab.flash_backward(p, stream);
   return p.dtype == DType::kBFloat16 ? backward_for_width<__nv_bfloat16>(p, stream) : backward_for_width<__half>(p, stream);
 }
 

@@ -46,12 +46,17 @@ inline at::Tensor uninitialized(at::IntArrayRef sizes, const at::TensorOptions& 
 }
 
 // The row of a variant table (variants.h) a switch names (util/switches.h: unset or empty is the table's
-// first row, "auto"; a name not in the table is its one line listing the names it takes).
+// first row, "auto"; a name not in the table is its one line listing the names it takes). A lab row needs
+// a program that carries the lab (lab/lab.h); elsewhere it is one line saying so.
 template <typename Id, size_t N>
 Id variant_named(const KernelVariant<Id> (&table)[N], const char* variable) {
   const std::string value = switch_value(variable);
   for (const auto& row : table)
-    if (value == row.name) return row.id;
+    if (value == row.name) {
+      TORCH_CHECK(!row.lab || lab_kernels().linked, variable, "=", value,
+                  " is a lab variant: this program was built without the lab (-DSPANFORMER_LAB=ON adds it)");
+      return row.id;
+    }
   return table[0].id;  // not reached: switch_value takes only the table's names
 }
 

@@ -86,7 +86,7 @@ struct FlashParams {
 
 // Host launchers (flash_attention_kernels.cu). D at most 256; false from flash_supported otherwise.
 // Version 1 (tensor cores, flash_attention_mma_kernels.cu) runs for bf16 / fp16 with D 32, 64 or 128
-// unless the variant is v0; version 0 elsewhere; a lab variant where it applies (lab/lab.h). Version 1's
+// unless the variant is v0; version 0 elsewhere; a lab variant where it applies (LabKernels below). Version 1's
 // backward adds dk and dv into the buffers (flash_backward_accumulates: the caller zeroes them); version
 // 0 and the lab's key-major backward write every element.
 bool flash_supported(int64_t D);
@@ -98,43 +98,20 @@ bool flash_mma_backward_supported(const FlashParams& params);
 cudaError_t flash_attention_forward_mma(const FlashParams& params, cudaStream_t stream);
 cudaError_t flash_attention_backward_mma(const FlashParams& params, cudaStream_t stream);
 
-// The fused step kernels (step_kernels.cu): a training step's elementwise work between its products.
-// Rows of H contiguous elements; activations `dtype`, the LayerNorm's weight and bias and the bias of
-// bias + GELU `param_dtype` (float32, or `dtype`); statistics and parameter gradients float32.
-struct AddLayerNormParams {
-  const void* x;            // (rows, H): the residual stream
-  const void* r;            // (rows, H): the branch added to it
-  const void* weight;       // (H)
-  const void* bias;         // (H)
-  void* sum;                // forward output (rows, H): s = x + r, rounded to `dtype`
-  void* out;                // forward output (rows, H): y = (s - mean) rstd weight + bias
-  float* mean;              // (rows)
-  float* rstd;              // (rows): 1 / sqrt(var + eps), var the biased variance of s
-  const void* grad_out;     // backward input (rows, H): dy
-  const void* grad_sum;     // backward input (rows, H): the gradient reaching s directly, or null
-  void* grad_in;            // backward output (rows, H): ds, which is dx and dr
-  float* grad_weight;       // backward outputs (H), zeroed by the caller
-  float* grad_bias;
-  int64_t rows, H;
-  float eps;
-  DType dtype, param_dtype;
+// The lab's rows (lab/: kernel variants awaiting a GPU), which a build with the lab adds here before
+// the first call (lab/register.cpp); the library itself never names the lab, and without it the table
+// is empty. A launcher hands a call to the lab where its params name a lab variant (variants.h) and the
+// lab's `applies` takes it.
+struct LabKernels {
+  bool linked = false;
+  bool (*flash_forward_applies)(const FlashParams&) = nullptr;
+  cudaError_t (*flash_forward)(const FlashParams&, cudaStream_t) = nullptr;
+  // The lab's backward writes every element of dk and dv (the mainline's adds into zeroed buffers).
+  bool (*flash_backward_applies)(const FlashParams&) = nullptr;
+  cudaError_t (*flash_backward)(const FlashParams&, cudaStream_t) = nullptr;
+  bool (*span_forward_applies)(const SpanAttentionParams&) = nullptr;
+  cudaError_t (*span_forward)(const SpanAttentionParams&, cudaStream_t) = nullptr;
 };
-
-struct BiasGeluParams {
-  const void* x;            // (rows, H): a product without its bias
-  const void* bias;         // (H)
-  void* out;                // forward output (rows, H): gelu(x + bias)
-  const void* grad_out;     // backward input (rows, H)
-  void* grad_in;            // backward output (rows, H): d(x + bias)
-  float* grad_bias;         // backward output (H), zeroed by the caller
-  int64_t rows, H;
-  bool tanh;                // GELU's tanh approximation, else the exact (erf) form
-  DType dtype, param_dtype;
-};
-
-cudaError_t add_layer_norm_forward(const AddLayerNormParams& params, cudaStream_t stream);
-cudaError_t add_layer_norm_backward(const AddLayerNormParams& params, cudaStream_t stream);
-cudaError_t bias_gelu_forward(const BiasGeluParams& params, cudaStream_t stream);
-cudaError_t bias_gelu_backward(const BiasGeluParams& params, cudaStream_t stream);
+LabKernels& lab_kernels();  // span_attention_kernels.cu
 
 }  // namespace spanformer::ops::cuda

@@ -20,7 +20,7 @@ namespace {
 // sooner; 2 where (nearly) every head spans the window, whose equal blocks fill 2 waves of 2 on 132 SMs
 // better than 1.3 waves of 3 (measured, docs/kernels.md "v1 tuned"). SPANFORMER_SPAN_KERNEL names another
 // row of variants.h's table: the mainline's forced choices for A/B runs (v0, v1-bwd-v0, v1b2, v1b3,
-// v1b3-in-order) or a lab variant awaiting a GPU (docs/platform.md) (2 blocks an SM).
+// v1b3-in-order) or a lab variant (lab/lab.h; 2 blocks an SM).
 struct KernelChoice {
   cuda::SpanVariant variant = cuda::SpanVariant::automatic;
   bool forward_v0 = false, backward_v0 = false, heads_in_order = false;
@@ -97,7 +97,8 @@ bool span_attention_supported(const at::Tensor& q) {
 }
 
 Forward span_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                               const at::Tensor& pe_in, const at::Tensor& ratio_in, const SpanAttentionOptions& o) {
+                               const at::Tensor& pe_in, const at::Tensor& ratio_in, const SpanAttentionOptions& o,
+                               bool /*keep*/) {
   auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), pe = pe_in.contiguous();
   auto ratio = ratio_in.detach().to(at::kFloat).contiguous();
   const auto choice = kernel_choice(o, k.size(2) - q.size(2));

@@ -197,6 +197,11 @@ cudaError_t launch(const SpanAttentionParams& p, cudaStream_t stream, void (*f32
 
 }  // namespace
 
+LabKernels& lab_kernels() {
+  static LabKernels kernels;
+  return kernels;
+}
+
 cudaError_t span_attention_forward(const SpanAttentionParams& p, cudaStream_t stream) {
   if (!p.forward_v0 && span_attention_mma_supported(p)) return span_attention_forward_mma(p, stream);
   return launch(p, stream, forward_kernel<float>, forward_kernel<__nv_bfloat16>, forward_kernel<__half>);

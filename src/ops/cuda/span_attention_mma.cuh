@@ -33,8 +33,8 @@
 // and 15.1 ms); docs/kernels.md, "v1 tuned", "v2" and "ldmatrix".
 //
 // This header holds the forward and the helpers the backward shares; span_attention_mma_kernels.cu
-// launches the mainline (what `auto` runs) and holds the backward, and lab/span_attention_lab.cu builds
-// the forward's variants awaiting a GPU (docs/platform.md) from the same pieces (variants.h lists them). The
+// launches the mainline (what `auto` runs) and holds the backward, and lab/cuda/span_attention_lab.cu
+// builds the lab's forward variants from the same pieces (variants.h lists them). The
 // forward takes a `Form`: how a key tile comes into shared memory, and the warp's score and weight loops
 // over it. LoadedTiles here is the mainline's (load, barrier, compute, barrier; the general loops).
 #pragma once

@@ -1,7 +1,7 @@
 // Adaptive-span attention on the tensor cores: the mainline's forward launcher (version 1; the kernel,
-// its formulas and tiling: span_attention_mma.cuh) and the backward's version 2. A forward variant named
-// by SPANFORMER_SPAN_KERNEL from the lab's table (variants.h) runs instead where it applies.
-#include "lab/lab.h"
+// its formulas and tiling: span_attention_mma.cuh) and the backward's version 2. A forward lab variant
+// named by SPANFORMER_SPAN_KERNEL (variants.h) runs instead where a lab build has added it and it applies
+// (LabKernels, params.h).
 #include "span_attention_mma.cuh"
 
 namespace spanformer::ops::cuda {
@@ -236,7 +236,8 @@ bool span_attention_mma_supported(const SpanAttentionParams& p) {
 
 cudaError_t span_attention_forward_mma(const SpanAttentionParams& p, cudaStream_t stream) {
   if (!span_attention_mma_supported(p)) return cudaErrorInvalidValue;
-  if (span_lab_forward_applies(p)) return span_lab_forward(p, stream);
+  const auto& lab = lab_kernels();
+  if (lab.span_forward && lab.span_forward_applies(p)) return lab.span_forward(p, stream);
   return p.dtype == DType::kBFloat16 ? launch_mma_for_width<__nv_bfloat16>(p, stream)
                                      : launch_mma_for_width<__half>(p, stream);
 }

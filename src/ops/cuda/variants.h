@@ -1,10 +1,10 @@
 // The CUDA kernels' variants, one table per op: every name SPANFORMER_SPAN_KERNEL and
 // SPANFORMER_FLASH_KERNEL take (unset or "auto": what the glue's rules pick, the only choice training and
 // the tests' defaults make). A mainline row forces one of the kernels measured on a GPU, for A/B runs; a
-// lab row (lab: true) names a variant in src/ops/cuda/lab/ awaiting a GPU (docs/platform.md): built by nvcc,
-// held to the reference on the CPU model of CUDA (tests/test_cuda_emulated.cpp takes every lab row of
-// these tables), and timed by `scripts/gpu-check.sh tune`, whose figures promote it to the mainline or
-// delete it. A new variant is one row here, its enum value, and its code under lab/.
+// lab row (lab: true) names a variant of the lab (lab/cuda/, a target the library never links; lab/lab.h):
+// built by nvcc, held to the reference on the CPU model of CUDA (tests/test_cuda_emulated.cpp takes every
+// lab row of these tables), and timed by `scripts/gpu-check.sh tune`, whose figures promote it to the
+// mainline or delete it. A new variant is one row here, its enum value, and its code under lab/cuda/.
 #pragma once
 
 namespace spanformer::ops::cuda {

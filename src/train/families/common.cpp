@@ -292,6 +292,24 @@ void print_profile_table(const nlohmann::json& events, int64_t steps, double ste
 
 }  // namespace
 
+TokenSteps time_token_steps(const BenchRequest& r, int64_t V, int64_t B, int64_t T, const torch::Device& device,
+                            const std::function<void(const torch::Tensor&, const torch::Tensor&)>& eval,
+                            const std::function<double(const torch::Tensor&, const torch::Tensor&)>& train) {
+  TokenSteps out;
+  out.per_step = time_steps(r, [&] {
+    auto x = torch::randint(V, {B, T}, torch::kLong).to(device);  // (B, T)
+    auto y = torch::randint(V, {B, T}, torch::kLong).to(device);  // (B, T)
+    if (r.eval()) {
+      torch::NoGradGuard no_grad;
+      eval(x, y);
+    } else {
+      const double loss = train(x, y);
+      if (out.first_loss.is_null()) out.first_loss = loss;
+    }
+  });
+  return out;
+}
+
 double time_steps(const BenchRequest& r, const std::function<void()>& step) {
   // At most 10^9 each: a count beyond it is a typo, and a step count that the timer divides by must stay
   // exact in a double.

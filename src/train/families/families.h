@@ -77,6 +77,17 @@ int64_t parameter_count(torch::nn::Module& module);
 // of the timed ones.
 double time_steps(const BenchRequest& request, const std::function<void()>& step);
 
+// A token model's bench steps on random ids below V: each draws x, y (B, T) on the device; in eval mode
+// eval(x, y) runs the forward (no gradients), else train(x, y) runs one training step and returns its
+// loss. The mean seconds a step, and the first step's loss before any update (null in eval mode).
+struct TokenSteps {
+  double per_step = 0;
+  nlohmann::json first_loss;
+};
+TokenSteps time_token_steps(const BenchRequest& request, int64_t V, int64_t B, int64_t T, const torch::Device& device,
+                            const std::function<void(const torch::Tensor&, const torch::Tensor&)>& eval,
+                            const std::function<double(const torch::Tensor&, const torch::Tensor&)>& train);
+
 // `spanformer bench`'s report: two lines on stdout, "<prefix>: <what>" and "<prefix>: <figures_text>,
 // <peak memory>", or with request.json one JSON record {"family", "what", ...figures, "peak_rss_mb"}.
 void report_bench(const BenchRequest& request, const char* family, const std::string& prefix, const std::string& what,

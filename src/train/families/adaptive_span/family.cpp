@@ -226,20 +226,15 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
   const int64_t B = config_.train.batch_size, M = config_.model.block_size, V = config_.model.vocab_size;
   init_state(B);
   const StepContext ctx = bench_context(config_.train, r.device);
-  double first_loss = std::nan("");  // the mean NLL of the first step, before any update (nats)
   const auto spans = model_->spans();  // per layer, per head (tokens), as the steps start
-  const double per_step = time_steps(r, [&] {
-    auto x = torch::randint(V, {B, M}, torch::kLong).to(device());
-    auto y = torch::randint(V, {B, M}, torch::kLong).to(device());
-    if (r.eval()) {
-      torch::NoGradGuard no_grad;
-      model_->eval();
-      eval_block(model_, x, y, train_caches_).item<double>();
-    } else {
-      const double loss = step(x, y, ctx).item<double>();
-      if (std::isnan(first_loss)) first_loss = loss;
-    }
-  });
+  const auto timed = time_token_steps(
+      r, V, B, M, device(),
+      [&](const torch::Tensor& x, const torch::Tensor& y) {
+        model_->eval();
+        eval_block(model_, x, y, train_caches_).item<double>();
+      },
+      [&](const torch::Tensor& x, const torch::Tensor& y) { return step(x, y, ctx).item<double>(); });
+  const double per_step = timed.per_step;
   double mean_span = 0;
   int64_t used = 0;
   std::string paths;
@@ -262,7 +257,7 @@ void AdaptiveSpanFamily::bench(const BenchRequest& r) {
                {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3}, {"tokens_per_s", tokens_per_s},
                 {"attention", attention::attn_impl_name(c.attn_impl)}, {"layer_paths", paths},
                 {"mean_span", mean_span}, {"keys_per_layer", keys}, {"params", parameter_count(*model_)}, {"spans", spans},
-                {"first_loss", r.eval() ? nlohmann::json() : nlohmann::json(first_loss)}});
+                {"first_loss", timed.first_loss}});
 }
 
 }  // namespace

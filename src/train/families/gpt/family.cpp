@@ -11,7 +11,7 @@
 // only its last S (or fewer, at the end), so every token is scored once with at least T - S tokens of
 // context (except the first T). Reported per token (bpc or perplexity), the same for every attention.
 #include "train/families/families.h"
-#include "train/step_graph.h"
+#include "train/families/gpt/decode_bench.h"
 #include "spanformer/data/batches.h"
 
 #include <ATen/ATen.h>
@@ -60,9 +60,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
                   public TokenStreams,
                   public Sampling,
                   public Spans,
-                  public AttentionPictures,
-                  public GraphedSteps,
-                  public GraphedSampling {
+                  public AttentionPictures {
  public:
   using ConfiguredFamily::ConfiguredFamily;
 
@@ -93,29 +91,6 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
     auto loss = forward_backward(x, y, ctx);
     optimizer_->step(ctx.lr);
     model_->clamp_spans();
-    return loss;
-  }
-
-  // train.cuda_graphs: dense or flash attention without its dropout (the attentions whose step reads
-  // nothing on the host), Adam or AdamW (the update that reads its rate on the device).
-  std::string graph_refusal() const override {
-    const auto& m = config_.model;
-    if (m.attention != attention::CausalKind::kDense && m.attention != attention::CausalKind::kFlash)
-      return fmt::format("its {} attention is not captured (dense and flash are)", attention::causal_kind_name(m.attention));
-    if (m.attention == attention::CausalKind::kFlash && m.attn_dropout > 0)
-      return "flash attention draws its dropout seed on the host (set model.attn_dropout to 0)";
-    if (m.reversible) return "the reversible layers recompute the forward in the backward, outside autograd's graph";
-    if (config_.train.optim != OptimKind::kAdam && config_.train.optim != OptimKind::kAdamW)
-      return fmt::format("train.optim is {}; the captured update is Adam's or AdamW's", optim_name(config_.train.optim));
-    return "";
-  }
-  void begin_graph_step(const StepContext& ctx) override {
-    model_->train();
-    optimizer_->begin_graph_step(ctx.lr);
-  }
-  torch::Tensor graph_step(const torch::Tensor& x, const torch::Tensor& y, const StepContext& ctx) override {
-    auto loss = forward_backward(x, y, ctx);
-    optimizer_->graph_step();
     return loss;
   }
 
@@ -201,20 +176,26 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
     return report;
   }
 
-  // generate --cuda-graphs: the fixed-shape step (models/gpt.h) of every pattern with a KV cache.
-  std::string sampling_graph_refusal() const override { return model_->fixed_shape_refusal(); }
-
   void sample(const data::Vocab& vocab, const SampleRequest& r) override {
     model_->eval();
     model_->lay_out_for_decoding();
-    if (r.bfloat16) model_->to(torch::kBFloat16);
-    models::GptDecoder decoder;
-    std::unique_ptr<StepGraph> graph;  // each new token's step captured once, then replayed
-    if (r.cuda_graphs) {
-      if (const auto why = sampling_graph_refusal(); !why.empty()) fail("generate --cuda-graphs: {}", why);
-      graph = std::make_unique<StepGraph>(device(), StepGraph::kWarmup, "generate --cuda-graphs");
-      replay_steps(decoder, *graph);
+    // bfloat16: the weights cast once for these tokens, the float32 ones put back after (a loaded model
+    // in Python evaluates and samples again), also when sampling fails.
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (tensor, its float32 values)
+    struct Restore {
+      std::vector<std::pair<torch::Tensor, torch::Tensor>>& kept;
+      ~Restore() {
+        torch::NoGradGuard no_grad;
+        for (auto& [t, values] : kept) t.set_data(values);
+      }
+    } restore{kept};
+    if (r.bfloat16) {
+      for (auto& p : model_->parameters()) kept.emplace_back(p, p.detach().clone());
+      for (auto& b : model_->buffers())
+        if (b.is_floating_point()) kept.emplace_back(b, b.detach().clone());
+      model_->to(torch::kBFloat16);
     }
+    models::GptDecoder decoder;
     sample_tokens(vocab, r, std::max<int64_t>(1, config_.model.context / 2),
                   [&](const torch::Tensor& x) { return model_->extend(x, decoder); },
                   [&](const torch::Tensor& last) { return model_->logits(last); }, device());
@@ -239,25 +220,13 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
  private:
   torch::Device device() const { return model_->wte->weight.device(); }
 
-  // The decoder's per-token steps at fixed shapes, run through `graph` (captured once, then replayed).
-  static void replay_steps(models::GptDecoder& d, StepGraph& graph) {
-    d.fixed_shapes = true;
-    d.runner = [&graph](const torch::Tensor& x, const torch::Tensor& at, const models::GptStepFn& step) {
-      return graph.run(x, at, step);
-    };
-  }
-
   GptModel model_{nullptr};
 };
 
 void GptFamily::bench(const BenchRequest& r) {
   const double span = bench_span(r);
   const std::string span_dist = bench_span_dist(r);
-  const int64_t tokens = r.integer("tokens", 0);  // generate mode: 0 = the second half of the context
-  if (r.has("tokens") && r.mode != BenchMode::kGenerate) fail("bench: --tokens is for --mode generate");
-  if (r.has("dtype") && r.mode != BenchMode::kGenerate) fail("bench: --dtype is for --mode generate (training: train.amp)");
-  if (r.has("recompute") && r.mode != BenchMode::kGenerate) fail("bench: --recompute is for --mode generate");
-  if (r.has("tokens") && tokens < 1) fail("bench: --tokens must be >= 1 (got {})", tokens);
+  check_decoding_settings(r);  // decode_bench.cpp
   auto& c = config_.model;
   if (c.vocab_size == 0) c.vocab_size = 256;
   if ((span >= 0 || !span_dist.empty()) && c.attention != attention::CausalKind::kAdaptiveSpan)
@@ -275,106 +244,30 @@ void GptFamily::bench(const BenchRequest& r) {
   model_->to(r.device);
   make_optimizers();
   const int64_t B = config_.train.batch_size, T = c.context, V = c.vocab_size;
-  std::string what;
-  double per_step = 0, tokens_per_step = static_cast<double>(B * T);
-  if (r.mode == BenchMode::kGenerate) {  // one token at a time after a prompt (T / 2 or T - tokens), to a full context, cache against none
-    if (tokens >= T) fail("bench --tokens {}: must be below the context {}", tokens, T);
-    model_->eval();
-    model_->lay_out_for_decoding();
-    const std::string dtype = r.has("dtype") ? r.text("dtype") : "float32";
-    if (dtype != "float32" && dtype != "bfloat16") fail("bench: --dtype must be float32 or bfloat16 (got '{}')", dtype);
-    if (dtype == "bfloat16") model_->to(torch::kBFloat16);
-    const int64_t recompute = r.integer("recompute", 1);
-    if (recompute != 0 && recompute != 1) fail("bench: --recompute must be 0 or 1 (got {})", recompute);
-    torch::NoGradGuard no_grad;
-    const int64_t prompt = tokens > 0 ? T - tokens : std::max<int64_t>(1, T / 2), steps = T - prompt;
-    // train.cuda_graphs: a third row, each token's step at fixed shapes replayed as a CUDA graph (one
-    // decoder and graph for every round: the prompt refills the same buffers; captured in the first).
-    std::unique_ptr<StepGraph> graph;
-    models::GptDecoder graphed;
-    if (config_.train.cuda_graphs) {
-      if (const auto why = sampling_graph_refusal(); !why.empty()) fail("bench: generation as a CUDA graph: {}", why);
-      graph = std::make_unique<StepGraph>(r.device, StepGraph::kWarmup, "train.cuda_graphs");
-      replay_steps(graphed, *graph);
-    }
-    auto run = [&](models::GptDecoder& d) {
-      d.history.clear();
-      d.start = 0;
-      model_->extend(torch::randint(V, {1, prompt}, torch::kLong).to(r.device), d);
-      const double t0 = now_seconds();
-      torch::Tensor last;
-      for (int64_t i = 0; i < steps; ++i) last = model_->extend(torch::randint(V, {1, 1}, torch::kLong).to(r.device), d);
-      last.sum().item<double>();  // the device's work done
-      return static_cast<double>(steps) / (now_seconds() - t0);
-    };
-    double cached = 0, recomputed = 0, replayed = 0;
-    for (int64_t i = 0; i < r.warmup + r.steps; ++i) {
-      models::GptDecoder with_cache, without;
-      without.use_cache = false;
-      const double a = run(with_cache), b = recompute ? run(without) : 0.0, g = graph ? run(graphed) : 0.0;
-      fmt::print(stderr, "  round {}/{}: {:.0f} tokens/s with the cache, {:.0f} without{}{}\n", i + 1, r.warmup + r.steps,
-                 a, b, graph ? fmt::format(", {:.0f} as a CUDA graph", g) : "", i < r.warmup ? " (warmup)" : "");
-      if (i >= r.warmup) {
-        const double w = 1.0 / static_cast<double>(r.steps);
-        cached += a * w, recomputed += b * w, replayed += g * w;
-      }
-    }
-    nlohmann::json fields{{"mode", "generate"}, {"dtype", dtype}, {"cached_tokens_per_s", cached},
-                          {"recomputed_tokens_per_s", recompute ? nlohmann::json(recomputed) : nlohmann::json()},
-                          {"attention", attention::causal_kind_name(c.attention)}};
-    std::string graphed_text;
-    if (graph) {
-      fields["graphed_tokens_per_s"] = replayed;
-      graphed_text = fmt::format(", {:.1f} tokens/s as a CUDA graph ({:.2f}x the cache)", replayed, replayed / cached);
-    }
-    report_bench(r, name(), "bench",
-                 fmt::format("generate, {} layers, H {}, K {}, T {}, attention {}, {}, tokens {} .. {} after a prompt of {}",
-                             c.n_layer, c.d_model, c.n_head, T, attention::causal_kind_name(c.attention), dtype,
-                             prompt + 1, T, prompt),
-                 fmt::format("{:.1f} tokens/s with the KV cache{}{}", cached,
-                             recompute ? fmt::format(", {:.1f} tokens/s recomputing the context ({:.2f}x)", recomputed,
-                                                     cached / recomputed)
-                                       : std::string(),
-                             graphed_text),
-                 fields);
-    return;
-  }
+  if (r.mode == BenchMode::kGenerate) return bench_decoding(model_, c, r, name());  // decode_bench.cpp
   const StepContext ctx = bench_context(config_.train, r.device);
-  double first_loss = std::nan("");  // the mean NLL of the first step, before any update (nats)
   const auto spans = model_->spans();  // per layer, per head (tokens), as the steps start
-  std::unique_ptr<StepGraph> graph;  // train.cuda_graphs: the timed steps replay the captured one
-  if (!r.eval() && config_.train.cuda_graphs) {
-    if (const auto why = graph_refusal(); !why.empty()) fail("train.cuda_graphs cannot capture this gpt step: {}", why);
-    graph = std::make_unique<StepGraph>(r.device, std::max<int64_t>(1, r.warmup - 1));  // captured in the warm-up
-  }
-  per_step = time_steps(r, [&] {
-    auto x = torch::randint(V, {B, T}, torch::kLong).to(r.device);
-    auto y = torch::randint(V, {B, T}, torch::kLong).to(r.device);
-    if (r.eval()) {
-      torch::NoGradGuard no_grad;
-      model_->eval();
-      auto logits = model_->logits(model_->forward(x));
-      torch::cross_entropy_loss(logits.reshape({-1, V}), y.reshape({-1})).item<double>();
-    } else {
-      if (graph) begin_graph_step(ctx);
-      const auto step = [&](const torch::Tensor& gx, const torch::Tensor& gy) { return graph_step(gx, gy, ctx); };
-      const double loss = (graph ? graph->run(x, y, step) : train_step(x, y, ctx)).item<double>();
-      if (std::isnan(first_loss)) first_loss = loss;
-    }
-  });
+  const auto timed = time_token_steps(
+      r, V, B, T, r.device,
+      [&](const torch::Tensor& x, const torch::Tensor& y) {
+        model_->eval();
+        auto logits = model_->logits(model_->forward(x));  // (B, T, V)
+        torch::cross_entropy_loss(logits.reshape({-1, V}), y.reshape({-1})).item<double>();
+      },
+      [&](const torch::Tensor& x, const torch::Tensor& y) { return train_step(x, y, ctx).item<double>(); });
+  const double per_step = timed.per_step, tokens_per_step = static_cast<double>(B * T);
   double band = 0;
   for (const auto& block : *model_->blocks)
     band += static_cast<double>(block->as<models::GptBlock>()->attn->band(T)) / static_cast<double>(c.n_layer);
-  what = r.eval() ? "eval forward" : graph ? "train step (CUDA graph)" : "train step";
   report_bench(r, name(), "bench",
                fmt::format("{}, {} layers{}, H {}, K {}, T {}, B {}, threads {}, attention {} ({}), keys per query <= {:.0f}",
-                           what, c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
+                           r.eval() ? "eval forward" : "train step", c.n_layer, c.reversible ? " (reversible)" : "", c.d_model, c.n_head, T, B, r.threads,
                            attention::causal_kind_name(c.attention), attention::attn_impl_name(c.attn_impl), band),
                fmt::format("{:.1f} ms/step, {:.0f} tokens/s", per_step * 1e3, tokens_per_step / per_step),
                {{"mode", bench_mode_name(r.mode)}, {"ms_per_step", per_step * 1e3},
                 {"tokens_per_s", tokens_per_step / per_step}, {"attention", attention::causal_kind_name(c.attention)},
                 {"keys_per_query", band}, {"params", parameter_count(*model_)}, {"spans", spans},
-                {"first_loss", r.eval() ? nlohmann::json() : nlohmann::json(first_loss)}});
+                {"first_loss", timed.first_loss}});
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // The autograd functions of the fused step kernels (include/spanformer/ops/step_ops.h) over their glue
-// (src/ops/cuda/step_kernels_cuda.cpp): the library uses them on CUDA tensors in a CUDA build, and the
-// tests on CPU tensors through the CPU model of CUDA, which compiles the same glue.
+// (step_kernels_cuda.cpp): the lab's step row (register.cpp) runs them on CUDA tensors, and the tests on
+// CPU tensors through the CPU model of CUDA, which compiles the same glue.
 #pragma once
 #include <torch/autograd.h>
 
-#include "backends.h"
+#include "step_kernels.h"
 
 namespace spanformer::ops {
 

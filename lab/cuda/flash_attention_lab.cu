@@ -1,5 +1,5 @@
-// The flash kernels' lab: version 1's variants awaiting a GPU (docs/platform.md) (../variants.h names them;
-// SPANFORMER_FLASH_KERNEL selects one), built from the mainline's pieces (../flash_attention_mma.cuh):
+// The flash kernels' lab: version 1's variants awaiting a GPU (docs/platform.md) (src/ops/cuda/variants.h names them;
+// SPANFORMER_FLASH_KERNEL selects one), built from the mainline's pieces (src/ops/cuda/flash_attention_mma.cuh):
 //   v1-m2     the mainline forward with two sets of 16 rows a warp (MT 2, 128 queries a block), D 32 / 64:
 //             each K / V fragment serves both sets, whose softmax steps interleave (nvcc 13.2, sm_90: 254
 //             registers at D 32, 255 and 44 bytes of spill loads at D 64);
@@ -10,8 +10,8 @@
 // Tested on the CPU model of CUDA (FlashEmulated.LabVariantsWithinTheReferenceError: a tile read before
 // its copies landed, or an element the key-major kernel misses, is NaN there); timed on a GPU by
 // `scripts/gpu-check.sh tune`.
-#include "../flash_attention_mma.cuh"
-#include "lab.h"
+#include "kernels.h"
+#include "ops/cuda/flash_attention_mma.cuh"
 
 namespace spanformer::ops::cuda {
 namespace {

@@ -1,5 +1,5 @@
-// The adaptive-span forward's lab: version 1's variants awaiting a GPU (docs/platform.md) (../variants.h names
-// them; SPANFORMER_SPAN_KERNEL selects one), the mainline kernel (../span_attention_mma.cuh) with another
+// The adaptive-span forward's lab: version 1's variants awaiting a GPU (docs/platform.md) (src/ops/cuda/variants.h names
+// them; SPANFORMER_SPAN_KERNEL selects one), the mainline kernel (src/ops/cuda/span_attention_mma.cuh) with another
 // form, both at 2 blocks an SM (heads visiting most of the window, the all-at-L case):
 //   v1b2-async      tiles double-buffered with cp.async (DoubleBufferedTiles, D 32 / 64; at D 128 two
 //                   buffers would leave one block an SM, so the mainline runs there): tile t + 1's copies
@@ -12,8 +12,8 @@
 // Tested on the CPU model of CUDA (SpanAttentionEmulated.LabVariantsWithinTheReferenceError: a tile read
 // before its copies landed is NaN there; a case whose heads visit most of a 200-key window reaches both
 // shortcuts); timed on a GPU by `scripts/gpu-check.sh tune`.
-#include "../span_attention_mma.cuh"
-#include "lab.h"
+#include "kernels.h"
+#include "ops/cuda/span_attention_mma.cuh"
 
 namespace spanformer::ops::cuda {
 namespace {

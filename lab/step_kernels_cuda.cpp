@@ -1,11 +1,11 @@
-// LibTorch glue of the fused step kernels (step_kernels.cu; built with -DSPANFORMER_CUDA=ON against a
+// LibTorch glue of the fused step kernels (cuda/step_kernels.cu; built with -DSPANFORMER_CUDA=ON against a
 // CUDA LibTorch, and on the tests' CPU model of CUDA): flattens the rows, fills the params and launches
 // on the current stream; parameter gradients come back in fp32 and are cast to the parameters' dtype.
 #include <ATen/ATen.h>
 
-#include "../backends.h"
-#include "glue.h"
-#include "params.h"
+#include "cuda/step_params.h"
+#include "ops/cuda/glue.h"
+#include "step_kernels.h"
 
 namespace spanformer::ops {
 namespace {

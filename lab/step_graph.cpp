@@ -1,4 +1,4 @@
-// train.cuda_graphs (what and why: step_graph.h).
+// The lab's CUDA graphs (what and why: step_graph.h).
 #include "step_graph.h"
 
 #include "spanformer/util/error.h"
@@ -10,7 +10,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-namespace spanformer::train {
+namespace spanformer::lab {
 
 #ifdef SPANFORMER_WITH_CUDA
 
@@ -81,9 +81,9 @@ StepGraph::~StepGraph() = default;
 bool StepGraph::captured() const { return false; }
 torch::Tensor StepGraph::run(const torch::Tensor&, const torch::Tensor&,
                              const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>&) {
-  fail("train.cuda_graphs: this build has no CUDA");
+  fail("a CUDA graph: this build has no CUDA");
 }
 
 #endif
 
-}  // namespace spanformer::train
+}  // namespace spanformer::lab

@@ -1,9 +1,8 @@
-// The lab's entry points (src/ops/cuda/lab/*.cu): kernel variants awaiting a GPU (docs/platform.md), which the
-// mainline launchers hand a call to when its params name one (SpanAttentionParams::variant,
-// FlashParams::variant; the table: ../variants.h) and it applies to the call's width. Each `applies`
-// is false for the mainline's variants, so the mainline runs whatever the lab does not take.
+// The lab's kernel entry points (lab/cuda/*.cu), which lab/register.cpp adds to the mainline launchers'
+// table (LabKernels, src/ops/cuda/params.h). Each `applies` is false for the mainline's variants, so the
+// mainline runs whatever the lab does not take.
 #pragma once
-#include "../params.h"
+#include "ops/cuda/params.h"
 
 namespace spanformer::ops::cuda {
 

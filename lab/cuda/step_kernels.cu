@@ -1,4 +1,4 @@
-// Fused step kernels: the elementwise work of a training step that ATen runs as separate kernels, each
+// Fused step kernels (the lab: awaiting a GPU, docs/platform.md): the elementwise work of a training step that ATen runs as separate kernels, each
 // pass here one launch over rows of H contiguous elements (semantics and the composition they replace:
 // include/spanformer/ops/step_ops.h).
 //
@@ -19,8 +19,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "device.cuh"
-#include "params.h"
+#include "ops/cuda/device.cuh"
+#include "step_params.h"
 
 namespace spanformer::ops::cuda {
 namespace {
