@@ -182,16 +182,21 @@ class Model:
         return json.loads(self._m.evaluate(_arg("evaluate", "split", split, str), _arg("evaluate", "data", data, str),
                                            _arg("evaluate", "batch", batch, int)))
 
-    def generate(self, prompt="\n", tokens=200, temperature=1.0, top_k=0, top_p=1.0, seed=1, errors="replace"):
+    def generate(self, prompt="\n", tokens=200, temperature=1.0, top_k=0, top_p=1.0, seed=1, errors="replace",
+                 dtype="float32"):
         """The sampled continuation of `prompt` (the prompt itself not repeated): the bytes `spanformer
         generate` prints, decoded as UTF-8 with `errors` ("replace": U+FFFD in place of each run of bytes that
         is not valid UTF-8, which a byte-level model may sample; "strict" raises; "surrogateescape" keeps
         them reversible).
-        errors=None returns the bytes themselves."""
+        errors=None returns the bytes themselves. dtype="bfloat16" (the gpt family) runs every step in
+        bfloat16, as `spanformer generate --dtype bfloat16` does; the model keeps its float32 weights."""
         w = "generate"
+        if _arg(w, "dtype", dtype, str) not in ("float32", "bfloat16"):
+            raise ValueError(f"generate: dtype must be float32 or bfloat16 (got {dtype!r})")
         data = bytes(self._m.generate(_arg(w, "prompt", prompt, str), _arg(w, "tokens", tokens, int),
                                       _arg(w, "temperature", temperature, float), _arg(w, "top_k", top_k, int),
-                                      _arg(w, "top_p", top_p, float), _arg(w, "seed", seed, int)).tolist())
+                                      _arg(w, "top_p", top_p, float), _arg(w, "seed", seed, int),
+                                      dtype == "bfloat16").tolist())
         return data if errors is None else data.decode("utf-8", errors)
 
     def translate(self, sentences, beam=None, length_penalty=None):

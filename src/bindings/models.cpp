@@ -7,7 +7,7 @@
 //                                 ("--eval_mem_len=1600", "--beam=5": how the model runs, never what it is)
 //   family() config() vocab()     the family tag, the config as JSON text, the vocabulary's tokens
 //   evaluate(split, data, batch)  `spanformer eval --json`'s record as JSON text (train/eval_checkpoint.h)
-//   generate(prompt, tokens, temperature, top_k, top_p, seed)          the sampled continuation's bytes
+//   generate(prompt, tokens, temperature, top_k, top_p, seed, bfloat16)  the sampled continuation's bytes
 //   translate(sentences, beam, length_penalty)                       seq2seq
 //   spans()                       (L, K) float64 learned spans in tokens (adaptive span)
 //   logits(ids)                   (N, V) next-token logits of ids at positions 0 .. N - 1 (gpt)
@@ -63,8 +63,11 @@ class Model : public torch::CustomClassHolder {
 
   // The bytes `spanformer generate` prints after the prompt, as a uint8 tensor (N): a byte-level model may
   // sample sequences that are not UTF-8, so the Python side decodes them by its `errors` policy.
-  at::Tensor generate(std::string prompt, int64_t tokens, double temperature, int64_t top_k, double top_p, int64_t seed) {
+  at::Tensor generate(std::string prompt, int64_t tokens, double temperature, int64_t top_k, double top_p, int64_t seed,
+                      bool bfloat16) {
     auto guard = ready();
+    if (bfloat16 && std::string(family_->name()) != "gpt")
+      fail("generate: dtype bfloat16 is for the gpt family (this checkpoint is of the {} family)", family_->name());
     torch::manual_seed(static_cast<uint64_t>(seed));
     train::SampleRequest request;
     request.prompt = prompt;
@@ -72,6 +75,7 @@ class Model : public torch::CustomClassHolder {
     request.temperature = temperature;
     request.top_k = top_k;
     request.top_p = top_p;
+    request.bfloat16 = bfloat16;
     std::ostringstream text;
     request.on_text = [&text](const std::string& piece) { text << piece; };
     family_->need<train::Sampling>().sample(checkpoint_.vocab(), request);

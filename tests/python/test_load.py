@@ -493,3 +493,18 @@ def test_generate_in_bfloat16(cli, gpt_run, adaptive_span_run):
                           ((adaptive_span_run, "--dtype", "bfloat16"), "generate --dtype bfloat16 is for the gpt family")):
         done = subprocess.run([cli.path, "generate", *args, "--tokens", "5"], capture_output=True, text=True)
         assert done.returncode != 0 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_python_generate_in_bfloat16_as_the_command_line(cli, gpt_run, adaptive_span_run):
+    """Model.generate(dtype="bfloat16") gives `generate --dtype bfloat16`'s text, greedy and sampled, and leaves
+    the loaded model in float32: its evaluation and float32 text afterwards are those of before."""
+    m = spanformer.load(gpt_run)
+    before = m.evaluate("valid")["bpc"], m.generate("It was", 20, top_k=1)
+    for kwargs, flags in (({"top_k": 1}, ["--top-k", "1"]), ({"seed": 2}, ["--seed", "2"])):
+        want = cli("generate", gpt_run, "--prompt", "It was", "--tokens", "20", "--dtype", "bfloat16", *flags)
+        assert want == "It was" + m.generate("It was", 20, dtype="bfloat16", **kwargs) + "\n"
+    assert (m.evaluate("valid")["bpc"], m.generate("It was", 20, top_k=1)) == before
+    with pytest.raises(ValueError, match=r"^generate: dtype must be float32 or bfloat16 \(got 'float16'\)$"):
+        m.generate("It was", 5, dtype="float16")
+    with pytest.raises(RuntimeError, match=r"^generate: dtype bfloat16 is for the gpt family \(this checkpoint is of the adaptive-span family\)$"):
+        spanformer.load(adaptive_span_run).generate("It was", 5, dtype="bfloat16")
