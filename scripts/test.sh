@@ -63,6 +63,7 @@ run_ctest() {  # build folder, then CTest arguments
 
 stage_suite() {
   bash scripts/build.sh
+  bash scripts/install-peers.sh  # llama.cpp for bench.peers_generate (pip builds it once, then keeps the wheel)
   run_ctest build "${ctest_args[@]}"
 }
 

@@ -67,10 +67,13 @@ drift falls on all of them alike; a row prints the median of each over the round
             scaled_dot_product_attention with the padded causal mask (what transformers' sdpa passes)
           checked: ours and sdpa give the same logits at every real token (1e-3 in float32 relative to
           the largest, 0.1 in bfloat16), else a MISMATCH line and a non-zero exit
-  generate greedy decoding, batch 1, a prompt of 128 bytes then 256 new tokens, float32 and bfloat16
-          (--generate-dtypes: ours `--dtype bfloat16`, transformers' model.to(bfloat16)), of a byte-level
-          GPT-2 of 4 x 256 (4 heads) and of 12 x 768 (12 heads), V 256, weights of one training step
-          (configs/gpt/bench_attention.json's model), exported with `export gpt2` (--generate-shapes):
+  generate greedy decoding, batch 1, a prompt of 128 tokens then 256 new tokens, float32 and bfloat16
+          (--generate-dtypes: ours `--dtype bfloat16`, transformers' model.to(bfloat16), llama.cpp's GGUF
+          in bf16), of a GPT-2 of 4 x 256 (4 heads) and of 12 x 768 (12 heads) (--generate-shapes) with
+          each vocabulary of --generate-vocabs: V 256, bytes, weights of one training step
+          (configs/gpt/bench_attention.json's model) exported with `export gpt2`; V 50257, GPT-2's size, a
+          byte-level BPE of GPT-2's kind trained here by `tokenizers` on Dickens, a transformers GPT-2 of
+          random weights saved with it and imported with `import gpt2`:
             ours          `spanformer bench --mode generate --context 384 --tokens 256 --recompute 0`: tokens/s of the
                           256 steps with the KV cache (the prompt not counted)
             transformers  GPT2LMHeadModel.from_pretrained of the export, eager attention, its dynamic
@@ -79,8 +82,13 @@ drift falls on all of them alike; a row prints the median of each over the round
                           and generate's torch.compile of the decoding step (CompileConfig(mode="default"),
                           asked for on the CPU; the compilation not timed); in float32 its 64 greedy tokens
                           must be the eager run's (else MISMATCH)
-          checked: `spanformer generate --top-k 1` and transformers' greedy generate give the same 64
-          tokens after the same prompt in float32, else a MISMATCH line and a non-zero exit (in bfloat16
+            llama.cpp     (--generate-peers llama; the BPE rows: llama.cpp reads a model with its tokenizer)
+                          llama-cpp-python (scripts/install-peers.sh: built by pip for this CPU) on the GGUF
+                          that llama.cpp's own converter writes from the transformers directory (f32 or
+                          bf16), 255 single-token evals after the prompt, each next token the argmax
+          checked: `spanformer generate --top-k 1`, llama.cpp and transformers' greedy generate give the
+          same 64 tokens after the same prompt in float32, and llama.cpp's logits on the prompt are
+          transformers' within 1e-3 of the largest, else a MISMATCH line and a non-zero exit (in bfloat16
           each rounds its own way: how many agree is printed); these rows print
           tokens/s, and their ratio is ours / transformers (> 1: ours faster, as elsewhere)
             the bound     the memory bandwidth (torch summing 512 MB: bytes read a second) over the bytes
@@ -430,55 +438,164 @@ def hf_row(T, rounds, dtype):
 
 # ---- greedy decoding beside transformers --------------------------------------------------------------
 
-def generate_row(layers, width, rounds, cli, threads, work, dtype="float32"):
-    """{name: median tokens/s} for the generate rows (the module docstring) in `dtype`, and how many of the
-    64 greedy tokens of ours and transformers agree (all, to pass, in float32)."""
+# llama.cpp's converter run on a Hugging Face directory (argv: converter folder, model folder, outtype,
+# GGUF file). The BPE was trained here, so its pre-tokenizer's hash is no known model's: it is GPT-2's
+# (the ByteLevel pre-tokenizer with GPT-2's pattern), and that is the name the converter is given.
+LLAMA_CONVERT = """
+import runpy, sys
+conv, model_dir, outtype, out = sys.argv[1:5]
+sys.path[:0] = [conv, conv + "/gguf-py"]
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = [conv + "/convert_hf_to_gguf.py", model_dir, "--outtype", outtype, "--outfile", out]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def llama_model(hf_dir, dtype, threads, work):
+    """llama.cpp (llama-cpp-python) on the GGUF its own converter writes from hf_dir, f32 or bf16."""
+    conv = os.path.join(sys.prefix, "llama.cpp")
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        Llama = None
+    if Llama is None or not os.path.isfile(os.path.join(conv, "convert_hf_to_gguf.py")):
+        sys.exit("peers: the llama.cpp peer is not installed in this environment: bash scripts/install-peers.sh")
+    outtype = {"float32": "f32", "bfloat16": "bf16"}[dtype]
+    gguf = os.path.join(work, f"{os.path.basename(hf_dir)}.{outtype}.gguf")
+    if not os.path.exists(gguf):
+        subprocess.run([sys.executable, "-c", LLAMA_CONVERT, conv, hf_dir, outtype, gguf], check=True, capture_output=True)
+    return Llama(model_path=gguf, n_ctx=384, n_batch=512, n_threads=threads, n_threads_batch=threads, logits_all=True,
+                 verbose=False)
+
+
+def llama_greedy(llm, ids, n):
+    """llama.cpp's n greedy tokens after ids, and the logits (len(ids), V) of the prompt."""
+    import numpy as np
+    llm.reset()
+    llm.eval(ids)
+    prompt_logits = torch.from_numpy(np.array(llm.scores[:len(ids)], dtype=np.float32))
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([out[-1]])
+    return out, prompt_logits
+
+
+def trained_bpe(where, vocab_size):
+    """A byte-level BPE of vocab_size tokens trained here by `tokenizers` on Dickens (GPT-2's kind: the
+    ByteLevel pre-tokenizer, no prefix space, <|endoftext|> as an added token), saved as tokenizer.json and
+    vocab.json + merges.txt in `where`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    text = open(os.path.join(ROOT, "..", "shared", "data", "dickens.txt"), encoding="utf-8", errors="replace").read()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text[i:i + 10000] for i in range(0, len(text), 10000)], trainer)
+    os.makedirs(where, exist_ok=True)
+    tok.save(os.path.join(where, "tokenizer.json"))
+    tok.model.save(where)
+    return tok
+
+
+def generate_models(layers, width, vocab, cli, threads, work):
+    """The row's models: (hf_dir, our checkpoint or run, encode(text) -> ids, decode(ids) -> text). Bytes (V
+    256): ours trained one step on Dickens and exported with `export gpt2`; a BPE of `vocab` tokens: a
+    transformers GPT-2 with random weights saved with the tokenizer, imported with `import gpt2`."""
     import transformers
-    transformers.logging.set_verbosity_error()
-    data = os.path.join(work, "data")
-    if not os.path.isdir(data):
-        text = os.path.join(work, "text.txt")
-        with open(os.path.join(ROOT, "..", "shared", "data", "dickens.txt"), "rb") as f:
-            open(text, "wb").write(f.read(300000))
-        subprocess.run([cli, "data", "prepare", text, "--out", data], check=True, capture_output=True)
     config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
     shape = [f"--n_layer={layers}", f"--d_model={width}", f"--n_head={width // 64}", "--context=384"]
-    run = os.path.join(work, f"run{layers}x{width}")
-    if not os.path.isdir(run):
-        subprocess.run([cli, "--threads", str(threads), "train", "-c", config, "--data", data, "--out", run, *shape,
-                        "--nb_steps=1", "--batch_size=1", "--eval_interval=1", "--eval_blocks=1", "--lr_warmup=0",
-                        "--eval_batch_size=1", "--quiet"], check=True, capture_output=True)
-    hf_dir = os.path.join(work, f"hf{layers}x{width}")
+    hf_dir = os.path.join(work, f"hf{layers}x{width}v{vocab}")
+    if vocab == 256:
+        data = os.path.join(work, "data")
+        if not os.path.isdir(data):
+            text = os.path.join(work, "text.txt")
+            with open(os.path.join(ROOT, "..", "shared", "data", "dickens.txt"), "rb") as f:
+                open(text, "wb").write(f.read(300000))
+            subprocess.run([cli, "data", "prepare", text, "--out", data], check=True, capture_output=True)
+        run = os.path.join(work, f"run{layers}x{width}")
+        if not os.path.isdir(run):
+            subprocess.run([cli, "--threads", str(threads), "train", "-c", config, "--data", data, "--out", run, *shape,
+                            "--nb_steps=1", "--batch_size=1", "--eval_interval=1", "--eval_blocks=1", "--lr_warmup=0",
+                            "--eval_batch_size=1", "--quiet"], check=True, capture_output=True)
+        if not os.path.isdir(hf_dir):
+            subprocess.run([cli, "export", "gpt2", run, "-o", hf_dir], check=True, capture_output=True)
+        tokens = [line.rstrip("\n") for line in open(os.path.join(hf_dir, "vocab.txt"))]
+        encode = lambda text: [tokens.index("<eos>") if ch == "\n" else tokens.index(str(ord(ch))) for ch in text]  # noqa: E731
+        decode = lambda ids: "".join("\n" if tokens[i] == "<eos>" else chr(int(tokens[i])) for i in ids)  # noqa: E731
+        return hf_dir, run, encode, decode
+    bpe = os.path.join(work, f"bpe{vocab}")
+    tok = trained_bpe(bpe, vocab) if not os.path.isdir(bpe) else __import__("tokenizers").Tokenizer.from_file(
+        os.path.join(bpe, "tokenizer.json"))
     if not os.path.isdir(hf_dir):
-        subprocess.run([cli, "export", "gpt2", run, "-o", hf_dir], check=True, capture_output=True)
+        torch.manual_seed(5)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=tok.get_vocab_size(), n_positions=384, n_embd=width, n_layer=layers, n_head=width // 64))
+        model.save_pretrained(hf_dir)
+        # GPT-2's own config.json carries n_ctx beside n_positions, which llama.cpp's converter reads;
+        # transformers 5 no longer writes it
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            hf_config = json.load(f)
+        hf_config["n_ctx"] = hf_config["n_positions"]
+        with open(os.path.join(hf_dir, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+        for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+            with open(os.path.join(bpe, name), "rb") as f:
+                open(os.path.join(hf_dir, name), "wb").write(f.read())
+    run = os.path.join(work, f"run{layers}x{width}v{vocab}.pt")
+    if not os.path.exists(run):
+        subprocess.run([cli, "import", "gpt2", hf_dir, "-o", run], check=True, capture_output=True)
+    return hf_dir, run, lambda text: tok.encode(text).ids, lambda ids: tok.decode(list(ids))
+
+
+def agreeing(want, got):
+    """How many tokens of `want` the other list starts with."""
+    return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+
+
+def generate_row(layers, width, rounds, cli, threads, work, dtype="float32", vocab=256, peers=("llama",)):
+    """{name: median tokens/s} for the generate rows (the module docstring) in `dtype`, and how many of the
+    64 greedy tokens of each peer agree with transformers' eager run (ours and llama.cpp: all, to pass, in
+    float32), and llama.cpp's largest logit difference from transformers' on the prompt (of the largest)."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    hf_dir, run, encode, decode = generate_models(layers, width, vocab, cli, threads, work)
+    config = os.path.join(ROOT, "configs", "gpt", "bench_attention.json")
+    shape = [f"--n_layer={layers}", f"--d_model={width}", f"--n_head={width // 64}", "--context=384", f"--vocab_size={vocab}"]
     model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
     model = model.to(getattr(torch, dtype))
-    model.generation_config.eos_token_id = None  # every row decodes all its tokens (<eos> is a newline here)
-    tokens = [line.rstrip("\n") for line in open(os.path.join(hf_dir, "vocab.txt"))]
-    prompt_text = open(os.path.join(work, "text.txt"), "rb").read()[1000:1128].decode("latin-1")
-    ids = [tokens.index("<eos>") if ch == "\n" else tokens.index(str(ord(ch))) for ch in prompt_text]
+    model.generation_config.eos_token_id = None  # every row decodes all its tokens (<eos> is a newline in bytes)
+    text = open(os.path.join(ROOT, "..", "shared", "data", "dickens.txt"), "rb").read()[1000:1128].decode("latin-1")
+    ids = encode(text)
     with torch.no_grad():
         want = model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)[0, len(ids):]
-    decode = lambda i: "\n" if tokens[i] == "<eos>" else chr(int(tokens[i]))  # noqa: E731
-    ours_text = subprocess.run([cli, "--threads", str(threads), "generate", run, "--prompt", prompt_text, "--tokens", "64",
-                                "--top-k", "1", "--dtype", dtype], check=True, capture_output=True).stdout.decode("latin-1")
-    theirs_text = prompt_text + "".join(decode(int(i)) for i in want) + "\n"
-    same = next((i for i, (a, b) in enumerate(zip(ours_text, theirs_text)) if a != b), min(len(ours_text), len(theirs_text)))
-    same = 64 if ours_text == theirs_text else same - len(prompt_text)  # tokens are bytes here
-    prompt = torch.tensor([ids])
+        want_logits = model(torch.tensor([ids])).logits[0].float()  # (len(ids), V)
+    want = want.tolist()
+    ours_text = subprocess.run([cli, "--threads", str(threads), "generate", run, "--prompt", text, "--tokens", "64",
+                                "--top-k", "1", "--dtype", dtype], check=True,
+                               capture_output=True).stdout.decode("latin-1" if vocab == 256 else "utf-8", "replace")
+    # ours prints the prompt, then its tokens as text: the agreeing tokens are the longest prefix of want
+    # whose text ours printed
+    cont = ours_text[len(text):]
+    agree = {"ours": 64 if ours_text == text + decode(want) + "\n" else
+             max((k for k in range(65) if cont.startswith(decode(want[:k]))), default=0)}
+    prompt = torch.tensor([ids[:128] if len(ids) >= 128 else (ids * 128)[:128]])  # 128 tokens
     # transformers' fastest decoding: its static cache (one size for every call: no recompilation) and each
     # decoding step's forward under torch.compile (generate compiles it; on the CPU when asked to).
     compiled = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="sdpa").eval()
     compiled = compiled.to(getattr(torch, dtype))
     compiled.generation_config.eos_token_id = None
     compiled.generation_config.cache_implementation = "static"
-    compiled.generation_config.max_cache_len = len(ids) + 256
+    compiled.generation_config.max_cache_len = 128 + 256
     compile_config = transformers.CompileConfig(mode="default")
     compile_config._compile_all_devices = True
     compiled.generation_config.compile_config = compile_config
     with torch.no_grad():  # compiles (minutes on 2 cores), then the check
-        want_compiled = compiled.generate(prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)[0, len(ids):]
-    same_compiled = next((i for i, (a, b) in enumerate(zip(want_compiled.tolist(), want.tolist())) if a != b), 64)
+        compiled.generate(prompt, max_new_tokens=256, do_sample=False, pad_token_id=0)
+        agree["compiled"] = agreeing(want, compiled.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
+                                                             pad_token_id=0)[0, len(ids):].tolist())
 
     def theirs(m=model):  # 256 tokens less the prompt and the first: 255 steps with the cache
         with torch.no_grad():
@@ -495,18 +612,37 @@ def generate_row(layers, width, rounds, cli, threads, work, dtype="float32"):
                               "--json"],
                              check=True, capture_output=True, text=True)
         return json.loads(out.stdout.strip().splitlines()[-1])["cached_tokens_per_s"]
-    theirs()
-    theirs(compiled)
-    rates = {"ours": [], "transformers": [], "compiled": []}
+
+    impls = {"ours": ours, "transformers": theirs, "compiled": lambda: theirs(compiled)}
+    logit_diff = None
+    if "llama" in peers and vocab != 256:  # llama.cpp reads a model with its tokenizer: the BPE rows
+        import numpy as np
+        llm = llama_model(hf_dir, dtype, threads, work)
+        greedy, logits = llama_greedy(llm, ids, 64)
+        agree["llama.cpp"] = agreeing(want, greedy)
+        logit_diff = ((logits - want_logits).abs().max() / want_logits.abs().max()).item()
+
+        def llama():  # 255 steps after the prompt, as transformers' rows count them
+            llm.reset()
+            llm.eval(prompt[0].tolist())
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            start = time.perf_counter()
+            for _ in range(255):
+                llm.eval([token])
+                token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            return 255 / (time.perf_counter() - start)
+        impls["llama.cpp"] = llama
+    for fn in impls.values():
+        fn()  # warm
+    rates = {name: [] for name in impls}
     for _ in range(rounds):
-        rates["ours"].append(ours())
-        rates["transformers"].append(theirs())
-        rates["compiled"].append(theirs(compiled))
+        for name, fn in impls.items():
+            rates[name].append(fn())
     med = {name: statistics.median(r) for name, r in rates.items()}
-    med["compiled agree"] = same_compiled
-    # What a decoding step must read: every weight once (the position table: one row).
+    # What a decoding step must read: every weight once (the position table: one row; the output layer
+    # is the embedding, tied, counted once).
     med["weight bytes"] = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "wpe" not in name)
-    return med, same
+    return med, agree, logit_diff
 
 
 def stream_bandwidth(rounds=9, size=1 << 27):
@@ -862,6 +998,10 @@ def main():
     parser.add_argument("--hf-lengths", default="128,512,1024", help="the hf rows' lengths T")
     parser.add_argument("--generate-shapes", default="4x256,12x768", help="the generate rows' layers x width")
     parser.add_argument("--generate-dtypes", default="float32,bfloat16", help="the generate rows' weights and steps")
+    parser.add_argument("--generate-vocabs", default="256,50257",
+                        help="the generate rows' vocabularies: 256 (bytes), or a BPE of that many tokens trained here")
+    parser.add_argument("--generate-peers", default="llama",
+                        help="the generate rows' peers beside transformers: llama (llama.cpp; scripts/install-peers.sh), or ''")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="the hf rows' model dtypes")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the training rows in bf16")
     parser.add_argument("--amp", default="off", choices=["off", "bf16"],
@@ -952,34 +1092,42 @@ def main():
                       f"{med['op unpadded'] / med['op padded']:.2f} |", flush=True)
     if "generate" in rows:
         import tempfile
+        peers = args.generate_peers.split(",") if args.generate_peers else []
         with tempfile.TemporaryDirectory() as work:
-            for spec, dtype in ((s, d) for s in args.generate_shapes.split(",") for d in args.generate_dtypes.split(",")):
-                layers, width = (int(x) for x in spec.split("x"))
-                med, same = generate_row(layers, width, args.rounds, cli, args.threads, work, dtype)
-                if dtype == "float32":
-                    print(f"# twin check, generate {spec}: 64 greedy tokens of ours and transformers "
-                          f"{'agree: ok' if same == 64 else f'differ from token {same}: MISMATCH'}", flush=True)
-                    if same != 64:
-                        MISMATCHES.append(f"generate {spec}")
-                else:  # each rounds its own way: reported, not required
-                    print(f"# generate {spec} {dtype}: the first {same} of 64 greedy tokens of ours and transformers "
-                          f"agree", flush=True)
-                short = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
-                what = f"greedy decoding, GPT-2 {layers} x {width}, V 256, batch 1, 256 tokens after 128, {short} (tokens/s)"
-                # rates: the ratio is ours / peer, so that > 1 still means ours is faster
-                print(f"| {what} | {med['ours']:.0f} | transformers eager, dynamic cache | {med['transformers']:.0f} | "
-                      f"{med['ours'] / med['transformers']:.2f} |", flush=True)
-                print(f"# generate {spec} {dtype}: transformers compiled gives the first {med['compiled agree']} of its "
-                      f"eager run's 64 greedy tokens", flush=True)
-                if dtype == "float32" and med["compiled agree"] != 64:
-                    MISMATCHES.append(f"generate {spec} compiled")
-                print(f"| {what} | {med['ours']:.0f} | transformers static cache, torch.compile | {med['compiled']:.0f} | "
-                      f"{med['ours'] / med['compiled']:.2f} |", flush=True)
-                bandwidth = stream_bandwidth()
-                bound = bandwidth / med["weight bytes"]
-                print(f"| {what} | {med['ours']:.0f} | the bandwidth bound: {med['weight bytes'] / 1e6:.1f} MB of weights "
-                      f"a token at {bandwidth / 1e9:.1f} GB/s (a torch sum) | {bound:.0f} | {med['ours'] / bound:.2f} |",
-                      flush=True)
+            for vocab in (int(v) for v in args.generate_vocabs.split(",")):
+                for spec, dtype in ((s, d) for s in args.generate_shapes.split(",") for d in args.generate_dtypes.split(",")):
+                    layers, width = (int(x) for x in spec.split("x"))
+                    med, agree, logit_diff = generate_row(layers, width, args.rounds, cli, args.threads, work, dtype, vocab, peers)
+                    short = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
+                    name = f"generate {spec} V {vocab} {short}"
+                    # float32: ours and llama.cpp must give transformers' 64 greedy tokens, and llama.cpp its
+                    # logits (1e-3 of the largest); in bfloat16 each rounds its own way: reported
+                    for peer, n in agree.items():
+                        required = dtype == "float32" and peer != "compiled"
+                        ok = n == 64 or not required
+                        print(f"# {'twin check, ' if required else ''}{name}: {peer} gives the first {n} of transformers' "
+                              f"64 greedy tokens{': ok' if ok and required else '' if ok else ': MISMATCH'}", flush=True)
+                        if not ok:
+                            MISMATCHES.append(f"{name} {peer}")
+                    if logit_diff is not None:
+                        ok = logit_diff <= 1e-3 or dtype != "float32"
+                        print(f"# {name}: llama.cpp's logits on the prompt differ from transformers' by {logit_diff:.1e} "
+                              f"of the largest{'' if ok else ': MISMATCH'}", flush=True)
+                        if not ok:
+                            MISMATCHES.append(f"{name} llama.cpp logits")
+                    what = f"greedy decoding, GPT-2 {layers} x {width}, V {vocab}, batch 1, 256 tokens after 128, {short} (tokens/s)"
+                    # rates: the ratio is ours / peer, so that > 1 still means ours is faster
+                    for peer, label in (("transformers", "transformers eager, dynamic cache"),
+                                        ("compiled", "transformers static cache, torch.compile"),
+                                        ("llama.cpp", "llama.cpp (llama-cpp-python 0.3.36), GGUF from its converter")):
+                        if peer in med:
+                            print(f"| {what} | {med['ours']:.0f} | {label} | {med[peer]:.0f} | {med['ours'] / med[peer]:.2f} |",
+                                  flush=True)
+                    bandwidth = stream_bandwidth()
+                    bound = bandwidth / med["weight bytes"]
+                    print(f"| {what} | {med['ours']:.0f} | the bandwidth bound: {med['weight bytes'] / 1e6:.1f} MB of weights "
+                          f"a token at {bandwidth / 1e9:.1f} GB/s (a torch sum) | {bound:.0f} | {med['ours'] / bound:.2f} |",
+                          flush=True)
     if "example" in rows:
         med, diff = example_row(args.rounds)
         close = diff <= 1e-5  # float32 rounding of two orders of the same sums (and the 1e-8 Z term)
