@@ -22,6 +22,7 @@
 #include "spanformer/train/family.h"
 #include "spanformer/train/optim.h"
 #include "gpt_util.h"
+#include "ops/cpu/matvec.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -610,4 +611,57 @@ TEST(GptTraining, MixedPrecisionBf16TrainsEveryAttentionAndResumesBitForBit) {
     tu::expect_bf16_run(to_json(training_gpt(kind, tmp.path(), 30, 15)),
                         tmp.file(attention::causal_kind_name(kind)), 17, 0.03);
   }
+}
+
+// The decoding row's streaming product (src/ops/cpu/matvec.h) against the float64 product of the same
+// values, both weight layouts (lay_out_for_decoding's (in, out) storage and the tied output layer's
+// (out, in)), with and without a bias, shapes with remainders of its 4-row and 8-element steps, two
+// threads: within float32 rounding of the sum's terms ((K + 1) 2^-24 of sum |x w| + |b|); run 10 times,
+// bit for bit the same.
+TEST(DecodeMatvec, EachLayoutWithinTheFloat64Product) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const auto dtype = at::kFloat;
+  for (auto [K, N] : std::vector<std::pair<int64_t, int64_t>>{{768, 2304}, {301, 7}, {5, 333}, {1, 1}})
+    for (bool in_out : {true, false})
+      for (bool with_bias : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "K " << K << " N " << N << (in_out ? " (in, out)" : " (out, in)")
+                                          << (with_bias ? " bias" : ""));
+        torch::manual_seed(K * 7 + N);
+        auto w = torch::randn({N, K}).to(dtype);                            // (out, in)
+        if (in_out) w = w.t().contiguous().t();                             // (in, out) storage
+        auto x = torch::randn({1, 1, K}).to(dtype);                          // one row
+        auto b = with_bias ? torch::randn({N}).to(dtype) : at::Tensor();
+        torch::NoGradGuard no_grad;
+        auto y = ops::cpu::decode_linear(x, w, b);
+        ASSERT_TRUE(y.defined());
+        ASSERT_EQ(y.sizes(), (std::vector<int64_t>{1, 1, N}));
+        ASSERT_EQ(y.scalar_type(), dtype);
+        auto wd = w.to(at::kDouble), xd = x.reshape({K}).to(at::kDouble);
+        auto want = at::mv(wd, xd) + (with_bias ? b.to(at::kDouble) : at::zeros({N}, at::kDouble));  // (N)
+        auto scale = at::mv(wd.abs(), xd.abs()) + (with_bias ? b.to(at::kDouble).abs() : at::zeros({N}, at::kDouble));
+        auto allowed = scale * (static_cast<double>(K + 1) * std::pow(2.0, -24));
+        auto err = (y.reshape({N}).to(at::kDouble) - want).abs();
+        EXPECT_TRUE((err <= allowed).all().item<bool>()) << "worst excess " << (err - allowed).max().item<double>();
+        for (int r = 0; r < 10; ++r) ASSERT_TRUE(torch::equal(ops::cpu::decode_linear(x, w, b), y)) << "run " << r;
+      }
+  at::set_num_threads(threads);
+}
+
+// Where the streaming product does not apply it says so (an undefined tensor) and the caller runs
+// at::linear: several rows, a gradient asked for, float64, bfloat16, a weight stored neither way, another
+// dtype of x.
+TEST(DecodeMatvec, LeavesEverythingElseToLinear) {
+  auto w = torch::randn({6, 4}), x = torch::randn({1, 4});
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(ops::cpu::decode_linear(x, w, {}).defined());
+    EXPECT_FALSE(ops::cpu::decode_linear(torch::randn({2, 4}), w, {}).defined());
+    EXPECT_FALSE(ops::cpu::decode_linear(x.to(at::kDouble), w.to(at::kDouble), {}).defined());
+    EXPECT_FALSE(ops::cpu::decode_linear(x.to(at::kBFloat16), w.to(at::kBFloat16), {}).defined());
+    EXPECT_FALSE(ops::cpu::decode_linear(x, torch::randn({6, 8}).narrow(1, 0, 4), {}).defined());
+    EXPECT_FALSE(ops::cpu::decode_linear(x.to(at::kBFloat16), w, {}).defined());
+  }
+  auto wg = w.clone().requires_grad_();
+  EXPECT_FALSE(ops::cpu::decode_linear(x, wg, {}).defined());
 }

@@ -13,8 +13,20 @@
 
 #include "spanformer/util/error.h"
 #include "spanformer/util/torch_compat.h"
+#include "ops/cpu/matvec.h"
 
 namespace spanformer::models {
+namespace {
+
+// A layer's product: one decoding row on the CPU as the streaming matrix-vector product
+// (ops/cpu/matvec.h), anything else through the layer.
+template <class Layer>
+torch::Tensor product(Layer& layer, const torch::Tensor& x) {
+  if (auto y = ops::cpu::decode_linear(x, layer->weight, layer->bias); y.defined()) return y;
+  return layer(x);
+}
+
+}  // namespace
 
 GptBlockOptions gpt_block_options(const GptModelConfig& config, int64_t layer) {
   attention::CausalSpec pattern;
@@ -89,18 +101,18 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
   const int64_t B = h.size(0), N = h.size(1), H = options_.d_model(), K = options_.heads(), D = H / K;
   if (options_.pattern().kind == attention::CausalKind::kLsh) {  // shared q/k (B, K, N, D), no cache
     if (k_cache) fail("gpt: lsh attention reads no KV cache");
-    auto qv = qkv(h).view({B, N, 2, K, D}).permute({2, 0, 3, 1, 4});  // (2, B, K, N, D)
+    auto qv = product(qkv, h).view({B, N, 2, K, D}).permute({2, 0, 3, 1, 4});  // (2, B, K, N, D)
     auto qk = qv[0];
     auto out = attention::causal_attention(qk, qk, qv[1], spec(), options_.impl());  // (B, K, N, D)
-    return proj(out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
+    return product(proj, out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
   }
-  auto qkv_heads = qkv(h).view({B, N, 3, K, D}).permute({2, 0, 3, 1, 4});  // (3, B, K, N, D)
+  auto qkv_heads = product(qkv, h).view({B, N, 3, K, D}).permute({2, 0, 3, 1, 4});  // (3, B, K, N, D)
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];               // (B, K, N, D)
   if (at.defined()) {  // fixed shapes: row `at` of the (B, K, T, D) buffers, then keys 0 .. at
     k_cache->index_copy_(2, at, k);
     v_cache->index_copy_(2, at, v);
     auto out = attention::causal_attention_at(q, *k_cache, *v_cache, at, spec());  // (B, K, 1, D)
-    return proj(out.transpose(1, 2).reshape({B, N, H}));                       // (B, 1, H)
+    return product(proj, out.transpose(1, 2).reshape({B, N, H}));                       // (B, 1, H)
   }
   if (k_cache) {  // the cached keys and values, then these: written into the cache's buffer
     k = append_rows(*k_cache, k);  // (B, K, C + N, D)
@@ -113,7 +125,7 @@ torch::Tensor GptAttentionImpl::forward(const torch::Tensor& h, torch::Tensor* k
     *k_cache = k.narrow(2, C - kept, kept);  // (B, K, kept, D)
     *v_cache = v.narrow(2, C - kept, kept);
   }
-  return proj(out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
+  return product(proj, out.transpose(1, 2).reshape({B, N, H}));  // (B, N, H)
 }
 
 GptBlockImpl::GptBlockImpl(GptBlockOptions options) : options_(std::move(options)) {
@@ -133,8 +145,8 @@ torch::Tensor GptBlockImpl::attention_branch(const torch::Tensor& h, torch::Tens
 torch::Tensor GptBlockImpl::feed_forward(const torch::Tensor& z) {
   const bool tanh = options_.activation() == Activation::kGeluTanh;
   auto u = ops::step_kernels_take(z) ? ops::bias_gelu(at::linear(z, fc1->weight), fc1->bias, tanh)  // (B, n, I)
-                                     : torch::gelu(fc1(z), tanh ? "tanh" : "none");
-  return spanformer::nn::dropout(fc2(u), options_.dropout(), is_training());  // (B, n, H)
+                                     : torch::gelu(product(fc1, z), tanh ? "tanh" : "none");
+  return spanformer::nn::dropout(product(fc2, u), options_.dropout(), is_training());  // (B, n, H)
 }
 
 torch::Tensor GptBlockImpl::ff_branch(const torch::Tensor& h) {
@@ -332,7 +344,9 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
 }
 
 torch::Tensor GptModelImpl::logits(const torch::Tensor& hidden) {
-  return head ? head(hidden) : torch::matmul(hidden, wte->weight.t());  // (B, N, V)
+  if (head) return product(head, hidden);  // (B, N, V)
+  if (auto y = ops::cpu::decode_linear(hidden, wte->weight, {}); y.defined()) return y;  // one decoding row
+  return torch::matmul(hidden, wte->weight.t());  // (B, N, V)
 }
 
 void GptModelImpl::lay_out_for_decoding() {
