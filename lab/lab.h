@@ -12,5 +12,8 @@
 namespace spanformer::lab {
 
 void register_rows();
+// Takes the CUDA variants out of the launchers' table (false) or puts them back (true): what a program
+// without the lab sees, for the tests of that case.
+void set_kernel_rows(bool present);
 
 }  // namespace spanformer::lab

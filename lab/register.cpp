@@ -40,6 +40,11 @@ at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh) {
 
 }  // namespace
 
+void set_kernel_rows(bool present) {
+  if (!present) ops::cuda::lab_kernels() = ops::cuda::LabKernels{};
+  else register_rows();
+}
+
 void register_rows() {
   auto& k = ops::cuda::lab_kernels();
   k.linked = true;

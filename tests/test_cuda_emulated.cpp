@@ -22,6 +22,7 @@
 #include "op_cases.h"
 #include "ops/autograd_function.h"
 #include "ops/backends.h"
+#include "lab/lab.h"
 #include "lab/step_autograd.h"
 #include "spanformer/ops/step_ops.h"
 #include "spanformer/util/torch_compat.h"
@@ -369,6 +370,37 @@ TEST(StepKernelsEmulated, BiasGeluWithinTheReferenceError) {
         return kernel ? ops::BiasGeluFunction::apply(x, b, tanh) : ops::bias_gelu(x, b, tanh);
       },
       at::kCPU);
+}
+
+// In a program without the lab (lab/lab.h: its table empty, as the library alone leaves it), a lab
+// variant named by a switch is one line saying so, in the span and the flash glue; with the lab the
+// same calls run.
+TEST(LabEmulated, ALabVariantWithoutTheLabIsOneLine) {
+  torch::manual_seed(2);
+  auto q = torch::randn({1, 2, 16, 32}), k = torch::randn({1, 2, 16, 32}), v = torch::randn({1, 2, 16, 32});
+  auto ks = torch::randn({1, 2, 24, 32}), vs = torch::randn({1, 2, 24, 32});  // (B, K, W + M, D), W 8
+  auto key_pe = torch::randn({32, 8}), span_ratio = torch::full({2}, 0.5);
+  ops::FlashOptions fo;
+  fo.band = 16;
+  ops::SpanAttentionOptions so{8, 4.0, 0.0, false, 1, {}};
+  so.visited = ops::visited_distances(span_ratio, 8, 4.0, 8);
+  const std::string without = " is a lab variant: this program was built without the lab (-DSPANFORMER_LAB=ON adds it)";
+  for (bool linked : {false, true}) {
+    SCOPED_TRACE(linked ? "with the lab" : "without the lab");
+    lab::set_kernel_rows(linked);
+    {
+      const tu::KernelVariantEnv env("SPANFORMER_FLASH_KERNEL", "v1-keys");
+      if (linked) EXPECT_EQ(tu::error_of([&] { ops::cuda_glue::flash_forward(q, k, v, fo); }), "");
+      else EXPECT_ERROR_WITH(ops::cuda_glue::flash_forward(q, k, v, fo), "SPANFORMER_FLASH_KERNEL=v1-keys" + without);
+    }
+    {
+      const tu::KernelVariantEnv env("SPANFORMER_SPAN_KERNEL", "v1b2-async");
+      auto run = [&] { ops::cuda_glue::span_attention_forward(q, ks, vs, key_pe, span_ratio, so, false); };
+      if (linked) EXPECT_EQ(tu::error_of(run), "");
+      else EXPECT_ERROR_WITH(run(), "SPANFORMER_SPAN_KERNEL=v1b2-async" + without);
+    }
+  }
+  lab::set_kernel_rows(true);
 }
 
 // A bad SPANFORMER_STEP_KERNELS is one line naming the values it takes.

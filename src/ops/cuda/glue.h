@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "spanformer/util/error.h"
 #include "spanformer/util/switches.h"
 #include "params.h"
 #ifndef SPANFORMER_CUDA_EMULATE
@@ -53,8 +54,9 @@ Id variant_named(const KernelVariant<Id> (&table)[N], const char* variable) {
   const std::string value = switch_value(variable);
   for (const auto& row : table)
     if (value == row.name) {
-      TORCH_CHECK(!row.lab || lab_kernels().linked, variable, "=", value,
-                  " is a lab variant: this program was built without the lab (-DSPANFORMER_LAB=ON adds it)");
+      if (row.lab && !lab_kernels().linked)
+        fail("{}={} is a lab variant: this program was built without the lab (-DSPANFORMER_LAB=ON adds it)", variable,
+             value);
       return row.id;
     }
   return table[0].id;  // not reached: switch_value takes only the table's names
