@@ -90,6 +90,11 @@ bench_plausible "$tmp/bench.json"
 bench_plausible "$tmp/bench.json"
 "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --tokens 5 --steps 1 --warmup 0 2> /dev/null \
   | grep "tokens 60 .. 64 after a prompt of 59" > /dev/null
+"$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --batch 3 --tokens 5 --recompute 0 --steps 1 \
+  --warmup 0 --json 2> /dev/null > "$tmp/bench.json"
+"$py" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(not (r["batch"] == 3 and r["prefill_tokens_per_s"] > 0
+          and r["cached_tokens_per_s"] > 0 and r["recomputed_tokens_per_s"] is None))' "$tmp/bench.json" \
+  || fail "bench --mode generate --batch 3 times prefill and 3 rows: $(cat "$tmp/bench.json")"
 
 # The attention race runs end to end (a tiny model, the 100-step minimum) and refuses to overwrite.
 BUILD="$(dirname "$bin")" ATTENTIONS="window adaptive_span" OVERRIDES="${small[*]}" bash "$src/bench/attention_race.sh" "$tmp/data" 0.001 "$tmp/race" \
@@ -133,9 +138,11 @@ expect_error "bench: --tokens is for --mode generate" "$bin" bench -c "$src/conf
 expect_error "bench: --dtype is for --mode generate (training: train.amp)" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --dtype bfloat16
 expect_error "bench: --dtype must be float32 or bfloat16 (got 'float16')" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --dtype float16
 expect_error "bench: --recompute must be 0 or 1 (got 2)" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --recompute 2
+expect_error "bench: --batch must be >= 1 (got 0)" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --mode generate --batch 0
+expect_error "bench: --batch is for --mode generate (training: train.batch_size)" "$bin" bench -c "$src/configs/gpt/demo.json" "${small[@]}" --batch 8
 # Each family's bench settings come from the family table: another family's setting is one line naming
 # the settings this family has; values are checked before anything is built.
-expect_error "bench: --mem-len is not a setting of the gpt family (its settings: --span, --span-dist, --tokens, --dtype, --recompute)" \
+expect_error "bench: --mem-len is not a setting of the gpt family (its settings: --span, --span-dist, --tokens, --dtype, --recompute, --batch)" \
   "$bin" bench -c "$src/configs/gpt/demo.json" --mem-len 16 --steps 1
 expect_error "bench: --span is not a setting of the vit family (it has none beyond --mode, --steps, --warmup and --json)" \
   "$bin" bench -c "$src/configs/vit/fashion_mnist.json" --span 16 --steps 1

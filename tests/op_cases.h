@@ -217,6 +217,8 @@ inline const std::vector<FlashCase>& flash_cases() {
       {1, 2, 40, 40, 256, 0, 0.0},         // D 256, the largest the kernels take
       {1, 2, 66, 66, 48, 0, 0.3, 8},       // dropout (the same hash stream as the CPU); D not a multiple of 32
       {1, 1, 1, 50, 64, 0, 0.0, 7},        // one query over a cache (generation)
+      {2, 3, 1, 300, 48, 0, 0.0, 64},      // one query a head over several key tiles, D not a multiple of 16
+      {2, 2, 1, 90, 24, 33, 0.2, 16},      // one query with a band and dropout
       {1, 2, 66, 66, 64, 0, 0.3, 32},      // dropout at D 64 (the CUDA kernels' version 1 both ways)
       {2, 2, 100, 140, 32, 21, 0.0, 32},   // a band of 21 over 40 cached keys at D 32 (version 1 both ways)
       // The tiles' edges, D 8: one token, tiles of 7 and 8 over 37, more keys than queries, bands of 1,

@@ -23,6 +23,7 @@
 #include "spanformer/train/optim.h"
 #include "gpt_util.h"
 #include "ops/cpu/matvec.h"
+#include "ops/cpu_features.h"
 #include "util.h"
 
 using namespace spanformer;
@@ -354,40 +355,83 @@ TEST(GptModel, DecodingLayoutKeepsEveryValue) {
               1e-12) << "token " << i;
 }
 
-// bfloat16 decoding (`generate --dtype bfloat16`: the model cast once after the decoding layout): the
-// prompt's and each cached step's logits within bfloat16's error of the float32 model's, for every
-// pattern with a KV cache (LSH, which has none, hashes by the argmax of rotated bfloat16 vectors: a tie
-// broken the other way puts a key in another bucket, a discrete change no bound on rounding covers).
+// bfloat16 decoding (`generate --dtype bfloat16`: the model cast once, then laid out for decoding, its
+// one-row products each way of multiplying bfloat16: matvec.h): the prompt's and each cached step's
+// logits within bfloat16's error of the float32 model's (its own one-row products), for every pattern
+// with a KV cache (LSH, which has none, hashes by the argmax of rotated bfloat16 vectors: a tie broken
+// the other way puts a key in another bucket, a discrete change no bound on rounding covers).
 // Bound: 8 ulps of bfloat16 (2^-8 relative) of the largest logit: each product and sum rounds to 8 bits
 // of mantissa, over 2 layers.
 TEST(GptModel, BFloat16DecodingFollowsFloat32) {
-  for (auto kind : kAllKinds) {
-    if (kind == CausalKind::kLsh) continue;
-    SCOPED_TRACE(attention::causal_kind_name(kind));
-    auto config = tiny_gpt(kind, 24);
-    torch::manual_seed(3);
-    models::GptModel f32(config.model), bf16(config.model);
-    for (auto model : {f32, bf16}) model->eval();
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < f32->parameters().size(); ++i) bf16->parameters()[i].copy_(f32->parameters()[i]);
-    f32->clamp_spans();
-    bf16->clamp_spans();
-    bf16->lay_out_for_decoding();
-    bf16->to(torch::kBFloat16);
-    models::GptDecoder a, b;
-    torch::manual_seed(4);
-    auto tokens = torch::randint(11, {1, 30}, torch::kLong);
-    for (int64_t i = 0; i < 20; ++i) {
-      auto x = i == 0 ? tokens.narrow(1, 0, 10) : tokens.narrow(1, 9 + i, 1);
-      torch::manual_seed(100 + i);  // lsh's rotations
-      auto want = f32->logits(f32->extend(x, a));
-      torch::manual_seed(100 + i);
-      auto got = bf16->logits(bf16->extend(x, b));
-      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
-      EXPECT_LT((got.to(torch::kFloat) - want).abs().max().item<double>(), 8 * std::pow(2.0, -8) * want.abs().max().item<double>())
-          << "step " << i;
+  for (auto way : {ops::cpu::HalfProducts::widened, ops::cpu::HalfProducts::native})
+    for (auto kind : kAllKinds) {
+      if (kind == CausalKind::kLsh) continue;
+      if (way == ops::cpu::HalfProducts::native && !ops::cpu::half_products_available()) continue;  // refused: no brgemm
+      ops::cpu::HalfProductsOverride products(way);
+      SCOPED_TRACE(fmt::format("{}, bf16 products {}", attention::causal_kind_name(kind),
+                               ops::cpu::decode_bf16_pairs() ? "AVX512-BF16 pairs" : "widened"));
+      auto config = tiny_gpt(kind, 24);
+      torch::manual_seed(3);
+      models::GptModel f32(config.model), bf16(config.model);
+      for (auto model : {f32, bf16}) model->eval();
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < f32->parameters().size(); ++i) bf16->parameters()[i].copy_(f32->parameters()[i]);
+      f32->clamp_spans();
+      bf16->clamp_spans();
+      f32->lay_out_for_decoding();
+      bf16->to(torch::kBFloat16);
+      bf16->lay_out_for_decoding();
+      for (const auto& p : bf16->parameters())  // (out, in) storage: the one-row products take them
+        if (p.dim() == 2) ASSERT_TRUE(p.is_contiguous());
+      models::GptDecoder a, b;
+      torch::manual_seed(4);
+      auto tokens = torch::randint(11, {1, 30}, torch::kLong);
+      for (int64_t i = 0; i < 20; ++i) {
+        auto x = i == 0 ? tokens.narrow(1, 0, 10) : tokens.narrow(1, 9 + i, 1);
+        auto want = f32->logits(f32->extend(x, a));
+        auto got = bf16->logits(bf16->extend(x, b));
+        ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+        EXPECT_LT((got.to(torch::kFloat) - want).abs().max().item<double>(),
+                  8 * std::pow(2.0, -8) * want.abs().max().item<double>())
+            << "step " << i;
+      }
     }
-  }
+}
+
+// A batch decoded together (bench --mode generate --batch: each step's rows through one streaming
+// product, ops/cpu/matvec.h) gives each row's logits decoded alone, float32 and bfloat16 (each way of
+// multiplying it), 8 rows: within float32 rounding of the products' other order (1e-5 of the largest
+// logit; bfloat16: 2 ulps, 2^-7, where one rounding may fall the other way), where rows mixed up
+// would be off by the logits' own size.
+TEST(GptModel, BatchedDecodingGivesEachRowAlone) {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16})
+    for (auto way : {ops::cpu::HalfProducts::widened, ops::cpu::HalfProducts::native}) {
+      if (way == ops::cpu::HalfProducts::native && (dtype == torch::kFloat || !ops::cpu::half_products_available()))
+        continue;
+      ops::cpu::HalfProductsOverride products(way);
+      SCOPED_TRACE(fmt::format("{}{}", c10::toString(dtype), dtype == torch::kFloat ? "" : ops::cpu::decode_bf16_pairs() ? ", pairs" : ", widened"));
+      auto config = tiny_gpt(CausalKind::kDense, 24);
+      torch::manual_seed(3);
+      models::GptModel model(config.model);
+      model->eval();
+      torch::NoGradGuard no_grad;
+      model->to(dtype);
+      model->lay_out_for_decoding();
+      torch::manual_seed(4);
+      const int64_t B = 8;
+      auto tokens = torch::randint(11, {B, 20}, torch::kLong);
+      models::GptDecoder together;
+      std::vector<models::GptDecoder> alone(B);
+      for (int64_t i = 0; i < 10; ++i) {
+        auto x = i == 0 ? tokens.narrow(1, 0, 11) : tokens.narrow(1, 10 + i, 1);  // (B, n)
+        auto got = model->logits(model->extend(x, together).narrow(1, -1, 1)).to(torch::kFloat);  // (B, 1, V)
+        for (int64_t b = 0; b < B; ++b) {
+          auto want = model->logits(model->extend(x.narrow(0, b, 1), alone[b]).narrow(1, -1, 1)).to(torch::kFloat);
+          const double tol = (dtype == torch::kFloat ? 1e-5 : std::pow(2.0, -7)) * want.abs().max().item<double>();
+          EXPECT_LT((got.narrow(0, b, 1) - want).abs().max().item<double>(), tol) << "step " << i << " row " << b;
+        }
+      }
+    }
 }
 
 // Generation at fixed shapes (what the lab's CUDA graph captures: GptDecoder::fixed_shapes) gives
@@ -613,52 +657,102 @@ TEST(GptTraining, MixedPrecisionBf16TrainsEveryAttentionAndResumesBitForBit) {
   }
 }
 
-// The decoding row's streaming product (src/ops/cpu/matvec.h) against the float64 product of the same
-// values, both weight layouts (lay_out_for_decoding's (in, out) storage and the tied output layer's
-// (out, in)), with and without a bias, shapes with remainders of its 4-row and 8-element steps, two
-// threads: within float32 rounding of the sum's terms ((K + 1) 2^-24 of sum |x w| + |b|); run 10 times,
-// bit for bit the same.
+// The float32 product, each layout of W, for one row (a step at batch 1), 3, 8 and 16 rows (a batch's
+// step; the bfloat16 rows take groups of 8, 4, 2, 1), within the float64 product: each output is a sum
+// of K products and the bias, at most (K + 1) 2^-24 sum |x w| + |b| off in float32. Two threads, ten
+// runs bit for bit.
 TEST(DecodeMatvec, EachLayoutWithinTheFloat64Product) {
   const int threads = at::get_num_threads();
   at::set_num_threads(2);
   const auto dtype = at::kFloat;
   for (auto [K, N] : std::vector<std::pair<int64_t, int64_t>>{{768, 2304}, {301, 7}, {5, 333}, {1, 1}})
-    for (bool in_out : {true, false})
-      for (bool with_bias : {true, false}) {
-        SCOPED_TRACE(::testing::Message() << "K " << K << " N " << N << (in_out ? " (in, out)" : " (out, in)")
-                                          << (with_bias ? " bias" : ""));
-        torch::manual_seed(K * 7 + N);
-        auto w = torch::randn({N, K}).to(dtype);                            // (out, in)
-        if (in_out) w = w.t().contiguous().t();                             // (in, out) storage
-        auto x = torch::randn({1, 1, K}).to(dtype);                          // one row
-        auto b = with_bias ? torch::randn({N}).to(dtype) : at::Tensor();
-        torch::NoGradGuard no_grad;
-        auto y = ops::cpu::decode_linear(x, w, b);
-        ASSERT_TRUE(y.defined());
-        ASSERT_EQ(y.sizes(), (std::vector<int64_t>{1, 1, N}));
-        ASSERT_EQ(y.scalar_type(), dtype);
-        auto wd = w.to(at::kDouble), xd = x.reshape({K}).to(at::kDouble);
-        auto want = at::mv(wd, xd) + (with_bias ? b.to(at::kDouble) : at::zeros({N}, at::kDouble));  // (N)
-        auto scale = at::mv(wd.abs(), xd.abs()) + (with_bias ? b.to(at::kDouble).abs() : at::zeros({N}, at::kDouble));
-        auto allowed = scale * (static_cast<double>(K + 1) * std::pow(2.0, -24));
-        auto err = (y.reshape({N}).to(at::kDouble) - want).abs();
-        EXPECT_TRUE((err <= allowed).all().item<bool>()) << "worst excess " << (err - allowed).max().item<double>();
-        for (int r = 0; r < 10; ++r) ASSERT_TRUE(torch::equal(ops::cpu::decode_linear(x, w, b), y)) << "run " << r;
-      }
+    for (int64_t R : {1, 3, 8, 16})
+      for (bool in_out : {true, false})
+        for (bool with_bias : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << "K " << K << " N " << N << " R " << R
+                                            << (in_out ? " (in, out)" : " (out, in)") << (with_bias ? " bias" : ""));
+          torch::manual_seed(K * 7 + N + R);
+          auto w = torch::randn({N, K}).to(dtype);                            // (out, in)
+          if (in_out) w = w.t().contiguous().t();                             // (in, out) storage
+          auto x = torch::randn({R, 1, K}).to(dtype);                          // R rows
+          auto b = with_bias ? torch::randn({N}).to(dtype) : at::Tensor();
+          torch::NoGradGuard no_grad;
+          auto y = ops::cpu::decode_linear(x, w, b);
+          ASSERT_TRUE(y.defined());
+          ASSERT_EQ(y.sizes(), (std::vector<int64_t>{R, 1, N}));
+          ASSERT_EQ(y.scalar_type(), dtype);
+          auto wd = w.to(at::kDouble), xd = x.reshape({R, K}).to(at::kDouble);
+          auto bd = with_bias ? b.to(at::kDouble) : at::zeros({N}, at::kDouble);
+          auto want = at::mm(xd, wd.t()) + bd;  // (R, N)
+          auto scale = at::mm(xd.abs(), wd.abs().t()) + bd.abs();
+          auto allowed = scale * (static_cast<double>(K + 1) * std::pow(2.0, -24));
+          auto err = (y.reshape({R, N}).to(at::kDouble) - want).abs();
+          EXPECT_TRUE((err <= allowed).all().item<bool>()) << "worst excess " << (err - allowed).max().item<double>();
+          for (int r = 0; r < 10; ++r) ASSERT_TRUE(torch::equal(ops::cpu::decode_linear(x, w, b), y)) << "run " << r;
+        }
+  at::set_num_threads(threads);
+}
+
+// bfloat16 weights (out, in), each way of multiplying them (widened to float32; AVX512-BF16's pairs where
+// the CPU has them, which the test checks from cpuid itself), 1, 3, 8 and 16 rows, within the float64
+// product of the same bfloat16 values: each product of two bfloat16 values is exact in float32 (8 + 8
+// bits of significand), so the float32 sums are the error, at most (K + 1) 2^-24 sum |x w| + |b| as in
+// float32, and the one rounding to bfloat16 after adds at most half an ulp: 2^-8 of the sum (8 bits of
+// significand). Lengths not a multiple of 32 take the pairs' masked tail; two threads, ten runs bit for bit.
+TEST(DecodeMatvec, BFloat16EachWayWithinTheFloat64Product) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+#if defined(__x86_64__) && defined(__GNUC__)
+  const bool pairs_here = ops::cpu::vector_level() == ops::cpu::VectorLevel::avx512 &&
+                          ops::cpu::half_products_in_hardware(at::kBFloat16) && __builtin_cpu_supports("avx512bf16");
+#else
+  const bool pairs_here = false;
+#endif
+  for (auto way : {ops::cpu::HalfProducts::widened, ops::cpu::HalfProducts::native}) {
+    if (way == ops::cpu::HalfProducts::native && !ops::cpu::half_products_available()) continue;  // refused: no brgemm
+    ops::cpu::HalfProductsOverride products(way);
+    const bool pairs = way == ops::cpu::HalfProducts::native && pairs_here;
+    ASSERT_EQ(ops::cpu::decode_bf16_pairs(), pairs);
+    for (auto [K, N] : std::vector<std::pair<int64_t, int64_t>>{{768, 2304}, {3072, 768}, {301, 7}, {40, 333}, {1, 1}})
+      for (int64_t R : {1, 3, 8, 16})
+        for (bool with_bias : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << (pairs ? "pairs" : "widened") << " K " << K << " N " << N << " R " << R
+                                            << (with_bias ? " bias" : ""));
+          torch::manual_seed(K * 7 + N + R);
+          auto w = torch::randn({N, K}).to(at::kBFloat16);  // (out, in)
+          auto x = torch::randn({1, R, K}).to(at::kBFloat16);
+          auto b = with_bias ? torch::randn({N}).to(at::kBFloat16) : at::Tensor();
+          torch::NoGradGuard no_grad;
+          auto y = ops::cpu::decode_linear(x, w, b);
+          ASSERT_TRUE(y.defined());
+          ASSERT_EQ(y.sizes(), (std::vector<int64_t>{1, R, N}));
+          ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+          auto wd = w.to(at::kDouble), xd = x.reshape({R, K}).to(at::kDouble);
+          auto bd = with_bias ? b.to(at::kDouble) : at::zeros({N}, at::kDouble);
+          auto want = at::mm(xd, wd.t()) + bd;  // (R, N)
+          auto sums = (at::mm(xd.abs(), wd.abs().t()) + bd.abs()) * (static_cast<double>(K + 1) * std::pow(2.0, -24));
+          auto allowed = sums + (want.abs() + sums) * std::pow(2.0, -8);
+          auto err = (y.reshape({R, N}).to(at::kDouble) - want).abs();
+          EXPECT_TRUE((err <= allowed).all().item<bool>()) << "worst excess " << (err - allowed).max().item<double>();
+          for (int r = 0; r < 10; ++r) ASSERT_TRUE(torch::equal(ops::cpu::decode_linear(x, w, b), y)) << "run " << r;
+        }
+  }
   at::set_num_threads(threads);
 }
 
 // Where the streaming product does not apply it says so (an undefined tensor) and the caller runs
-// at::linear: several rows, a gradient asked for, float64, bfloat16, a weight stored neither way, another
-// dtype of x.
+// at::linear: more rows than kDecodeRows, a gradient asked for, float64, bfloat16 stored (in, out), a
+// float32 weight stored neither way, another dtype of x.
 TEST(DecodeMatvec, LeavesEverythingElseToLinear) {
   auto w = torch::randn({6, 4}), x = torch::randn({1, 4});
   {
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(ops::cpu::decode_linear(x, w, {}).defined());
-    EXPECT_FALSE(ops::cpu::decode_linear(torch::randn({2, 4}), w, {}).defined());
+    EXPECT_TRUE(ops::cpu::decode_linear(torch::randn({ops::cpu::kDecodeRows, 4}), w, {}).defined());
+    EXPECT_FALSE(ops::cpu::decode_linear(torch::randn({ops::cpu::kDecodeRows + 1, 4}), w, {}).defined());
     EXPECT_FALSE(ops::cpu::decode_linear(x.to(at::kDouble), w.to(at::kDouble), {}).defined());
-    EXPECT_FALSE(ops::cpu::decode_linear(x.to(at::kBFloat16), w.to(at::kBFloat16), {}).defined());
+    EXPECT_TRUE(ops::cpu::decode_linear(x.to(at::kBFloat16), w.to(at::kBFloat16), {}).defined());
+    EXPECT_FALSE(ops::cpu::decode_linear(x.to(at::kBFloat16), w.t().contiguous().t().to(at::kBFloat16), {}).defined());
     EXPECT_FALSE(ops::cpu::decode_linear(x, torch::randn({6, 8}).narrow(1, 0, 4), {}).defined());
     EXPECT_FALSE(ops::cpu::decode_linear(x.to(at::kBFloat16), w, {}).defined());
   }

@@ -67,32 +67,37 @@ drift falls on all of them alike; a row prints the median of each over the round
             scaled_dot_product_attention with the padded causal mask (what transformers' sdpa passes)
           checked: ours and sdpa give the same logits at every real token (1e-3 in float32 relative to
           the largest, 0.1 in bfloat16), else a MISMATCH line and a non-zero exit
-  generate greedy decoding, batch 1, a prompt of 128 tokens then 256 new tokens, float32 and bfloat16
+  generate greedy decoding, batch 1 and 8 (--generate-batches: rows decoded together, each its own prompt of
+          Dickens), a prompt of 128 tokens then 256 new tokens, float32 and bfloat16
           (--generate-dtypes: ours `--dtype bfloat16`, transformers' model.to(bfloat16), llama.cpp's GGUF
           in bf16), of a GPT-2 of 4 x 256 (4 heads) and of 12 x 768 (12 heads) (--generate-shapes) with
           each vocabulary of --generate-vocabs: V 256, bytes, weights of one training step
           (configs/gpt/bench_attention.json's model) exported with `export gpt2`; V 50257, GPT-2's size, a
           byte-level BPE of GPT-2's kind trained here by `tokenizers` on Dickens, a transformers GPT-2 of
           random weights saved with it and imported with `import gpt2`:
-            ours          `spanformer bench --mode generate --context 384 --tokens 256 --recompute 0`: tokens/s of the
-                          256 steps with the KV cache (the prompt not counted)
+            ours          `spanformer bench --mode generate --context 384 --tokens 256 --recompute 0 --batch B`:
+                          tokens/s of the 256 steps with the KV cache (the prompt not counted), and of the
+                          prompt at once (prefill: the hidden states, the last token's logits)
             transformers  GPT2LMHeadModel.from_pretrained of the export, eager attention, its dynamic
                           cache: generate(max_new_tokens=256) less generate(max_new_tokens=1), as 255 tokens
             compiled      the same with sdpa attention, its static cache (sized once for the longest call)
                           and generate's torch.compile of the decoding step (CompileConfig(mode="default"),
                           asked for on the CPU; the compilation not timed); in float32 its 64 greedy tokens
                           must be the eager run's (else MISMATCH)
-            llama.cpp     (--generate-peers llama; the BPE rows: llama.cpp reads a model with its tokenizer)
+            sdpa          prefill beside ours: the prompt through the model with sdpa attention into a
+                          fresh cache, the last token's logits (logits_to_keep=1)
+            llama.cpp     (--generate-peers llama; the BPE rows at batch 1: llama.cpp reads a model with its
+                          tokenizer, and llama-cpp-python's Llama decodes one sequence)
                           llama-cpp-python (scripts/install-peers.sh: built by pip for this CPU) on the GGUF
                           that llama.cpp's own converter writes from the transformers directory (f32 or
                           bf16), 255 single-token evals after the prompt, each next token the argmax
-          checked: `spanformer generate --top-k 1`, llama.cpp and transformers' greedy generate give the
+          checked (batch 1): `spanformer generate --top-k 1`, llama.cpp and transformers' greedy generate give the
           same 64 tokens after the same prompt in float32, and llama.cpp's logits on the prompt are
           transformers' within 1e-3 of the largest, else a MISMATCH line and a non-zero exit (in bfloat16
           each rounds its own way: how many agree is printed); these rows print
           tokens/s, and their ratio is ours / transformers (> 1: ours faster, as elsewhere)
             the bound     the memory bandwidth (torch summing 512 MB: bytes read a second) over the bytes
-                          of weights a step reads (all but the position table): the
+                          of weights a step reads (all but the position table), times the batch: the
                           tokens/s of a step that did nothing but read its weights once; ratio ours / bound
   example the Python example's training step (examples/python/nanogpt_adaptive_span.py: 4 blocks of H 256,
           4 heads, L 512, M 128, batch 16, the caches carried, Adam, clipping at 1; each layer's spans
@@ -555,10 +560,11 @@ def agreeing(want, got):
     return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
 
 
-def generate_row(layers, width, rounds, cli, threads, work, dtype="float32", vocab=256, peers=("llama",)):
-    """{name: median tokens/s} for the generate rows (the module docstring) in `dtype`, and how many of the
-    64 greedy tokens of each peer agree with transformers' eager run (ours and llama.cpp: all, to pass, in
-    float32), and llama.cpp's largest logit difference from transformers' on the prompt (of the largest)."""
+def generate_row(layers, width, rounds, cli, threads, work, dtype="float32", vocab=256, peers=("llama",), batch=1):
+    """{name: median tokens/s} for the generate rows (the module docstring) in `dtype` at `batch` rows, and
+    (batch 1) how many of the 64 greedy tokens of each peer agree with transformers' eager run (ours and
+    llama.cpp: all, to pass, in float32), and llama.cpp's largest logit difference from transformers' on
+    the prompt (of the largest)."""
     import transformers
     transformers.logging.set_verbosity_error()
     hf_dir, run, encode, decode = generate_models(layers, width, vocab, cli, threads, work)
@@ -567,21 +573,28 @@ def generate_row(layers, width, rounds, cli, threads, work, dtype="float32", voc
     model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
     model = model.to(getattr(torch, dtype))
     model.generation_config.eos_token_id = None  # every row decodes all its tokens (<eos> is a newline in bytes)
-    text = open(os.path.join(ROOT, "..", "shared", "data", "dickens.txt"), "rb").read()[1000:1128].decode("latin-1")
+    dickens = open(os.path.join(ROOT, "..", "shared", "data", "dickens.txt"), "rb").read()
+    text = dickens[1000:1128].decode("latin-1")
     ids = encode(text)
-    with torch.no_grad():
-        want = model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)[0, len(ids):]
-        want_logits = model(torch.tensor([ids])).logits[0].float()  # (len(ids), V)
-    want = want.tolist()
-    ours_text = subprocess.run([cli, "--threads", str(threads), "generate", run, "--prompt", text, "--tokens", "64",
-                                "--top-k", "1", "--dtype", dtype], check=True,
-                               capture_output=True).stdout.decode("latin-1" if vocab == 256 else "utf-8", "replace")
-    # ours prints the prompt, then its tokens as text: the agreeing tokens are the longest prefix of want
-    # whose text ours printed
-    cont = ours_text[len(text):]
-    agree = {"ours": 64 if ours_text == text + decode(want) + "\n" else
-             max((k for k in range(65) if cont.startswith(decode(want[:k]))), default=0)}
-    prompt = torch.tensor([ids[:128] if len(ids) >= 128 else (ids * 128)[:128]])  # 128 tokens
+    agree, logit_diff = {}, None
+    if batch == 1:
+        with torch.no_grad():
+            want = model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)[0, len(ids):]
+            want_logits = model(torch.tensor([ids])).logits[0].float()  # (len(ids), V)
+        want = want.tolist()
+        ours_text = subprocess.run([cli, "--threads", str(threads), "generate", run, "--prompt", text, "--tokens", "64",
+                                    "--top-k", "1", "--dtype", dtype], check=True,
+                                   capture_output=True).stdout.decode("latin-1" if vocab == 256 else "utf-8", "replace")
+        # ours prints the prompt, then its tokens as text: the agreeing tokens are the longest prefix of want
+        # whose text ours printed
+        cont = ours_text[len(text):]
+        agree["ours"] = 64 if ours_text == text + decode(want) + "\n" else max(
+            (k for k in range(65) if cont.startswith(decode(want[:k]))), default=0)
+
+    def prompt_of(b):  # 128 tokens of Dickens, row b from its own place
+        row = encode(dickens[1000 + 4000 * b:1000 + 4000 * b + 1024].decode("latin-1"))
+        return row[:128] if len(row) >= 128 else (row * 128)[:128]
+    prompt = torch.tensor([prompt_of(b) for b in range(batch)])  # (batch, 128)
     # transformers' fastest decoding: its static cache (one size for every call: no recompilation) and each
     # decoding step's forward under torch.compile (generate compiles it; on the CPU when asked to).
     compiled = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="sdpa").eval()
@@ -594,28 +607,38 @@ def generate_row(layers, width, rounds, cli, threads, work, dtype="float32", voc
     compiled.generation_config.compile_config = compile_config
     with torch.no_grad():  # compiles (minutes on 2 cores), then the check
         compiled.generate(prompt, max_new_tokens=256, do_sample=False, pad_token_id=0)
-        agree["compiled"] = agreeing(want, compiled.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
-                                                             pad_token_id=0)[0, len(ids):].tolist())
+        if batch == 1:
+            agree["compiled"] = agreeing(want, compiled.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
+                                                                 pad_token_id=0)[0, len(ids):].tolist())
+    # transformers' prefill: the prompt through SDPA attention into a fresh cache, the last token's logits
+    sdpa = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="sdpa").eval()
+    sdpa = sdpa.to(getattr(torch, dtype))
 
-    def theirs(m=model):  # 256 tokens less the prompt and the first: 255 steps with the cache
+    def theirs(m=model):  # 256 tokens less the prompt and the first: 255 steps with the cache, each row
         with torch.no_grad():
             start = time.perf_counter()
             m.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
             first = time.perf_counter() - start
             start = time.perf_counter()
             m.generate(prompt, max_new_tokens=256, do_sample=False, pad_token_id=0)
-            return 255 / (time.perf_counter() - start - first)
+            return {"decode": 255 * batch / (time.perf_counter() - start - first)}
+
+    def their_prefill():
+        with torch.no_grad():
+            start = time.perf_counter()
+            sdpa(prompt, use_cache=True, logits_to_keep=1).logits.sum().item()
+            return {"prefill": 128 * batch / (time.perf_counter() - start)}
 
     def ours():
         out = subprocess.run([cli, "--threads", str(threads), "bench", "-c", config, *shape, "--mode", "generate",
                               "--tokens", "256", "--steps", "1", "--warmup", "1", "--dtype", dtype, "--recompute", "0",
-                              "--json"],
+                              "--batch", str(batch), "--json"],
                              check=True, capture_output=True, text=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])["cached_tokens_per_s"]
+        record = json.loads(out.stdout.strip().splitlines()[-1])
+        return {"decode": record["cached_tokens_per_s"], "prefill": record["prefill_tokens_per_s"]}
 
-    impls = {"ours": ours, "transformers": theirs, "compiled": lambda: theirs(compiled)}
-    logit_diff = None
-    if "llama" in peers and vocab != 256:  # llama.cpp reads a model with its tokenizer: the BPE rows
+    impls = {"ours": ours, "transformers": theirs, "compiled": lambda: theirs(compiled), "sdpa": their_prefill}
+    if "llama" in peers and vocab != 256 and batch == 1:  # llama.cpp reads a model with its tokenizer: the BPE rows
         import numpy as np
         llm = llama_model(hf_dir, dtype, threads, work)
         greedy, logits = llama_greedy(llm, ids, 64)
@@ -630,14 +653,15 @@ def generate_row(layers, width, rounds, cli, threads, work, dtype="float32", voc
             for _ in range(255):
                 llm.eval([token])
                 token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            return 255 / (time.perf_counter() - start)
+            return {"decode": 255 / (time.perf_counter() - start)}
         impls["llama.cpp"] = llama
     for fn in impls.values():
         fn()  # warm
-    rates = {name: [] for name in impls}
+    rates = {}
     for _ in range(rounds):
         for name, fn in impls.items():
-            rates[name].append(fn())
+            for what, rate in fn().items():
+                rates.setdefault(f"{name} {what}", []).append(rate)
     med = {name: statistics.median(r) for name, r in rates.items()}
     # What a decoding step must read: every weight once (the position table: one row; the output layer
     # is the embedding, tied, counted once).
@@ -998,6 +1022,7 @@ def main():
     parser.add_argument("--hf-lengths", default="128,512,1024", help="the hf rows' lengths T")
     parser.add_argument("--generate-shapes", default="4x256,12x768", help="the generate rows' layers x width")
     parser.add_argument("--generate-dtypes", default="float32,bfloat16", help="the generate rows' weights and steps")
+    parser.add_argument("--generate-batches", default="1,8", help="the generate rows' batch sizes (rows decoded together)")
     parser.add_argument("--generate-vocabs", default="256,50257",
                         help="the generate rows' vocabularies: 256 (bytes), or a BPE of that many tokens trained here")
     parser.add_argument("--generate-peers", default="llama",
@@ -1095,9 +1120,11 @@ def main():
         peers = args.generate_peers.split(",") if args.generate_peers else []
         with tempfile.TemporaryDirectory() as work:
             for vocab in (int(v) for v in args.generate_vocabs.split(",")):
-                for spec, dtype in ((s, d) for s in args.generate_shapes.split(",") for d in args.generate_dtypes.split(",")):
+                for spec, dtype, batch in ((s, d, int(b)) for s in args.generate_shapes.split(",")
+                                           for d in args.generate_dtypes.split(",") for b in args.generate_batches.split(",")):
                     layers, width = (int(x) for x in spec.split("x"))
-                    med, agree, logit_diff = generate_row(layers, width, args.rounds, cli, args.threads, work, dtype, vocab, peers)
+                    med, agree, logit_diff = generate_row(layers, width, args.rounds, cli, args.threads, work, dtype, vocab,
+                                                          peers, batch)
                     short = {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
                     name = f"generate {spec} V {vocab} {short}"
                     # float32: ours and llama.cpp must give transformers' 64 greedy tokens, and llama.cpp its
@@ -1115,19 +1142,24 @@ def main():
                               f"of the largest{'' if ok else ': MISMATCH'}", flush=True)
                         if not ok:
                             MISMATCHES.append(f"{name} llama.cpp logits")
-                    what = f"greedy decoding, GPT-2 {layers} x {width}, V {vocab}, batch 1, 256 tokens after 128, {short} (tokens/s)"
+                    what = (f"greedy decoding, GPT-2 {layers} x {width}, V {vocab}, batch {batch}, 256 tokens after 128, "
+                            f"{short} (tokens/s)")
+                    ours = med["ours decode"]
                     # rates: the ratio is ours / peer, so that > 1 still means ours is faster
                     for peer, label in (("transformers", "transformers eager, dynamic cache"),
                                         ("compiled", "transformers static cache, torch.compile"),
                                         ("llama.cpp", "llama.cpp (llama-cpp-python 0.3.36), GGUF from its converter")):
-                        if peer in med:
-                            print(f"| {what} | {med['ours']:.0f} | {label} | {med[peer]:.0f} | {med['ours'] / med[peer]:.2f} |",
-                                  flush=True)
+                        if f"{peer} decode" in med:
+                            print(f"| {what} | {ours:.0f} | {label} | {med[peer + ' decode']:.0f} | "
+                                  f"{ours / med[peer + ' decode']:.2f} |", flush=True)
                     bandwidth = stream_bandwidth()
-                    bound = bandwidth / med["weight bytes"]
-                    print(f"| {what} | {med['ours']:.0f} | the bandwidth bound: {med['weight bytes'] / 1e6:.1f} MB of weights "
-                          f"a token at {bandwidth / 1e9:.1f} GB/s (a torch sum) | {bound:.0f} | {med['ours'] / bound:.2f} |",
+                    bound = bandwidth / med["weight bytes"] * batch
+                    print(f"| {what} | {ours:.0f} | the bandwidth bound: {med['weight bytes'] / 1e6:.1f} MB of weights "
+                          f"a step of {batch} at {bandwidth / 1e9:.1f} GB/s (a torch sum) | {bound:.0f} | {ours / bound:.2f} |",
                           flush=True)
+                    print(f"| prefill, GPT-2 {layers} x {width}, V {vocab}, batch {batch}, 128 tokens, {short} (tokens/s) | "
+                          f"{med['ours prefill']:.0f} | transformers SDPA, the last token's logits | {med['sdpa prefill']:.0f} | "
+                          f"{med['ours prefill'] / med['sdpa prefill']:.2f} |", flush=True)
     if "example" in rows:
         med, diff = example_row(args.rounds)
         close = diff <= 1e-5  # float32 rounding of two orders of the same sums (and the 1e-8 Z term)

@@ -18,7 +18,7 @@
 namespace spanformer::models {
 namespace {
 
-// A layer's product: one decoding row on the CPU as the streaming matrix-vector product
+// A layer's product: a decoding step's rows on the CPU as the streaming product
 // (ops/cpu/matvec.h), anything else through the layer.
 template <class Layer>
 torch::Tensor product(Layer& layer, const torch::Tensor& x) {
@@ -345,7 +345,7 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& x, GptCache* cache) {
 
 torch::Tensor GptModelImpl::logits(const torch::Tensor& hidden) {
   if (head) return product(head, hidden);  // (B, N, V)
-  if (auto y = ops::cpu::decode_linear(hidden, wte->weight, {}); y.defined()) return y;  // one decoding row
+  if (auto y = ops::cpu::decode_linear(hidden, wte->weight, {}); y.defined()) return y;  // a decoding step
   return torch::matmul(hidden, wte->weight.t());  // (B, N, V)
 }
 
@@ -354,8 +354,12 @@ void GptModelImpl::lay_out_for_decoding() {
   for (const auto& block : block_list_) {
     for (const auto& w : {block->attn->qkv->weight, block->attn->proj->weight, block->fc1->weight, block->fc2->weight}) {
       auto weight = w;  // (out, in)
-      if (weight.device().is_cpu() && weight.dim() == 2 && weight.is_contiguous())
+      if (!weight.device().is_cpu() || weight.dim() != 2) continue;
+      if (weight.scalar_type() == torch::kBFloat16) {
+        if (!weight.is_contiguous()) weight.set_data(weight.contiguous());  // (out, in) storage
+      } else if (weight.is_contiguous()) {
         weight.set_data(weight.t().contiguous().t());  // (out, in) view of (in, out) storage
+      }
     }
   }
 }

@@ -166,10 +166,11 @@ class GptModelImpl : public torch::nn::Module {
   torch::Tensor extend(const torch::Tensor& x, GptDecoder& decoder);
   // Why generation cannot run at fixed shapes (one clause), empty when it can: every pattern but LSH.
   std::string fixed_shape_refusal() const;
-  // For generation on the CPU: each block's linear weights (out, in) stored transposed, the same values
-  // as a (out, in) view of an (in, out) tensor, so that a decoding step's matrix-vector products read
-  // them as x W with W (in, out), which MKL runs faster (docs/benchmarks.md). Training keeps the
-  // (out, in) storage: `generate` and `bench --mode generate` call this, the training loop never does.
+  // For generation on the CPU, in the weights' dtype (call it after a cast): each block's linear weights
+  // (out, in) stored transposed, the same values as a (out, in) view of an (in, out) tensor, so
+  // that a decoding step's matrix-vector products (ops/cpu/matvec.h) stream them as x W with W (in, out);
+  // bfloat16 weights stored (out, in), where the pairs of AVX512-BF16's dot product lie. Training keeps
+  // the (out, in) storage: `generate` and `bench --mode generate` call this, the training loop never does.
   void lay_out_for_decoding();
 
   torch::Tensor span_loss() const;  // sum over layers (0 without adaptive span)

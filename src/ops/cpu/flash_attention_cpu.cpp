@@ -177,7 +177,9 @@ struct ForwardScratch {
 
 // One query tile [i0, i0 + n) of head x. kT holds the head's K^T in blocks of k_tile keys
 // (transpose_blocks), vrows (C, D) its values, both as operands. Key tiles start at multiples of k_tile.
-// krows: the head's keys (C, D) as they lie, for one query (n = 1, a decoding step), in place of kT.
+// krows: the head's keys (C, D) as they lie, for one query (n = 1, a decoding step), in place of kT:
+// the scores are then dot products of each key with q and the values' sum p_j v_j row by row, so that
+// neither product packs the cache for one row (row_math.h's dot and add_scaled, the same operands).
 // sinks: each head's sink logit (K), or null; softcap: drop.o.softcap (0 = none).
 template <typename scalar_t, typename acc_t, typename op_t>
 void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* sinks, int64_t x, int64_t i0, int64_t n,
@@ -197,8 +199,8 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* 
   for (int64_t j0 = lo / sh.k_tile * sh.k_tile; j0 < hi; j0 += sh.k_tile) {
     const int64_t c = std::min(sh.k_tile, hi - j0);
     acc_t* S = w.s.data();                                                         // (n, c), ld k_tile
-    if (krows) {  // one query: S^T = K_u q^T (c, 1), the same memory as S's one row
-      tile_gemm(c, 1, D, krows + j0 * D, D, w.qs.data(), 1, S, 1, /*accumulate=*/false);
+    if (krows) {  // one query: each score a dot product of a key with q, the keys read in place
+      for (int64_t j = 0; j < c; ++j) S[j] = rows::dot(krows + (j0 + j) * D, w.qs.data(), D);
     } else {
       const op_t* kT_u = kT + (j0 / sh.k_tile) * D * sh.k_tile;                    // (D, c), ld k_tile
       tile_gemm(n, c, D, w.qs.data(), D, kT_u, sh.k_tile, S, sh.k_tile, /*accumulate=*/false);
@@ -228,7 +230,12 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* 
     }
     const op_t* P;                                                                 // (n, c), ld k_tile
     if constexpr (native) P = w.p.data(); else P = S;
-    tile_gemm(n, D, c, P, sh.k_tile, vrows + j0 * D, D, w.acc.data(), D, /*accumulate=*/true);  // (n, D) += (P Z) V_u
+    if (krows) {  // one query: acc += p_j v_j, each value row read in place (no packing of the cache)
+      for (int64_t j = 0; j < c; ++j)
+        if (P[j] != op_t(0)) rows::add_scaled(w.acc.data(), vrows + (j0 + j) * D, D, static_cast<acc_t>(P[j]));
+    } else {
+      tile_gemm(n, D, c, P, sh.k_tile, vrows + j0 * D, D, w.acc.data(), D, /*accumulate=*/true);  // (n, D) += (P Z) V_u
+    }
   }
   for (int64_t r = 0; r < n; ++r) {
     const acc_t inv = acc_t(1) / w.l[r];

@@ -25,6 +25,11 @@ struct RowTable {
   void (*times_difference)(float*, const float*, const float*, int64_t);
   void (*scale)(float*, int64_t, float);
   float (*dot)(const float*, const float*, int64_t);
+  float (*dot_bf16)(const c10::BFloat16*, const c10::BFloat16*, int64_t);
+  float (*dot_f16)(const c10::Half*, const c10::Half*, int64_t);
+  void (*add_scaled)(float*, const float*, int64_t, float);
+  void (*add_scaled_bf16)(float*, const c10::BFloat16*, int64_t, float);
+  void (*add_scaled_f16)(float*, const c10::Half*, int64_t, float);
   void (*softmax_divided)(const float*, int64_t, double, float*);
   void (*narrow_bf16)(const float*, int64_t, c10::BFloat16*);
   void (*narrow_f16)(const float*, int64_t, c10::Half*);
@@ -88,6 +93,11 @@ void exp_minus(float* s, const float* lse, int64_t n) { t().exp_minus(s, lse, n)
 void times_difference(float* p, const float* dp, const float* delta, int64_t n) { t().times_difference(p, dp, delta, n); }
 void scale(float* y, int64_t n, float a) { t().scale(y, n, a); }
 float dot(const float* x, const float* y, int64_t n) { return t().dot(x, y, n); }
+float dot(const c10::BFloat16* x, const c10::BFloat16* y, int64_t n) { return t().dot_bf16(x, y, n); }
+float dot(const c10::Half* x, const c10::Half* y, int64_t n) { return t().dot_f16(x, y, n); }
+void add_scaled(float* y, const float* x, int64_t n, float a) { t().add_scaled(y, x, n, a); }
+void add_scaled(float* y, const c10::BFloat16* x, int64_t n, float a) { t().add_scaled_bf16(y, x, n, a); }
+void add_scaled(float* y, const c10::Half* x, int64_t n, float a) { t().add_scaled_f16(y, x, n, a); }
 void softmax_divided(const float* s, int64_t n, double divisor, float* p) { t().softmax_divided(s, n, divisor, p); }
 void narrow_to(const float* x, int64_t n, c10::BFloat16* y) { t().narrow_bf16(x, n, y); }
 void narrow_to(const float* x, int64_t n, c10::Half* y) { t().narrow_f16(x, n, y); }
@@ -144,6 +154,10 @@ double dot(const double* x, const double* y, int64_t n) {
   double total = 0;
   for (int64_t c = 0; c < n; ++c) total += x[c] * y[c];
   return total;
+}
+
+void add_scaled(double* y, const double* x, int64_t n, double a) {
+  for (int64_t c = 0; c < n; ++c) y[c] += a * x[c];
 }
 
 void span_weights_row(const double* pv, const SpanRowMask& mask, const double* keep, double* a) {

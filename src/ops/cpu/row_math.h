@@ -41,9 +41,17 @@ void times_difference(double* p, const double* dp, const double* delta, int64_t 
 void scale(float* y, int64_t n, float a);
 void scale(double* y, int64_t n, double a);
 
-// sum of x[c] y[c] over [0, n).
+// sum of x[c] y[c] over [0, n); 16-bit rows widened to float32 (each product exact), summed in float32.
 float dot(const float* x, const float* y, int64_t n);
 double dot(const double* x, const double* y, int64_t n);
+float dot(const c10::BFloat16* x, const c10::BFloat16* y, int64_t n);
+float dot(const c10::Half* x, const c10::Half* y, int64_t n);
+
+// y[c] += a x[c] for c in [0, n), x widened to y's type.
+void add_scaled(float* y, const float* x, int64_t n, float a);
+void add_scaled(double* y, const double* x, int64_t n, double a);
+void add_scaled(float* y, const c10::BFloat16* x, int64_t n, float a);
+void add_scaled(float* y, const c10::Half* x, int64_t n, float a);
 
 // The exponential of one float, as the rows compute it (for the tests of its error).
 float exp_approx(float x);

@@ -194,6 +194,7 @@ class GptFamily : public ConfiguredFamily<GptConfig>,
       for (auto& b : model_->buffers())
         if (b.is_floating_point()) kept.emplace_back(b, b.detach().clone());
       model_->to(torch::kBFloat16);
+      model_->lay_out_for_decoding();  // the bfloat16 weights' own layout
     }
     models::GptDecoder decoder;
     sample_tokens(vocab, r, std::max<int64_t>(1, config_.model.context / 2),
@@ -277,6 +278,7 @@ std::vector<BenchSetting> gpt_bench_settings() {
   settings.push_back({"tokens", "generate mode: generate this many tokens, the last at a full context (default: the second half of the context)"});
   settings.push_back({"dtype", "generate mode: float32, or bfloat16 (the weights cast once, every step in bfloat16)"});
   settings.push_back({"recompute", "generate mode: 1 also times recomputing the whole context for each token, 0 not"});
+  settings.push_back({"batch", "generate mode: rows decoded together, each its own prompt (default 1)"});
   return settings;
 }
 
