@@ -177,13 +177,16 @@ struct ForwardScratch {
 
 // One query tile [i0, i0 + n) of head x. kT holds the head's K^T in blocks of k_tile keys
 // (transpose_blocks), vrows (C, D) its values, both as operands. Key tiles start at multiples of k_tile.
-// krows: the head's keys (C, D) as they lie, for one query (n = 1, a decoding step), in place of kT:
-// the scores are then dot products of each key with q and the values' sum p_j v_j row by row, so that
-// neither product packs the cache for one row (row_math.h's dot and add_scaled, the same operands).
+// krows, vin: the head's keys and values (C, D) as they lie in the inputs, for one query (n = 1, a
+// decoding step), in place of kT and vrows: the scores are then dot products of each key with q and
+// the output the sum p_j v_j row by row (row_math.h's dot and add_scaled, each 16-bit value widened
+// where it is read when the products are widened), so that no product packs, transposes or widens the
+// cache for one row.
 // sinks: each head's sink logit (K), or null; softcap: drop.o.softcap (0 = none).
 template <typename scalar_t, typename acc_t, typename op_t>
 void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* sinks, int64_t x, int64_t i0, int64_t n,
-                  const scalar_t* q, const op_t* kT, const op_t* krows, const op_t* vrows, scalar_t* out, acc_t* lse,
+                  const scalar_t* q, const op_t* kT, const op_t* vrows, const scalar_t* krows, const scalar_t* vin,
+                  scalar_t* out, acc_t* lse,
                   ForwardScratch<acc_t, op_t>& w) {
   constexpr bool native = !std::is_same_v<op_t, acc_t>;
   const int64_t D = sh.D;
@@ -232,7 +235,7 @@ void forward_tile(const FlashShape& sh, const FlashDropout& drop, const double* 
     if constexpr (native) P = w.p.data(); else P = S;
     if (krows) {  // one query: acc += p_j v_j, each value row read in place (no packing of the cache)
       for (int64_t j = 0; j < c; ++j)
-        if (P[j] != op_t(0)) rows::add_scaled(w.acc.data(), vrows + (j0 + j) * D, D, static_cast<acc_t>(P[j]));
+        if (P[j] != op_t(0)) rows::add_scaled(w.acc.data(), vin + (j0 + j) * D, D, static_cast<acc_t>(P[j]));
     } else {
       tile_gemm(n, D, c, P, sh.k_tile, vrows + j0 * D, D, w.acc.data(), D, /*accumulate=*/true);  // (n, D) += (P Z) V_u
     }
@@ -269,13 +272,12 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   auto out = at::empty_like(q);                                                    // (B, K, N, D)
   auto lse = at::empty({sh.B, sh.K, N}, q.options().dtype(acc_dtype));             // (B, K, N)
   // Per head: K^T in blocks of k_tile keys, and the values as operands (a float32 copy when widened).
-  // One query a head (a decoding step) reads the keys as they lie instead, where they are operands
-  // already: the transpose would read and write the whole cache for one row of scores.
-  constexpr bool keys_are_operands = std::is_same_v<scalar_t, op_t>;
-  const bool keys_in_place = keys_are_operands && N == 1;
-  const int64_t kT_size = keys_in_place ? 0 : blocked_size(C, D, sh.k_tile);
+  // One query a head (a decoding step) reads the keys and values as they lie instead: the transpose and
+  // the copy would read and write the whole cache for one row of scores.
+  const bool one_query = N == 1;
+  const int64_t kT_size = one_query ? 0 : blocked_size(C, D, sh.k_tile);
   auto kT = at::empty({X, kT_size}, q.options().dtype(op_dtype));                  // (X, C / k_tile, D, k_tile)
-  auto vw = copy_v ? at::empty({X, C, D}, q.options().dtype(op_dtype)) : v;        // (X, C, D)
+  auto vw = copy_v ? at::empty({one_query ? 0 : X, C, D}, q.options().dtype(op_dtype)) : v;  // (X, C, D)
   const scalar_t* kp = k.template data_ptr<scalar_t>();
   const scalar_t* vp = v.template data_ptr<scalar_t>();
   op_t* kTp = kT.template data_ptr<op_t>();
@@ -285,8 +287,9 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   for_each_item(X, [&](int64_t x) {
     int64_t q0;
     const FlashShape h = head_shape(sh, ranges, x, q0);
-    if (!keys_in_place) transpose_blocks(kp + x * hk + h.pos0 * D, h.C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
-    if (copy_v) widen_rows(vp + x * hv + h.pos0 * D, D, h.C, D, acc_t(1), vw.template data_ptr<op_t>() + x * C * D);
+    if (!one_query) transpose_blocks(kp + x * hk + h.pos0 * D, h.C, D, sh.k_tile, acc_t(1), kTp + x * kT_size);
+    if (copy_v && !one_query)
+      widen_rows(vp + x * hv + h.pos0 * D, D, h.C, D, acc_t(1), vw.template data_ptr<op_t>() + x * C * D);
     // A padded query: output 0, L = -inf.
     for (const auto& [i, n] : {std::pair{int64_t(0), q0}, std::pair{q0 + h.N, N - q0 - h.N}}) {
       std::fill(op + (x * N + i) * D, op + (x * N + i + n) * D, scalar_t(0));
@@ -321,12 +324,12 @@ Forward forward_impl(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
       [&](int64_t j, ForwardScratch<acc_t, op_t>& w) {
         const Item& it = items[static_cast<size_t>(j)];
         const int64_t x = it.x, row0 = x * N + it.q0;  // the head's first real query
-        const op_t* vrows = copy_v ? vwp + x * C * D : vwp + x * hv + it.sh.pos0 * D;
-        const op_t* krows = nullptr;
-        if constexpr (keys_are_operands)
-          if (keys_in_place) krows = kp + x * hk + it.sh.pos0 * D;
+        const op_t* vrows = one_query ? nullptr : copy_v ? vwp + x * C * D : vwp + x * hv + it.sh.pos0 * D;
+        const scalar_t* krows = one_query ? kp + x * hk + it.sh.pos0 * D : nullptr;
+        const scalar_t* vin = one_query ? vp + x * hv + it.sh.pos0 * D : nullptr;
         forward_tile<scalar_t, acc_t, op_t>(it.sh, drop, sinks, x, it.i0, std::min(sh.q_tile, it.sh.N - it.i0),
-                                            qp + row0 * D, kTp + x * kT_size, krows, vrows, op + row0 * D, lp + row0, w);
+                                            qp + row0 * D, kTp + x * kT_size, vrows, krows, vin, op + row0 * D, lp + row0,
+                                            w);
         if constexpr (!std::is_same_v<op_t, acc_t>) release_half_products(op_dtype);
       });
   return {out, lse};

@@ -27,6 +27,8 @@ struct RowTable {
   float (*dot)(const float*, const float*, int64_t);
   float (*dot_bf16)(const c10::BFloat16*, const c10::BFloat16*, int64_t);
   float (*dot_f16)(const c10::Half*, const c10::Half*, int64_t);
+  float (*dot_bf16_f32)(const c10::BFloat16*, const float*, int64_t);
+  float (*dot_f16_f32)(const c10::Half*, const float*, int64_t);
   void (*add_scaled)(float*, const float*, int64_t, float);
   void (*add_scaled_bf16)(float*, const c10::BFloat16*, int64_t, float);
   void (*add_scaled_f16)(float*, const c10::Half*, int64_t, float);
@@ -95,6 +97,8 @@ void scale(float* y, int64_t n, float a) { t().scale(y, n, a); }
 float dot(const float* x, const float* y, int64_t n) { return t().dot(x, y, n); }
 float dot(const c10::BFloat16* x, const c10::BFloat16* y, int64_t n) { return t().dot_bf16(x, y, n); }
 float dot(const c10::Half* x, const c10::Half* y, int64_t n) { return t().dot_f16(x, y, n); }
+float dot(const c10::BFloat16* x, const float* y, int64_t n) { return t().dot_bf16_f32(x, y, n); }
+float dot(const c10::Half* x, const float* y, int64_t n) { return t().dot_f16_f32(x, y, n); }
 void add_scaled(float* y, const float* x, int64_t n, float a) { t().add_scaled(y, x, n, a); }
 void add_scaled(float* y, const c10::BFloat16* x, int64_t n, float a) { t().add_scaled_bf16(y, x, n, a); }
 void add_scaled(float* y, const c10::Half* x, int64_t n, float a) { t().add_scaled_f16(y, x, n, a); }

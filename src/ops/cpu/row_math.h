@@ -41,11 +41,14 @@ void times_difference(double* p, const double* dp, const double* delta, int64_t 
 void scale(float* y, int64_t n, float a);
 void scale(double* y, int64_t n, double a);
 
-// sum of x[c] y[c] over [0, n); 16-bit rows widened to float32 (each product exact), summed in float32.
+// sum of x[c] y[c] over [0, n); 16-bit rows widened to float32 (two 16-bit rows: each product exact),
+// summed in float32.
 float dot(const float* x, const float* y, int64_t n);
 double dot(const double* x, const double* y, int64_t n);
 float dot(const c10::BFloat16* x, const c10::BFloat16* y, int64_t n);
 float dot(const c10::Half* x, const c10::Half* y, int64_t n);
+float dot(const c10::BFloat16* x, const float* y, int64_t n);
+float dot(const c10::Half* x, const float* y, int64_t n);
 
 // y[c] += a x[c] for c in [0, n), x widened to y's type.
 void add_scaled(float* y, const float* x, int64_t n, float a);
