@@ -86,13 +86,15 @@ drift falls on all of them alike; a row prints the median of each over the round
                           must be the eager run's (else MISMATCH)
             sdpa          prefill beside ours: the prompt through the model with sdpa attention into a
                           fresh cache, the last token's logits (logits_to_keep=1)
-            llama.cpp     (--generate-peers llama; the BPE rows at batch 1: llama.cpp reads a model with its
-                          tokenizer, and llama-cpp-python's Llama decodes one sequence)
+            llama.cpp     (--generate-peers llama; the BPE rows: llama.cpp reads a model with its tokenizer)
                           llama-cpp-python (scripts/install-peers.sh: built by pip for this CPU) on the GGUF
                           that llama.cpp's own converter writes from the transformers directory (f32 or
-                          bf16), 255 single-token evals after the prompt, each next token the argmax
-          checked (batch 1): `spanformer generate --top-k 1`, llama.cpp and transformers' greedy generate give the
-          same 64 tokens after the same prompt in float32, and llama.cpp's logits on the prompt are
+                          bf16), 255 steps after the prompt, each next token the argmax: batch 1 through
+                          its Llama class, several rows through llama.cpp's batch API (llama_decode of
+                          one token a sequence; the Llama class decodes one sequence)
+          checked: `spanformer generate --top-k 1`, llama.cpp and transformers' greedy generate give the
+          same 64 tokens after the same prompt in float32 (batch 8: llama.cpp's rows those of transformers'
+          batch; ours' rows: GptModel.BatchedDecodingGivesEachRowAlone), and llama.cpp's logits on the prompt are
           transformers' within 1e-3 of the largest, else a MISMATCH line and a non-zero exit (in bfloat16
           each rounds its own way: how many agree is printed); these rows print
           tokens/s, and their ratio is ours / transformers (> 1: ours faster, as elsewhere)
@@ -459,6 +461,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def llama_model(hf_dir, dtype, threads, work):
     """llama.cpp (llama-cpp-python) on the GGUF its own converter writes from hf_dir, f32 or bf16."""
+    gguf = llama_gguf(hf_dir, dtype, work)  # refuses in one line where llama.cpp is not installed
+    from llama_cpp import Llama
+    return Llama(model_path=gguf, n_ctx=384, n_batch=512, n_threads=threads,
+                 n_threads_batch=threads, logits_all=True, verbose=False)
+
+
+def llama_gguf(hf_dir, dtype, work):
+    """The GGUF (f32 or bf16) llama.cpp's own converter writes from hf_dir, made once in work."""
     conv = os.path.join(sys.prefix, "llama.cpp")
     try:
         from llama_cpp import Llama
@@ -470,8 +480,7 @@ def llama_model(hf_dir, dtype, threads, work):
     gguf = os.path.join(work, f"{os.path.basename(hf_dir)}.{outtype}.gguf")
     if not os.path.exists(gguf):
         subprocess.run([sys.executable, "-c", LLAMA_CONVERT, conv, hf_dir, outtype, gguf], check=True, capture_output=True)
-    return Llama(model_path=gguf, n_ctx=384, n_batch=512, n_threads=threads, n_threads_batch=threads, logits_all=True,
-                 verbose=False)
+    return gguf
 
 
 def llama_greedy(llm, ids, n):
@@ -485,6 +494,57 @@ def llama_greedy(llm, ids, n):
         out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval([out[-1]])
     return out, prompt_logits
+
+
+def llama_batched(gguf, rows, steps, threads):
+    """llama.cpp decoding len(rows) prompts together through its batch API (llama-cpp-python's Llama decodes
+    one sequence): the prompts at once, then `steps` steps of one token a row, each the row's argmax.
+    Returns (tokens/s of the steps, rows x steps / time; each row's greedy tokens)."""
+    import numpy as np
+    import llama_cpp as L
+    from llama_cpp._utils import suppress_stdout_stderr  # llama.cpp's logs, as Llama(verbose=False) quiets them
+    B, P = len(rows), len(rows[0])
+    with suppress_stdout_stderr(disable=False):
+        model = L.llama_model_load_from_file(gguf.encode(), L.llama_model_default_params())
+    params = L.llama_context_default_params()
+    params.n_ctx = B * (P + steps + 8)
+    params.n_batch = params.n_ubatch = B * P
+    params.n_seq_max = B
+    params.kv_unified = True
+    params.n_threads = params.n_threads_batch = threads
+    with suppress_stdout_stderr(disable=False):
+        ctx = L.llama_init_from_model(model, params)
+    V = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    batch = L.llama_batch_init(B * P, 0, B)
+    try:
+        def decode(tokens, pos):  # tokens[b]: row b's next tokens at positions pos..; logits of each row's last
+            n = 0
+            for b, row in enumerate(tokens):
+                for i, t in enumerate(row):
+                    batch.token[n], batch.pos[n], batch.n_seq_id[n] = t, pos + i, 1
+                    batch.seq_id[n][0] = b
+                    batch.logits[n] = i == len(row) - 1
+                    n += 1
+            batch.n_tokens = n
+            if L.llama_decode(ctx, batch) != 0:
+                sys.exit("peers: llama.cpp could not decode the batch")
+            width = len(tokens[0])
+            return [int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, (b + 1) * width - 1), shape=(V,)).argmax())
+                    for b in range(B)]
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        nxt = decode(rows, 0)
+        greedy = [[t] for t in nxt]
+        start = time.perf_counter()
+        for i in range(steps):
+            nxt = decode([[t] for t in nxt], P + i)
+            for b in range(B):
+                greedy[b].append(nxt[b])
+        return B * steps / (time.perf_counter() - start), greedy
+    finally:
+        with suppress_stdout_stderr(disable=False):
+            L.llama_batch_free(batch)
+            L.llama_free(ctx)
+            L.llama_model_free(model)
 
 
 def trained_bpe(where, vocab_size):
@@ -638,6 +698,13 @@ def generate_row(layers, width, rounds, cli, threads, work, dtype="float32", voc
         return {"decode": record["cached_tokens_per_s"], "prefill": record["prefill_tokens_per_s"]}
 
     impls = {"ours": ours, "transformers": theirs, "compiled": lambda: theirs(compiled), "sdpa": their_prefill}
+    if "llama" in peers and vocab != 256 and batch > 1:  # several sequences: llama.cpp's batch API
+        gguf = llama_gguf(hf_dir, dtype, work)
+        with torch.no_grad():
+            want_rows = model.generate(prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)[:, 128:].tolist()
+        greedy = llama_batched(gguf, prompt.tolist(), 63, threads)[1]
+        agree["llama.cpp"] = min(agreeing(w, g) for w, g in zip(want_rows, greedy))  # the row agreeing least
+        impls["llama.cpp"] = lambda: {"decode": llama_batched(gguf, prompt.tolist(), 255, threads)[0]}
     if "llama" in peers and vocab != 256 and batch == 1:  # llama.cpp reads a model with its tokenizer: the BPE rows
         import numpy as np
         llm = llama_model(hf_dir, dtype, threads, work)
