@@ -6,8 +6,9 @@
 //                a time (one pass over the partial sum per four rows); the partial sums are added at the
 //                end;
 //     (out, in), row n = out index (bfloat16 blocks, and the tied output layer, the embedding table):
-//                each thread takes a run of outputs, each a dot product of its row with x, four rows at
-//                a time (x read once for four).
+//                each thread takes a run of outputs, each a dot product of its row with each row of x
+//                (a weight row read once for groups of up to 8 rows of x; one row of x by the pairs:
+//                four weight rows at a time, x read once for four).
 // Both stream every weight once, in storage order, which is what a decoding step's time is made of.
 // The loops are compiled once per vector level (matvec_rows.inc, as the attention rows are: the widest
 // the CPU runs, lowered by ATEN_CPU_CAPABILITY). bfloat16 weights are multiplied one of two ways, the
